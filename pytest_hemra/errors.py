@@ -1,0 +1,46 @@
+"""HEMRA's exception family and the one table that maps each to a trial outcome.
+
+Every message is one line that says where (file, key, task) and what was expected.
+An outcome is a value, not an exception: a harness that fails is a `fail`, never raised.
+"""
+
+from __future__ import annotations
+
+
+class HemraError(Exception):
+    """Base of every error HEMRA raises on purpose."""
+
+
+class SpecError(HemraError):
+    """A run file, harness file, task or flag is malformed; found at resolve, nothing recorded."""
+
+
+class CapabilityError(SpecError):
+    """The run requires something the sandbox provider cannot do."""
+
+
+class StoreError(HemraError):
+    """The store is missing, from another schema, or does not hold what was asked for."""
+
+
+class InfraError(HemraError):
+    """Infrastructure failed under a trial: image build, container, daemon."""
+
+
+class VerifierError(HemraError):
+    """The verifier gave no usable reward."""
+
+
+# exception type -> (outcome, retried as a new attempt?)
+OUTCOME_OF_ERROR: dict[type[HemraError], tuple[str, bool]] = {
+    InfraError: ("infra_error", True),
+    VerifierError: ("verifier_error", False),
+}
+
+
+def outcome_of(error: BaseException) -> tuple[str, bool]:
+    """Map an exception raised under a trial to (outcome, retried?); unknown ones are infra."""
+    for kind, verdict in OUTCOME_OF_ERROR.items():
+        if isinstance(error, kind):
+            return verdict
+    return ("infra_error", True)

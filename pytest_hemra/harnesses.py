@@ -1,0 +1,74 @@
+"""Harnesses: harness files found by name, their digests, kinds, and the argv they run.
+
+`harnesses/<name>.toml` is looked up beside the run file, then in the bundled `harnesses/`.
+Only the `program` kind runs in this version; the others are refused at resolve.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_hemra.datasets import bundled_dir
+from pytest_hemra.errors import SpecError
+from pytest_hemra.spec import PLACEHOLDER_PATTERN, HarnessSpec, is_valid_name, load_harness_spec
+
+RUNNABLE_KINDS = frozenset({"program"})
+
+
+@dataclass(frozen=True)
+class Harness:
+    name: str
+    path: Path
+    spec: HarnessSpec
+
+    @property
+    def digest(self) -> str:
+        return self.spec.digest()
+
+
+def harness_search_path(base_dir: Path) -> list[Path]:
+    return [base_dir / "harnesses", bundled_dir("harnesses")]
+
+
+def find_harness(name: str, base_dir: Path, source: str) -> Path:
+    if not is_valid_name(name):
+        raise SpecError(f"{source}: key 'harnesses': {name!r} is not a valid harness name")
+    searched = harness_search_path(base_dir)
+    for folder in searched:
+        candidate = folder / f"{name}.toml"
+        if candidate.is_file():
+            return candidate.resolve()
+    where = ", ".join(str(f) for f in searched)
+    raise SpecError(f"{source}: key 'harnesses': no harness named {name!r} (looked in {where})")
+
+
+def resolve_harness(name: str, base_dir: Path, source: str, run_model: str | None) -> Harness:
+    """Load a harness file and check it can run in this run; every refusal names the file."""
+    path = find_harness(name, base_dir, source)
+    spec = load_harness_spec(path)
+    if spec.kind not in RUNNABLE_KINDS:
+        raise SpecError(
+            f"{path}: key 'kind': harness kind {spec.kind!r} is not supported yet by this "
+            f"version of HEMRA (supported: {', '.join(sorted(RUNNABLE_KINDS))})"
+        )
+    if spec.kind == "program" and not spec.command:
+        raise SpecError(f"{path}: key 'command' is required for a program harness")
+    if run_model and spec.model and spec.model != run_model:
+        raise SpecError(
+            f"{path}: key 'model': harness pins model {spec.model!r} but the run "
+            f"({source}) asks for {run_model!r}"
+        )
+    missing = [variable for variable in spec.env if variable not in os.environ]
+    if missing:
+        raise SpecError(
+            f"{path}: key 'env': needs environment variable {missing[0]}, which is not set"
+        )
+    return Harness(name=name, path=path, spec=spec)
+
+
+def render_argv(argv: list[str], values: Mapping[str, str]) -> list[str]:
+    """Fill `{placeholder}`s in each argument; the argv stays a list, never a shell string."""
+    return [PLACEHOLDER_PATTERN.sub(lambda m: values[m.group(1)], arg) for arg in argv]

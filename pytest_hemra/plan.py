@@ -1,0 +1,162 @@
+"""Resolve: run file + flags -> a Plan of every trial, or a one-line error and nothing recorded.
+
+The recorded form of a plan (`Plan.record`) is what workers collect from: the controller
+resolves once, the store holds the result, every process reads the same trials in order.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_hemra.datasets import Dataset, Task, load_task, resolve_dataset
+from pytest_hemra.errors import CapabilityError, SpecError, StoreError
+from pytest_hemra.harnesses import Harness, resolve_harness
+from pytest_hemra.sandbox import SandboxProvider
+from pytest_hemra.spec import HarnessSpec, Overrides, RunSpec, load_run_spec
+from pytest_hemra.store import PlannedTrial, Store, TrialRecord
+
+PLAN_SCHEMA_VERSION = 1
+ProviderFactory = Callable[[], SandboxProvider]
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: RunSpec
+    source: str
+    base_dir: Path
+    harnesses: tuple[Harness, ...]
+    datasets: tuple[Dataset, ...]
+    trials: tuple[PlannedTrial, ...]
+
+    def record(self) -> dict[str, Any]:
+        """The resolved spec with digests, as stored with the run."""
+        return {
+            "schema_version": PLAN_SCHEMA_VERSION,
+            "source": self.source,
+            "spec": self.spec.model_dump(mode="json"),
+            "harnesses": {
+                h.name: {"path": str(h.path), "digest": h.digest,
+                         "spec": h.spec.model_dump(mode="json")}
+                for h in self.harnesses
+            },
+            "datasets": {
+                d.name: {"path": str(d.path), "digest": d.digest,
+                         "tasks": [t.name for t in d.tasks]}
+                for d in self.datasets
+            },
+        }
+
+
+def resolve_plan(
+    run_file: Path | None,
+    overrides: Overrides,
+    cwd: Path,
+    providers: Mapping[str, ProviderFactory],
+    check_sandbox: bool = True,
+) -> Plan:
+    spec = load_run_spec(run_file, overrides)
+    source = str(run_file) if run_file is not None else "command line"
+    base_dir = run_file.resolve().parent if run_file is not None else cwd
+    if spec.baseline is not None and spec.baseline not in spec.harnesses:
+        raise SpecError(
+            f"{source}: key 'baseline': {spec.baseline!r} is not one of the run's harnesses "
+            f"({', '.join(spec.harnesses)})"
+        )
+    if spec.judge:
+        raise SpecError(f"{source}: key 'judge': judges are not supported yet by this version "
+                        "of HEMRA")
+    provider = _provider(spec, source, providers)
+    harnesses = tuple(resolve_harness(name, base_dir, source, spec.model)
+                      for name in spec.harnesses)
+    for name in spec.verifier.env:
+        if name not in os.environ:
+            raise SpecError(f"{source}: key 'verifier.env': environment variable {name} is "
+                            "not set")
+    datasets = _datasets(spec, base_dir, source)
+    for harness in harnesses:
+        if harness.spec.uses_solution:
+            for dataset in datasets:
+                for task in dataset.tasks:
+                    if not task.has_solution:
+                        raise SpecError(f"{task.path}: harness {harness.name!r} needs "
+                                        "solution/solve.sh, which this task lacks")
+    if check_sandbox:
+        provider.check()
+    trials = tuple(
+        PlannedTrial(dataset.name, task.name, harness.name, attempt)
+        for dataset in datasets
+        for task in dataset.tasks
+        for harness in harnesses
+        for attempt in range(1, spec.attempts + 1)
+    )
+    return Plan(spec, source, base_dir, harnesses, datasets, trials)
+
+
+def _provider(spec: RunSpec, source: str, providers: Mapping[str, ProviderFactory]
+              ) -> SandboxProvider:
+    factory = providers.get(spec.sandbox.provider)
+    if factory is None:
+        raise SpecError(f"{source}: key 'sandbox.provider': no sandbox provider named "
+                        f"{spec.sandbox.provider!r} (known: {', '.join(sorted(providers))})")
+    provider = factory()
+    missing = [need for need in spec.require if need not in provider.capabilities]
+    if missing:
+        raise CapabilityError(
+            f"{source}: key 'require': sandbox {provider.name!r} cannot provide "
+            f"{missing[0]!r} (it provides: {', '.join(sorted(provider.capabilities))})"
+        )
+    return provider
+
+
+def _datasets(spec: RunSpec, base_dir: Path, source: str) -> tuple[Dataset, ...]:
+    datasets = tuple(resolve_dataset(ref, base_dir, source, spec.tasks, spec.exclude)
+                     for ref in spec.datasets)
+    names = [d.name for d in datasets]
+    if len(set(names)) != len(names):
+        raise SpecError(f"{source}: key 'datasets': two entries name the same dataset")
+    every_task = [t.name for d in datasets for t in d.tasks]
+    for pattern in spec.tasks:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in every_task):
+            raise SpecError(f"{source}: key 'tasks': pattern {pattern!r} matches no task")
+    if not every_task:
+        raise SpecError(f"{source}: the run selects no tasks")
+    return datasets
+
+
+@dataclass(frozen=True)
+class RecordedRun:
+    """A run read back from the store: what every process collects and runs from."""
+
+    id: str
+    spec: RunSpec
+    harnesses: dict[str, Harness]
+    dataset_paths: dict[str, Path]
+    trials: list[TrialRecord]
+    trials_dir: Path
+
+    def task(self, trial: TrialRecord) -> Task:
+        return load_task(self.dataset_paths[trial.dataset] / trial.task)
+
+
+def load_recorded(store: Store, run_id: str) -> RecordedRun:
+    run = store.run(run_id)
+    record = run.spec
+    if record.get("schema_version") != PLAN_SCHEMA_VERSION:
+        raise StoreError(f"{store.path}: run {run_id} was recorded by another HEMRA version")
+    harnesses = {
+        name: Harness(name, Path(entry["path"]), HarnessSpec.model_validate(entry["spec"]))
+        for name, entry in record["harnesses"].items()
+    }
+    return RecordedRun(
+        id=run.id,
+        spec=RunSpec.model_validate(record["spec"]),
+        harnesses=harnesses,
+        dataset_paths={name: Path(d["path"]) for name, d in record["datasets"].items()},
+        trials=store.trials(run_id),
+        trials_dir=run.trials_dir,
+    )

@@ -1,0 +1,90 @@
+"""Reports read only from the store: one table per dataset, every harness against the baseline."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from statistics import mean
+
+from tabulate import tabulate
+
+from pytest_hemra.store import Store, TrialRecord
+from pytest_hemra.trial import SCORED_OUTCOMES
+
+
+@dataclass(frozen=True)
+class HarnessRow:
+    harness: str
+    planned: int
+    finished: int
+    scored: int
+    passes: int
+    mean_reward: float | None
+    mean_duration: float | None
+    outcomes: dict[str, int]
+
+
+def summarize(trials: list[TrialRecord], harnesses: list[str]) -> list[HarnessRow]:
+    by_harness: dict[str, list[TrialRecord]] = defaultdict(list)
+    for trial in trials:
+        by_harness[trial.harness].append(trial)
+    rows = []
+    for harness in harnesses:
+        mine = [t for t in by_harness[harness] if t.status != "deselected"]
+        finished = [t for t in mine if t.is_finished]
+        scored = [t for t in finished if t.outcome in SCORED_OUTCOMES and t.reward is not None]
+        outcomes: dict[str, int] = defaultdict(int)
+        for trial in finished:
+            outcomes[str(trial.outcome)] += 1
+        rows.append(HarnessRow(
+            harness=harness,
+            planned=len(mine),
+            finished=len(finished),
+            scored=len(scored),
+            passes=sum(1 for t in scored if t.outcome == "pass"),
+            mean_reward=mean(t.reward for t in scored if t.reward is not None) if scored else None,
+            mean_duration=mean(t.duration for t in finished if t.duration is not None)
+            if finished else None,
+            outcomes=dict(outcomes),
+        ))
+    return rows
+
+
+def render_run(store: Store, run_id: str) -> str:
+    """The terminal summary of a run: a table per dataset, the baseline first."""
+    run = store.run(run_id)
+    spec = run.spec["spec"]
+    harnesses: list[str] = spec["harnesses"]
+    baseline = spec.get("baseline") or harnesses[0]
+    ordered = [baseline, *(h for h in harnesses if h != baseline)]
+    trials = store.trials(run_id)
+    sections = [f"HEMRA run {run.id} ({run.name}) - store {store.path}"]
+    for dataset, entry in run.spec["datasets"].items():
+        rows = summarize([t for t in trials if t.dataset == dataset], ordered)
+        base = rows[0].mean_reward
+        table = [
+            [
+                row.harness + (" (baseline)" if row.harness == baseline else ""),
+                f"{row.finished}/{row.planned}",
+                row.passes,
+                _number(row.mean_reward),
+                "" if row.harness == baseline else _delta(row.mean_reward, base),
+                _number(row.mean_duration, "s"),
+                ", ".join(f"{k} {v}" for k, v in sorted(row.outcomes.items())),
+            ]
+            for row in rows
+        ]
+        sections.append(
+            f"\n{dataset}@{entry['digest'][:12]} ({len(entry['tasks'])} tasks)\n"
+            + tabulate(table, headers=["harness", "trials", "passes", "mean reward",
+                                       "vs baseline", "mean duration", "outcomes"])
+        )
+    return "\n".join(sections)
+
+
+def _number(value: float | None, unit: str = "") -> str:
+    return "-" if value is None else f"{value:.3f}{unit}" if not unit else f"{value:.2f}{unit}"
+
+
+def _delta(value: float | None, base: float | None) -> str:
+    return "-" if value is None or base is None else f"{value - base:+.3f}"

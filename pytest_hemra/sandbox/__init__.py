@@ -1,0 +1,82 @@
+"""The Sandbox protocol: what a trial needs from wherever its task runs.
+
+The docker provider is the default; others plug in through the `hemra_sandbox_providers` hook.
+A provider declares its capabilities; a run that `require`s one it lacks is refused at resolve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from pytest_hemra.datasets import Task
+
+AGENT_USER = "1000:1000"
+ROOT_USER = "0:0"
+AGENT_HOME = "/home/agent"
+WORKDIR = "/app"
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpus: float | None = None
+    memory_mb: int | None = None
+    pids: int = 1024
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None
+    timed_out: bool
+    duration: float
+
+
+@dataclass(frozen=True)
+class SandboxRequest:
+    """What one trial asks of a provider: the task's image, limits, labels and network."""
+
+    image: str
+    limits: Limits
+    network: bool
+    labels: Mapping[str, str] = field(default_factory=dict)
+    name: str | None = None
+
+
+class Sandbox(Protocol):
+    """A running sandbox for one trial; closed (and gone) when its context exits."""
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str,
+        env: Mapping[str, str],
+        timeout: float,
+        stdout: Path,
+        stderr: Path,
+        workdir: str = WORKDIR,
+    ) -> ExecResult: ...
+
+    def put_dir(self, source: Path, target: str) -> None: ...
+
+    def put_file(self, content: bytes, target: str) -> None: ...
+
+    def read_tree(self, path: str) -> dict[str, bytes]: ...
+
+    def disconnect_network(self) -> None: ...
+
+
+class SandboxProvider(Protocol):
+    name: str
+    capabilities: frozenset[str]
+
+    def check(self) -> None:
+        """Raise InfraError if the provider cannot run anything right now."""
+
+    def prepare(self, task: Task, default_image: str) -> str:
+        """Build (or find cached) the task's sandbox image; return its reference."""
+
+    def open(self, request: SandboxRequest) -> AbstractContextManager[Sandbox]: ...

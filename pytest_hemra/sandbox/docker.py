@@ -1,0 +1,272 @@
+"""The docker provider: task images cached by content digest, one locked-down container a trial.
+
+Containers run `sleep infinity` as PID 1 as the agent user with every capability dropped; they
+are removed with force (a `sleep` PID 1 ignores SIGTERM, and waiting out Docker's grace period
+costs ~10 s a trial). Every wait has a deadline enforced here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests
+
+from pytest_hemra.datasets import Task
+from pytest_hemra.errors import InfraError
+from pytest_hemra.sandbox import (
+    AGENT_HOME,
+    AGENT_USER,
+    WORKDIR,
+    ExecResult,
+    SandboxRequest,
+)
+
+SANDBOX_LAYER_VERSION = "1"
+TASK_REPOSITORY = "hemra-task"
+SANDBOX_REPOSITORY = "hemra-sandbox"
+MAX_TREE_FILE_BYTES = 1 << 20
+KILL_GRACE_SECS = 5.0
+DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
+
+SANDBOX_LAYER = f"""\
+FROM {{image}}
+USER root
+RUN mkdir -p {WORKDIR} /logs/agent /logs/verifier {AGENT_HOME} /hemra \\
+ && chown -R {AGENT_USER} {WORKDIR} /logs/agent {AGENT_HOME} \\
+ && chmod 0755 /logs /logs/verifier /hemra
+WORKDIR {WORKDIR}
+LABEL hemra.sandbox-layer="{SANDBOX_LAYER_VERSION}"
+"""
+
+
+def connect() -> docker.DockerClient:
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except DOCKER_ERRORS as error:
+        raise InfraError(f"docker: the engine does not answer ({error})") from error
+    return client
+
+
+class DockerProvider:
+    name = "docker"
+    capabilities = frozenset({"docker", "network_block", "cpu_limit", "memory_limit"})
+
+    def __init__(self) -> None:
+        self._client: docker.DockerClient | None = None
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            self._client = connect()
+        return self._client
+
+    def check(self) -> None:
+        _ = self.client
+
+    def prepare(self, task: Task, default_image: str) -> str:
+        """The task image with HEMRA's sandbox layer on top, built once per content digest."""
+        try:
+            base = self._task_image(task, default_image)
+            layer_tag = f"{SANDBOX_REPOSITORY}:" + hashlib.sha256(
+                f"{base}\0{SANDBOX_LAYER_VERSION}".encode()
+            ).hexdigest()[:24]
+            if not self._has_image(layer_tag):
+                dockerfile = SANDBOX_LAYER.format(image=base).encode()
+                self._build(task, tag=layer_tag, fileobj=io.BytesIO(dockerfile))
+            return layer_tag
+        except DOCKER_ERRORS as error:
+            raise InfraError(f"{task.path}: docker failed preparing the image ({error})") from error
+
+    def _task_image(self, task: Task, default_image: str) -> str:
+        named = task.config.environment.docker_image
+        if not task.has_dockerfile:
+            image = named or default_image
+            if not self._has_image(image):
+                raise InfraError(f"{task.path}: image {image!r} is not on this docker engine")
+            return str(self.client.images.get(image).id)
+        tag = f"{TASK_REPOSITORY}:{task.environment_digest()[:24]}"
+        if not self._has_image(tag):
+            self._build(task, tag=tag, path=str(task.environment_dir))
+        return str(self.client.images.get(tag).id)
+
+    def _has_image(self, reference: str) -> bool:
+        try:
+            self.client.images.get(reference)
+        except docker.errors.ImageNotFound:
+            return False
+        return True
+
+    def _build(self, task: Task, *, tag: str, **source: Any) -> None:
+        try:
+            self.client.images.build(
+                tag=tag, rm=True, forcerm=True, pull=False,
+                timeout=task.config.environment.build_timeout_sec,
+                labels={"hemra.task": task.name}, **source,
+            )
+        except docker.errors.BuildError as error:
+            tail = " | ".join(
+                str(line.get("stream") or line.get("error") or "").strip()
+                for line in list(error.build_log)[-3:]
+            )
+            raise InfraError(f"{task.path}: image build failed: {error.msg} ({tail})") from error
+
+    @contextmanager
+    def open(self, request: SandboxRequest) -> Iterator[DockerSandbox]:
+        limits = request.limits
+        options: dict[str, Any] = {
+            "entrypoint": ["sleep", "infinity"],
+            "command": [],
+            "user": AGENT_USER,
+            "working_dir": WORKDIR,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "pids_limit": limits.pids,
+            "network_mode": "bridge" if request.network else "none",
+            "labels": {"hemra": "1", **request.labels},
+            "detach": True,
+            "environment": {},
+        }
+        if limits.memory_mb:
+            options["mem_limit"] = f"{limits.memory_mb}m"
+            options["memswap_limit"] = f"{limits.memory_mb}m"
+        if limits.cpus:
+            options["nano_cpus"] = int(limits.cpus * 1e9)
+        if request.name:
+            options["name"] = request.name
+        container = None
+        try:
+            container = self.client.containers.run(request.image, **options)
+            yield DockerSandbox(self.client, container)
+        except DOCKER_ERRORS as error:
+            raise InfraError(f"docker: sandbox failed ({error})") from error
+        finally:
+            if container is not None:
+                remove_container(container)
+
+
+def remove_container(container: Any) -> None:
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        pass
+
+
+class DockerSandbox:
+    def __init__(self, client: docker.DockerClient, container: Any) -> None:
+        self.client = client
+        self.container = container
+        self.api = client.api
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str,
+        env: Mapping[str, str],
+        timeout: float,
+        stdout: Path,
+        stderr: Path,
+        workdir: str = WORKDIR,
+    ) -> ExecResult:
+        """Run argv to completion or until `timeout`, streaming its output to files."""
+        started = time.monotonic()
+        exec_id = self.api.exec_create(
+            self.container.id, list(argv), stdout=True, stderr=True, stdin=False,
+            user=user, environment=dict(env), workdir=workdir,
+        )["Id"]
+        stream = self.api.exec_start(exec_id, stream=True, demux=True)
+        failure: list[BaseException] = []
+
+        def pump() -> None:
+            try:
+                with stdout.open("ab") as out, stderr.open("ab") as err:
+                    for chunk_out, chunk_err in stream:
+                        if chunk_out:
+                            out.write(chunk_out)
+                        if chunk_err:
+                            err.write(chunk_err)
+            except BaseException as error:  # surfaced to the caller below
+                failure.append(error)
+
+        reader = threading.Thread(target=pump, name="hemra-exec", daemon=True)
+        reader.start()
+        reader.join(timeout)
+        timed_out = reader.is_alive()
+        if timed_out:
+            self._kill_processes(user)
+            reader.join(KILL_GRACE_SECS)
+        if failure and not timed_out:
+            raise failure[0]
+        exit_code = self.api.exec_inspect(exec_id).get("ExitCode")
+        return ExecResult(
+            exit_code=None if timed_out else exit_code,
+            timed_out=timed_out,
+            duration=time.monotonic() - started,
+        )
+
+    def _kill_processes(self, user: str) -> None:
+        """Kill every process of `user` but PID 1: the exec's whole tree, whatever it spawned."""
+        self.container.exec_run(["/bin/sh", "-c", "kill -9 -1"], user=user)
+
+    def put_dir(self, source: Path, target: str) -> None:
+        """Copy a host folder in as `target`, owned by root and read-only for the agent."""
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            archive.add(source, arcname=target.strip("/"), filter=_root_owned)
+        self.container.put_archive("/", buffer.getvalue())
+
+    def put_file(self, content: bytes, target: str) -> None:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            info = tarfile.TarInfo(target.strip("/"))
+            info.size = len(content)
+            info.mode = 0o644
+            info.mtime = int(time.time())
+            archive.addfile(info, io.BytesIO(content))
+        self.container.put_archive("/", buffer.getvalue())
+
+    def read_tree(self, path: str) -> dict[str, bytes]:
+        """Regular files under `path` (relative names); files over 1 MiB read as empty."""
+        try:
+            chunks, _ = self.container.get_archive(path)
+        except docker.errors.NotFound:
+            return {}
+        data = b"".join(chunks)
+        files: dict[str, bytes] = {}
+        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+            for member in archive:
+                if not member.isfile():
+                    continue
+                name = member.name.split("/", 1)[1] if "/" in member.name else member.name
+                handle = archive.extractfile(member)
+                if handle is not None and member.size <= MAX_TREE_FILE_BYTES:
+                    files[name] = handle.read()
+                else:
+                    files[name] = b""
+        return files
+
+    def disconnect_network(self) -> None:
+        self.container.reload()
+        for network in self.container.attrs["NetworkSettings"]["Networks"]:
+            if network != "none":
+                self.client.networks.get(network).disconnect(self.container, force=True)
+
+
+def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    info.mode = (info.mode | 0o444) & ~0o022
+    if info.isdir() or info.mode & 0o100:
+        info.mode |= 0o111
+    return info

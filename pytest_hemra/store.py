@@ -1,0 +1,315 @@
+"""The SQLite store (WAL): runs, trials, jobs, calls and events. The only module that speaks SQL.
+
+Every process talks through it: the pytest controller, xdist workers, the CLI. A run, its
+resolved spec and every planned trial and job are written in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from pytest_hemra.errors import StoreError
+
+SCHEMA_VERSION = 1
+FINISHED = "finished"
+
+SCHEMA: dict[str, tuple[dict[str, type], str]] = {
+    "meta": ({"key": str, "value": str}, "key"),
+    "runs": (
+        {
+            "id": str,
+            "name": str,
+            "created_at": float,
+            "status": str,
+            "spec": str,
+            "trials_dir": str,
+            "schema_version": int,
+        },
+        "id",
+    ),
+    "trials": (
+        {
+            "id": str,
+            "run_id": str,
+            "seq": int,
+            "item_id": str,
+            "dataset": str,
+            "task": str,
+            "harness": str,
+            "attempt": int,
+            "replaces": str,
+            "status": str,
+            "outcome": str,
+            "reward": float,
+            "rewards": str,
+            "exit_code": int,
+            "error": str,
+            "started_at": float,
+            "finished_at": float,
+            "duration": float,
+            "phases": str,
+            "trial_dir": str,
+            "worker": str,
+        },
+        "id",
+    ),
+    "jobs": (
+        {
+            "id": str,
+            "run_id": str,
+            "trial_id": str,
+            "state": str,
+            "lease_owner": str,
+            "lease_expires": float,
+            "heartbeat_at": float,
+            "created_at": float,
+        },
+        "id",
+    ),
+    "calls": (
+        {
+            "id": int,
+            "run_id": str,
+            "trial_id": str,
+            "at": float,
+            "provider": str,
+            "model": str,
+            "path": str,
+            "status": int,
+            "input_tokens": int,
+            "output_tokens": int,
+            "cache_read_tokens": int,
+            "cache_write_tokens": int,
+            "cost": float,
+            "latency": float,
+        },
+        "id",
+    ),
+    "events": (
+        {"id": int, "run_id": str, "trial_id": str, "at": float, "kind": str, "data": str},
+        "id",
+    ),
+}
+INDEXES = (("trials", ["run_id", "seq"]), ("jobs", ["run_id", "state"]), ("calls", ["trial_id"]))
+
+
+@dataclass(frozen=True)
+class PlannedTrial:
+    """One attempt of one harness on one task, as planned before anything runs."""
+
+    dataset: str
+    task: str
+    harness: str
+    attempt: int
+
+    @property
+    def item_id(self) -> str:
+        return f"{self.dataset}::{self.task}[{self.harness}-{self.attempt}]"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    name: str
+    created_at: float
+    status: str
+    spec: dict[str, Any]
+    trials_dir: Path
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    id: str
+    run_id: str
+    seq: int
+    item_id: str
+    dataset: str
+    task: str
+    harness: str
+    attempt: int
+    status: str
+    outcome: str | None
+    reward: float | None
+    rewards: dict[str, float]
+    error: str | None
+    duration: float | None
+    trial_dir: str | None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == FINISHED
+
+
+class Store:
+    """A handle on one store file; cheap to open, one per process."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        connection = sqlite3.connect(path, timeout=30.0, check_same_thread=False)
+        self.db = sqlite_utils.Database(connection)
+        self.db.enable_wal()
+        self._create_schema()
+
+    def _create_schema(self) -> None:
+        with self.db.conn:
+            for name, (columns, pk) in SCHEMA.items():
+                self.db[name].create(columns, pk=pk, if_not_exists=True)
+            for table, columns in INDEXES:
+                self.db[table].create_index(columns, if_not_exists=True)
+            self.db.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                [str(SCHEMA_VERSION)],
+            )
+        found = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if found is None or int(found[0]) != SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path}: store schema {found and found[0]}, expected {SCHEMA_VERSION}"
+            )
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        connection = self.db.conn
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            yield connection
+        except BaseException:
+            connection.rollback()
+            raise
+        connection.commit()
+
+    def record_plan(
+        self, run_id: str, name: str, spec: dict[str, Any], trials_dir: Path,
+        trials: Sequence[PlannedTrial],
+    ) -> None:
+        """Write the run, its resolved spec, every trial and its job, all or nothing."""
+        now = time.time()
+        with self._transaction() as tx:
+            tx.execute(
+                "INSERT INTO runs (id, name, created_at, status, spec, trials_dir, schema_version)"
+                " VALUES (?, ?, ?, 'recorded', ?, ?, ?)",
+                [run_id, name, now, json.dumps(spec, sort_keys=True), str(trials_dir),
+                 SCHEMA_VERSION],
+            )
+            tx.executemany(
+                "INSERT INTO trials (id, run_id, seq, item_id, dataset, task, harness, attempt,"
+                " status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'planned')",
+                [
+                    (trial_id(run_id, seq), run_id, seq, t.item_id, t.dataset, t.task, t.harness,
+                     t.attempt)
+                    for seq, t in enumerate(trials)
+                ],
+            )
+            tx.executemany(
+                "INSERT INTO jobs (id, run_id, trial_id, state, created_at)"
+                " VALUES (?, ?, ?, 'queued', ?)",
+                [(trial_id(run_id, seq), run_id, trial_id(run_id, seq), now)
+                 for seq in range(len(trials))],
+            )
+            self._event(tx, run_id, None, "recorded", {"trials": len(trials)})
+
+    def run(self, run_id: str) -> RunRecord:
+        row = self.db.execute(
+            "SELECT id, name, created_at, status, spec, trials_dir FROM runs WHERE id = ?",
+            [run_id],
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"{self.path}: no run {run_id!r}")
+        return RunRecord(row[0], row[1], row[2], row[3], json.loads(row[4]), Path(row[5]))
+
+    def runs(self) -> list[RunRecord]:
+        ids = [r[0] for r in self.db.execute("SELECT id FROM runs ORDER BY created_at")]
+        return [self.run(run_id) for run_id in ids]
+
+    def trials(self, run_id: str) -> list[TrialRecord]:
+        rows = self.db.execute(
+            "SELECT id, run_id, seq, item_id, dataset, task, harness, attempt, status, outcome,"
+            " reward, rewards, error, duration, trial_dir FROM trials WHERE run_id = ?"
+            " ORDER BY seq",
+            [run_id],
+        ).fetchall()
+        return [
+            TrialRecord(*row[:11], json.loads(row[11]) if row[11] else {}, *row[12:])
+            for row in rows
+        ]
+
+    def start_trial(self, trial: str, worker: str) -> None:
+        now = time.time()
+        with self._transaction() as tx:
+            tx.execute(
+                "UPDATE trials SET status = 'running', started_at = ?, worker = ? WHERE id = ?",
+                [now, worker, trial],
+            )
+            tx.execute(
+                "UPDATE jobs SET state = 'leased', lease_owner = ?, heartbeat_at = ?"
+                " WHERE id = ?",
+                [worker, now, trial],
+            )
+            tx.execute("UPDATE runs SET status = 'running' WHERE id = "
+                       "(SELECT run_id FROM trials WHERE id = ?)", [trial])
+
+    def finish_trial(self, trial: str, result: dict[str, Any]) -> None:
+        """Store a trial's result and close its job, before pytest reports the item."""
+        with self._transaction() as tx:
+            tx.execute(
+                "UPDATE trials SET status = 'finished', outcome = ?, reward = ?, rewards = ?,"
+                " exit_code = ?, error = ?, finished_at = ?, duration = ?, phases = ?,"
+                " trial_dir = ? WHERE id = ?",
+                [
+                    result["outcome"], result["reward"], json.dumps(result["rewards"]),
+                    result["exit_code"], result["error"], result["finished_at"],
+                    result["duration"], json.dumps(result["phases"]), result["trial_dir"], trial,
+                ],
+            )
+            tx.execute("UPDATE jobs SET state = 'done', lease_owner = NULL WHERE id = ?", [trial])
+            run_id = tx.execute("SELECT run_id FROM trials WHERE id = ?", [trial]).fetchone()[0]
+            self._event(tx, run_id, trial, "finished", {"outcome": result["outcome"]})
+            tx.execute(
+                "UPDATE runs SET status = 'finished' WHERE id = ? AND NOT EXISTS"
+                " (SELECT 1 FROM trials WHERE run_id = ? AND status IN ('planned', 'running'))",
+                [run_id, run_id],
+            )
+
+    def deselect_trials(self, run_id: str, item_ids: Sequence[str]) -> None:
+        """Trials left out by pytest's -k or -m: never run in this session, never scored."""
+        with self._transaction() as tx:
+            tx.executemany(
+                "UPDATE trials SET status = 'deselected' WHERE run_id = ? AND item_id = ?"
+                " AND status = 'planned'",
+                [(run_id, item) for item in item_ids],
+            )
+            tx.executemany(
+                "UPDATE jobs SET state = 'deselected' WHERE trial_id ="
+                " (SELECT id FROM trials WHERE run_id = ? AND item_id = ?) AND state = 'queued'",
+                [(run_id, item) for item in item_ids],
+            )
+
+    def _event(
+        self, tx: sqlite3.Connection, run_id: str, trial: str | None, kind: str,
+        data: dict[str, Any],
+    ) -> None:
+        tx.execute(
+            "INSERT INTO events (run_id, trial_id, at, kind, data) VALUES (?, ?, ?, ?, ?)",
+            [run_id, trial, time.time(), kind, json.dumps(data)],
+        )
+
+    def count(self, table: str) -> int:
+        if table not in SCHEMA:
+            raise StoreError(f"{self.path}: no table {table!r}")
+        return int(self.db.execute(f"SELECT count(*) FROM [{table}]").fetchone()[0])
+
+
+def trial_id(run_id: str, seq: int) -> str:
+    return f"{run_id}.{seq:05d}"

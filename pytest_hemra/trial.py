@@ -1,0 +1,255 @@
+"""One trial, start to result: sandbox, harness, diff, verifier, reward, outcome, trial folder.
+
+An outcome is a value: a harness that fails, crashes or times out is a result (and still
+verified). Exceptions are for infrastructure, and `errors.outcome_of` maps them to outcomes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_hemra.datasets import Task
+from pytest_hemra.errors import HemraError, VerifierError, outcome_of
+from pytest_hemra.harnesses import Harness, render_argv
+from pytest_hemra.reward import is_pass, parse_reward
+from pytest_hemra.sandbox import (
+    AGENT_HOME,
+    AGENT_USER,
+    ROOT_USER,
+    WORKDIR,
+    Limits,
+    Sandbox,
+    SandboxProvider,
+    SandboxRequest,
+)
+from pytest_hemra.spec import RunSpec
+
+RESULT_SCHEMA_VERSION = 1
+DEFAULT_TIMEOUT_SECS = 900.0
+INSTRUCTION_FILE = "/hemra/instruction.md"
+SCORED_OUTCOMES = frozenset({"pass", "fail", "timeout", "harness_error"})
+MAX_DIFF_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    run_id: str
+    trial_id: str
+    task: Task
+    harness: Harness
+    spec: RunSpec
+    provider: SandboxProvider
+    trial_dir: Path
+
+    @property
+    def agent_timeout(self) -> float:
+        return self.spec.timeout_secs or self.task.config.agent.timeout_sec or DEFAULT_TIMEOUT_SECS
+
+
+@dataclass
+class TrialResult:
+    outcome: str
+    reward: float | None
+    rewards: dict[str, float]
+    exit_code: int | None
+    error: str | None
+    started_at: float
+    finished_at: float
+    duration: float
+    phases: dict[str, float]
+    trial_dir: str
+    retried: bool = False
+    schema_version: int = RESULT_SCHEMA_VERSION
+
+    @property
+    def is_scored(self) -> bool:
+        return self.outcome in SCORED_OUTCOMES
+
+
+@dataclass
+class _Progress:
+    phases: dict[str, float] = field(default_factory=dict)
+    exit_code: int | None = None
+    timed_out: bool = False
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = round(time.monotonic() - started, 4)
+
+
+def run_trial(context: TrialContext) -> TrialResult:
+    """Run one trial to a result; never raises for anything a trial can end in."""
+    started_at = time.time()
+    clock = time.monotonic()
+    context.trial_dir.mkdir(parents=True, exist_ok=True)
+    progress = _Progress()
+    reward: float | None = None
+    rewards: dict[str, float] = {}
+    error: str | None = None
+    retried = False
+    try:
+        reward, rewards = _run_in_sandbox(context, progress)
+        outcome = _classify(reward, progress)
+    except HemraError as failure:
+        outcome, retried = outcome_of(failure)
+        error = str(failure)
+    except Exception as failure:  # anything unexpected under a trial is infrastructure
+        outcome, retried = outcome_of(failure)
+        error = f"{type(failure).__name__}: {failure}"
+    result = TrialResult(
+        outcome=outcome,
+        reward=reward,
+        rewards=rewards,
+        exit_code=progress.exit_code,
+        error=error,
+        started_at=started_at,
+        finished_at=time.time(),
+        duration=round(time.monotonic() - clock, 4),
+        phases=progress.phases,
+        trial_dir=str(context.trial_dir),
+        retried=retried,
+    )
+    (context.trial_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
+    return result
+
+
+def _classify(reward: float, progress: _Progress) -> str:
+    if progress.timed_out:
+        return "timeout"
+    if progress.exit_code != 0:
+        return "harness_error"
+    return "pass" if is_pass(reward) else "fail"
+
+
+def _run_in_sandbox(context: TrialContext, progress: _Progress) -> tuple[float, dict[str, float]]:
+    task, harness, folder = context.task, context.harness, context.trial_dir
+    (folder / "agent").mkdir(exist_ok=True)
+    (folder / "verifier").mkdir(exist_ok=True)
+    with progress.phase("image"):
+        image = context.provider.prepare(task, context.spec.sandbox.image)
+    environment = task.config.environment
+    request = SandboxRequest(
+        image=image,
+        limits=Limits(cpus=environment.cpus, memory_mb=environment.memory_mb,
+                      pids=environment.pids_limit),
+        network=environment.allow_internet,
+        labels={"hemra.run": context.run_id, "hemra.trial": context.trial_id},
+        name=f"hemra-{context.trial_id.replace('.', '-')}",
+    )
+    sandboxes = ExitStack()
+    with progress.phase("start"):
+        sandbox = sandboxes.enter_context(context.provider.open(request))
+    try:
+        with progress.phase("setup"):
+            sandbox.put_file(task.instruction.encode(), INSTRUCTION_FILE)
+            if harness.spec.uses_solution:
+                sandbox.put_dir(task.path / "solution", "/solution")
+            before = sandbox.read_tree(WORKDIR)
+        with progress.phase("agent"):
+            _run_agent(context, sandbox, progress)
+        with progress.phase("diff"):
+            after = sandbox.read_tree(WORKDIR)
+            (folder / "diff.patch").write_text(tree_diff(before, after))
+        with progress.phase("verifier"):
+            return _verify(context, sandbox)
+    finally:
+        with progress.phase("teardown"):
+            sandboxes.close()
+
+
+def _run_agent(context: TrialContext, sandbox: Sandbox, progress: _Progress) -> None:
+    timeout = context.agent_timeout
+    deadline = time.time() + timeout
+    values = {
+        "instruction": context.task.instruction,
+        "instruction_file": INSTRUCTION_FILE,
+        "model": context.spec.model or context.harness.spec.model or "",
+        "workdir": WORKDIR,
+        "logs_dir": "/logs/agent",
+        "deadline": str(int(deadline)),
+        "timeout_secs": str(int(timeout)),
+    }
+    env = {
+        "HOME": AGENT_HOME,
+        "HEMRA_DEADLINE": str(int(deadline)),
+        "HEMRA_TIMEOUT_SECS": str(int(timeout)),
+        "HEMRA_INSTRUCTION_FILE": INSTRUCTION_FILE,
+        "HEMRA_MODEL": values["model"],
+        **{name: _runner_env(name) for name in context.harness.spec.env},
+    }
+    out, err = context.trial_dir / "agent" / "stdout.txt", context.trial_dir / "agent" / "stderr.txt"
+    for argv in context.harness.spec.install:
+        installed = sandbox.exec(render_argv(argv, values), user=AGENT_USER, env=env,
+                                 timeout=timeout, stdout=out, stderr=err)
+        if installed.timed_out or installed.exit_code != 0:
+            progress.exit_code, progress.timed_out = installed.exit_code, installed.timed_out
+            return
+    remaining = max(deadline - time.time(), 1.0)
+    result = sandbox.exec(render_argv(context.harness.spec.command, values), user=AGENT_USER,
+                          env=env, timeout=remaining, stdout=out, stderr=err)
+    progress.exit_code, progress.timed_out = result.exit_code, result.timed_out
+
+
+def _verify(context: TrialContext, sandbox: Sandbox) -> tuple[float, dict[str, float]]:
+    settings = context.spec.verifier
+    sandbox.put_dir(context.task.path / "tests", "/tests")
+    if settings.network == "none":
+        sandbox.disconnect_network()
+    env = {"HOME": "/root", **{name: _runner_env(name) for name in settings.env}}
+    folder = context.trial_dir / "verifier"
+    result = sandbox.exec(
+        ["bash", "/tests/test.sh"], user=ROOT_USER, env=env,
+        timeout=context.task.config.verifier.timeout_sec,
+        stdout=folder / "stdout.txt", stderr=folder / "stderr.txt",
+    )
+    logs = sandbox.read_tree("/logs/verifier")
+    for name, content in logs.items():
+        if "/" not in name:
+            (folder / name).write_bytes(content)
+    if result.timed_out:
+        raise VerifierError(
+            f"verifier ran past its {context.task.config.verifier.timeout_sec:g}s timeout"
+        )
+    return parse_reward(logs)
+
+
+def _runner_env(name: str) -> str:
+    return os.environ.get(name, "")
+
+
+def tree_diff(before: dict[str, bytes], after: dict[str, bytes]) -> str:
+    """A unified diff of the agent's changes to /app (binary files named, not shown)."""
+    lines: list[str] = []
+    for name in sorted(before.keys() | after.keys()):
+        old, new = before.get(name), after.get(name)
+        if old == new:
+            continue
+        try:
+            old_text = (old or b"").decode().splitlines(keepends=True)
+            new_text = (new or b"").decode().splitlines(keepends=True)
+        except UnicodeDecodeError:
+            lines.append(f"Binary files a/{name} and b/{name} differ\n")
+            continue
+        lines.extend(difflib.unified_diff(
+            old_text, new_text,
+            fromfile=f"a/{name}" if old is not None else "/dev/null",
+            tofile=f"b/{name}" if new is not None else "/dev/null",
+        ))
+    text = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+    return text[:MAX_DIFF_BYTES]
+
+
+def result_row(result: TrialResult) -> dict[str, Any]:
+    return asdict(result)
