@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+printf 'hello, world\n' > hello.txt
