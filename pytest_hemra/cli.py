@@ -58,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     bootstrap.add_argument("--tag", default="debian:bookworm-slim")
     bootstrap.add_argument("--suite", default="bookworm")
     bootstrap.add_argument("--mirror", help="Debian mirror (default: apt's configured one)")
-    bootstrap.add_argument("--if-missing", action="store_true",
-                           help="do nothing when the tag already exists")
+    bootstrap.add_argument(
+        "--if-missing", action="store_true", help="do nothing when the tag already exists"
+    )
     return parser
 
 
@@ -68,16 +69,21 @@ def pytest_argv(args: argparse.Namespace) -> list[str]:
     if args.run_file:
         argv += ["--hemra-run", args.run_file]
     for flag, values in (
-        ("--hemra-harness", args.harness), ("--hemra-dataset", args.dataset),
-        ("--hemra-task", args.task), ("--hemra-exclude", args.exclude),
-        ("--hemra-require", args.require), ("--hemra-verifier-env", args.verifier_env),
+        ("--hemra-harness", args.harness),
+        ("--hemra-dataset", args.dataset),
+        ("--hemra-task", args.task),
+        ("--hemra-exclude", args.exclude),
+        ("--hemra-require", args.require),
+        ("--hemra-verifier-env", args.verifier_env),
         ("--hemra-judge", args.judge),
     ):
         for value in values:
             argv += [flag, value]
     for flag, value in (
-        ("--hemra-attempts", args.attempts), ("--hemra-baseline", args.baseline),
-        ("--hemra-sandbox", args.sandbox), ("--hemra-store", args.store),
+        ("--hemra-attempts", args.attempts),
+        ("--hemra-baseline", args.baseline),
+        ("--hemra-sandbox", args.sandbox),
+        ("--hemra-store", args.store),
     ):
         if value is not None:
             argv += [flag, str(value)]
@@ -109,7 +115,8 @@ def run_command(args: argparse.Namespace) -> int:
         return code
     store = Store(capture.store_path)
     unfinished = [
-        t for t in store.trials(capture.run_id)
+        t
+        for t in store.trials(capture.run_id)
         if t.status != "deselected" and (not t.is_finished or t.outcome not in SCORED_OUTCOMES)
     ]
     return UNFINISHED_EXIT if unfinished else 0
@@ -128,9 +135,16 @@ def runs_command(args: argparse.Namespace) -> int:
     for run in store.runs():
         trials = store.trials(run.id)
         finished = sum(1 for t in trials if t.is_finished)
-        rows.append([run.id, run.name, run.status, f"{finished}/{len(trials)}",
-                     ", ".join(run.spec["spec"]["harnesses"]),
-                     ", ".join(run.spec["datasets"])])
+        rows.append(
+            [
+                run.id,
+                run.name,
+                run.status,
+                f"{finished}/{len(trials)}",
+                ", ".join(run.spec["spec"]["harnesses"]),
+                ", ".join(run.spec["datasets"]),
+            ]
+        )
     print(tabulate(rows, headers=["run", "name", "status", "finished", "harnesses", "datasets"]))
     return 0
 
@@ -159,14 +173,20 @@ def _latest_run(store: Store) -> str:
 
 
 COMMANDS: dict[str, Any] = {
-    "run": run_command, "report": report_command, "runs": runs_command, "image": image_command,
+    "run": run_command,
+    "report": report_command,
+    "runs": runs_command,
+    "image": image_command,
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    ours, passed = (words[: words.index("--")], words[words.index("--") + 1:]) \
-        if "--" in words else (words, [])
+    ours, passed = (
+        (words[: words.index("--")], words[words.index("--") + 1 :])
+        if "--" in words
+        else (words, [])
+    )
     args = build_parser().parse_args(ours)
     args.pytest_args = passed
     try:

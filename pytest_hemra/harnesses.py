@@ -71,4 +71,6 @@ def resolve_harness(name: str, base_dir: Path, source: str, run_model: str | Non
 
 def render_argv(argv: list[str], values: Mapping[str, str]) -> list[str]:
     """Fill `{placeholder}`s in each argument; the argv stays a list, never a shell string."""
-    return [PLACEHOLDER_PATTERN.sub(lambda m: values[m.group(1)], arg) for arg in argv]
+    return [
+        PLACEHOLDER_PATTERN.sub(lambda m: values.get(m.group(1), m.group(0)), arg) for arg in argv
+    ]

@@ -40,13 +40,19 @@ class Plan:
             "source": self.source,
             "spec": self.spec.model_dump(mode="json"),
             "harnesses": {
-                h.name: {"path": str(h.path), "digest": h.digest,
-                         "spec": h.spec.model_dump(mode="json")}
+                h.name: {
+                    "path": str(h.path),
+                    "digest": h.digest,
+                    "spec": h.spec.model_dump(mode="json"),
+                }
                 for h in self.harnesses
             },
             "datasets": {
-                d.name: {"path": str(d.path), "digest": d.digest,
-                         "tasks": [t.name for t in d.tasks]}
+                d.name: {
+                    "path": str(d.path),
+                    "digest": d.digest,
+                    "tasks": [t.name for t in d.tasks],
+                }
                 for d in self.datasets
             },
         }
@@ -68,23 +74,26 @@ def resolve_plan(
             f"({', '.join(spec.harnesses)})"
         )
     if spec.judge:
-        raise SpecError(f"{source}: key 'judge': judges are not supported yet by this version "
-                        "of HEMRA")
+        raise SpecError(
+            f"{source}: key 'judge': judges are not supported yet by this version of HEMRA"
+        )
     provider = _provider(spec, source, providers)
-    harnesses = tuple(resolve_harness(name, base_dir, source, spec.model)
-                      for name in spec.harnesses)
+    harnesses = tuple(
+        resolve_harness(name, base_dir, source, spec.model) for name in spec.harnesses
+    )
     for name in spec.verifier.env:
         if name not in os.environ:
-            raise SpecError(f"{source}: key 'verifier.env': environment variable {name} is "
-                            "not set")
+            raise SpecError(f"{source}: key 'verifier.env': environment variable {name} is not set")
     datasets = _datasets(spec, base_dir, source)
     for harness in harnesses:
         if harness.spec.uses_solution:
             for dataset in datasets:
                 for task in dataset.tasks:
                     if not task.has_solution:
-                        raise SpecError(f"{task.path}: harness {harness.name!r} needs "
-                                        "solution/solve.sh, which this task lacks")
+                        raise SpecError(
+                            f"{task.path}: harness {harness.name!r} needs "
+                            "solution/solve.sh, which this task lacks"
+                        )
     if check_sandbox:
         provider.check()
     trials = tuple(
@@ -97,12 +106,15 @@ def resolve_plan(
     return Plan(spec, source, base_dir, harnesses, datasets, trials)
 
 
-def _provider(spec: RunSpec, source: str, providers: Mapping[str, ProviderFactory]
-              ) -> SandboxProvider:
+def _provider(
+    spec: RunSpec, source: str, providers: Mapping[str, ProviderFactory]
+) -> SandboxProvider:
     factory = providers.get(spec.sandbox.provider)
     if factory is None:
-        raise SpecError(f"{source}: key 'sandbox.provider': no sandbox provider named "
-                        f"{spec.sandbox.provider!r} (known: {', '.join(sorted(providers))})")
+        raise SpecError(
+            f"{source}: key 'sandbox.provider': no sandbox provider named "
+            f"{spec.sandbox.provider!r} (known: {', '.join(sorted(providers))})"
+        )
     provider = factory()
     missing = [need for need in spec.require if need not in provider.capabilities]
     if missing:
@@ -114,8 +126,9 @@ def _provider(spec: RunSpec, source: str, providers: Mapping[str, ProviderFactor
 
 
 def _datasets(spec: RunSpec, base_dir: Path, source: str) -> tuple[Dataset, ...]:
-    datasets = tuple(resolve_dataset(ref, base_dir, source, spec.tasks, spec.exclude)
-                     for ref in spec.datasets)
+    datasets = tuple(
+        resolve_dataset(ref, base_dir, source, spec.tasks, spec.exclude) for ref in spec.datasets
+    )
     names = [d.name for d in datasets]
     if len(set(names)) != len(names):
         raise SpecError(f"{source}: key 'datasets': two entries name the same dataset")

@@ -53,25 +53,63 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("hemra", "HEMRA: evaluate coding-agent harnesses")
     group.addoption("--hemra-run", metavar="RUN_FILE", help="run file (TOML) to evaluate")
-    group.addoption("--hemra-store", metavar="PATH",
-                    help="SQLite store (default: .hemra/hemra.db beside the run file)")
-    group.addoption("--hemra-harness", action="append", default=[], metavar="NAME",
-                    help="harness to evaluate, replaces the run file's (repeatable)")
-    group.addoption("--hemra-dataset", action="append", default=[], metavar="NAME",
-                    help="dataset name, name@digest or path, replaces the run file's")
+    group.addoption(
+        "--hemra-store",
+        metavar="PATH",
+        help="SQLite store (default: .hemra/hemra.db beside the run file)",
+    )
+    group.addoption(
+        "--hemra-harness",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="harness to evaluate, replaces the run file's (repeatable)",
+    )
+    group.addoption(
+        "--hemra-dataset",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="dataset name, name@digest or path, replaces the run file's",
+    )
     group.addoption("--hemra-attempts", type=int, metavar="N", help="attempts per task")
-    group.addoption("--hemra-task", action="append", default=[], metavar="GLOB",
-                    help="select tasks by name (replaces 'tasks')")
-    group.addoption("--hemra-exclude", action="append", default=[], metavar="GLOB",
-                    help="exclude tasks by name (replaces 'exclude')")
+    group.addoption(
+        "--hemra-task",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="select tasks by name (replaces 'tasks')",
+    )
+    group.addoption(
+        "--hemra-exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="exclude tasks by name (replaces 'exclude')",
+    )
     group.addoption("--hemra-baseline", metavar="NAME", help="harness others are compared to")
     group.addoption("--hemra-sandbox", metavar="PROVIDER", help="sandbox provider")
-    group.addoption("--hemra-require", action="append", default=[], metavar="CAPABILITY",
-                    help="sandbox capability the run needs (adds to 'require')")
-    group.addoption("--hemra-verifier-env", action="append", default=[], metavar="NAME",
-                    help="environment variable passed to verifiers (adds to verifier.env)")
-    group.addoption("--hemra-judge", action="append", default=[], metavar="NAME",
-                    help="judge to run after the verifier (adds to 'judge')")
+    group.addoption(
+        "--hemra-require",
+        action="append",
+        default=[],
+        metavar="CAPABILITY",
+        help="sandbox capability the run needs (adds to 'require')",
+    )
+    group.addoption(
+        "--hemra-verifier-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="environment variable passed to verifiers (adds to verifier.env)",
+    )
+    group.addoption(
+        "--hemra-judge",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="judge to run after the verifier (adds to 'judge')",
+    )
 
 
 def is_active(config: pytest.Config) -> bool:
@@ -79,7 +117,7 @@ def is_active(config: pytest.Config) -> bool:
         config.getoption("hemra_run")
         or config.getoption("hemra_harness")
         or config.getoption("hemra_dataset")
-        or hasattr(config, "workerinput") and "hemra_run_id" in config.workerinput
+        or (hasattr(config, "workerinput") and "hemra_run_id" in config.workerinput)
     )
 
 
@@ -129,13 +167,15 @@ def _open_session(config: pytest.Config) -> HemraSession:
     if hasattr(config, "workerinput"):
         store = Store(Path(config.workerinput["hemra_store"]))
         run = load_recorded(store, config.workerinput["hemra_run_id"])
-        return HemraSession(store, run, (), run.dataset_paths,
-                            found[run.spec.sandbox.provider](), worker_name())
+        return HemraSession(
+            store, run, (), run.dataset_paths, found[run.spec.sandbox.provider](), worker_name()
+        )
     run_option = config.getoption("hemra_run")
     run_file = Path(run_option) if run_option else None
     collect_only = bool(config.getoption("collectonly"))
-    plan = resolve_plan(run_file, overrides_from(config), Path.cwd(), found,
-                        check_sandbox=not collect_only)
+    plan = resolve_plan(
+        run_file, overrides_from(config), Path.cwd(), found, check_sandbox=not collect_only
+    )
     provider = found[plan.spec.sandbox.provider]()
     paths = {dataset.name: dataset.path for dataset in plan.datasets}
     if collect_only:
@@ -145,8 +185,9 @@ def _open_session(config: pytest.Config) -> HemraSession:
     run_id = new_run_id()
     trials_dir = store.path.parent / "runs" / run_id
     store.record_plan(run_id, plan.spec.name, plan.record(), trials_dir, plan.trials)
-    return HemraSession(store, load_recorded(store, run_id), plan.trials, paths, provider,
-                        worker_name())
+    return HemraSession(
+        store, load_recorded(store, run_id), plan.trials, paths, provider, worker_name()
+    )
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -161,8 +202,9 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     session = config.stash.get(SESSION, None)
     if session is None or session.run is None or session.store is None:
         return None
-    return [f"hemra: run {session.run.id}, {len(session.run.trials)} trials, "
-            f"store {session.store.path}"]
+    return [
+        f"hemra: run {session.run.id}, {len(session.run.trials)} trials, store {session.store.path}"
+    ]
 
 
 def pytest_collection(session: pytest.Session) -> bool | None:
@@ -177,7 +219,10 @@ def pytest_collection(session: pytest.Session) -> bool | None:
     items: list[pytest.Item] = []
     for dataset in dict.fromkeys(t.dataset for t in planned):
         node = DatasetCollector.from_parent(
-            session, name=dataset, nodeid=dataset, path=hemra.dataset_paths[dataset],
+            session,
+            name=dataset,
+            nodeid=dataset,
+            path=hemra.dataset_paths[dataset],
             trials=[t for t in planned if t.dataset == dataset],
         )
         report = hook.pytest_make_collect_report(collector=node)
@@ -195,8 +240,12 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
     if not trials:
         return
     hemra = trials[0].config.stash.get(SESSION, None)
-    if hemra is not None and hemra.store is not None and hemra.run is not None \
-            and not hasattr(trials[0].config, "workerinput"):
+    if (
+        hemra is not None
+        and hemra.store is not None
+        and hemra.run is not None
+        and not hasattr(trials[0].config, "workerinput")
+    ):
         hemra.store.deselect_trials(hemra.run.id, [t.nodeid for t in trials])
 
 
@@ -240,19 +289,23 @@ class TrialItem(pytest.Item):
             harness=run.harnesses[trial.harness],
             spec=run.spec,
             provider=hemra.provider,
-            trial_dir=run.trials_dir / trial.dataset / trial.task
+            trial_dir=run.trials_dir
+            / trial.dataset
+            / trial.task
             / f"{trial.harness}-{trial.attempt}",
         )
         result = run_trial(context)
         hemra.store.finish_trial(trial.id, asdict(result))
         self.result = result
-        self.user_properties.extend([
-            ("outcome", result.outcome),
-            ("reward", "" if result.reward is None else f"{result.reward:g}"),
-            ("duration", f"{result.duration:.3f}"),
-            ("trial", trial.id),
-            ("trial_dir", result.trial_dir),
-        ])
+        self.user_properties.extend(
+            [
+                ("outcome", result.outcome),
+                ("reward", "" if result.reward is None else f"{result.reward:g}"),
+                ("duration", f"{result.duration:.3f}"),
+                ("trial", trial.id),
+                ("trial_dir", result.trial_dir),
+            ]
+        )
         if result.outcome in ERROR_OUTCOMES:
             pytest.fail(self._verdict(result), pytrace=False)
 

@@ -36,17 +36,22 @@ def summarize(trials: list[TrialRecord], harnesses: list[str]) -> list[HarnessRo
         outcomes: dict[str, int] = defaultdict(int)
         for trial in finished:
             outcomes[str(trial.outcome)] += 1
-        rows.append(HarnessRow(
-            harness=harness,
-            planned=len(mine),
-            finished=len(finished),
-            scored=len(scored),
-            passes=sum(1 for t in scored if t.outcome == "pass"),
-            mean_reward=mean(t.reward for t in scored if t.reward is not None) if scored else None,
-            mean_duration=mean(t.duration for t in finished if t.duration is not None)
-            if finished else None,
-            outcomes=dict(outcomes),
-        ))
+        rows.append(
+            HarnessRow(
+                harness=harness,
+                planned=len(mine),
+                finished=len(finished),
+                scored=len(scored),
+                passes=sum(1 for t in scored if t.outcome == "pass"),
+                mean_reward=mean(t.reward for t in scored if t.reward is not None)
+                if scored
+                else None,
+                mean_duration=mean(t.duration for t in finished if t.duration is not None)
+                if finished
+                else None,
+                outcomes=dict(outcomes),
+            )
+        )
     return rows
 
 
@@ -76,8 +81,18 @@ def render_run(store: Store, run_id: str) -> str:
         ]
         sections.append(
             f"\n{dataset}@{entry['digest'][:12]} ({len(entry['tasks'])} tasks)\n"
-            + tabulate(table, headers=["harness", "trials", "passes", "mean reward",
-                                       "vs baseline", "mean duration", "outcomes"])
+            + tabulate(
+                table,
+                headers=[
+                    "harness",
+                    "trials",
+                    "passes",
+                    "mean reward",
+                    "vs baseline",
+                    "mean duration",
+                    "outcomes",
+                ],
+            )
         )
     return "\n".join(sections)
 

@@ -163,9 +163,9 @@ class Store:
     def _create_schema(self) -> None:
         with self.db.conn:
             for name, (columns, pk) in SCHEMA.items():
-                self.db[name].create(columns, pk=pk, if_not_exists=True)
-            for table, columns in INDEXES:
-                self.db[table].create_index(columns, if_not_exists=True)
+                self.db.table(name).create(columns, pk=pk, if_not_exists=True)
+            for table, indexed in INDEXES:
+                self.db.table(table).create_index(indexed, if_not_exists=True)
             self.db.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
                 [str(SCHEMA_VERSION)],
@@ -191,7 +191,11 @@ class Store:
         connection.commit()
 
     def record_plan(
-        self, run_id: str, name: str, spec: dict[str, Any], trials_dir: Path,
+        self,
+        run_id: str,
+        name: str,
+        spec: dict[str, Any],
+        trials_dir: Path,
         trials: Sequence[PlannedTrial],
     ) -> None:
         """Write the run, its resolved spec, every trial and its job, all or nothing."""
@@ -200,23 +204,39 @@ class Store:
             tx.execute(
                 "INSERT INTO runs (id, name, created_at, status, spec, trials_dir, schema_version)"
                 " VALUES (?, ?, ?, 'recorded', ?, ?, ?)",
-                [run_id, name, now, json.dumps(spec, sort_keys=True), str(trials_dir),
-                 SCHEMA_VERSION],
+                [
+                    run_id,
+                    name,
+                    now,
+                    json.dumps(spec, sort_keys=True),
+                    str(trials_dir),
+                    SCHEMA_VERSION,
+                ],
             )
             tx.executemany(
                 "INSERT INTO trials (id, run_id, seq, item_id, dataset, task, harness, attempt,"
                 " status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'planned')",
                 [
-                    (trial_id(run_id, seq), run_id, seq, t.item_id, t.dataset, t.task, t.harness,
-                     t.attempt)
+                    (
+                        trial_id(run_id, seq),
+                        run_id,
+                        seq,
+                        t.item_id,
+                        t.dataset,
+                        t.task,
+                        t.harness,
+                        t.attempt,
+                    )
                     for seq, t in enumerate(trials)
                 ],
             )
             tx.executemany(
                 "INSERT INTO jobs (id, run_id, trial_id, state, created_at)"
                 " VALUES (?, ?, ?, 'queued', ?)",
-                [(trial_id(run_id, seq), run_id, trial_id(run_id, seq), now)
-                 for seq in range(len(trials))],
+                [
+                    (trial_id(run_id, seq), run_id, trial_id(run_id, seq), now)
+                    for seq in range(len(trials))
+                ],
             )
             self._event(tx, run_id, None, "recorded", {"trials": len(trials)})
 
@@ -241,7 +261,23 @@ class Store:
             [run_id],
         ).fetchall()
         return [
-            TrialRecord(*row[:11], json.loads(row[11]) if row[11] else {}, *row[12:])
+            TrialRecord(
+                id=row[0],
+                run_id=row[1],
+                seq=row[2],
+                item_id=row[3],
+                dataset=row[4],
+                task=row[5],
+                harness=row[6],
+                attempt=row[7],
+                status=row[8],
+                outcome=row[9],
+                reward=row[10],
+                rewards=json.loads(row[11]) if row[11] else {},
+                error=row[12],
+                duration=row[13],
+                trial_dir=row[14],
+            )
             for row in rows
         ]
 
@@ -253,12 +289,14 @@ class Store:
                 [now, worker, trial],
             )
             tx.execute(
-                "UPDATE jobs SET state = 'leased', lease_owner = ?, heartbeat_at = ?"
-                " WHERE id = ?",
+                "UPDATE jobs SET state = 'leased', lease_owner = ?, heartbeat_at = ? WHERE id = ?",
                 [worker, now, trial],
             )
-            tx.execute("UPDATE runs SET status = 'running' WHERE id = "
-                       "(SELECT run_id FROM trials WHERE id = ?)", [trial])
+            tx.execute(
+                "UPDATE runs SET status = 'running' WHERE id = "
+                "(SELECT run_id FROM trials WHERE id = ?)",
+                [trial],
+            )
 
     def finish_trial(self, trial: str, result: dict[str, Any]) -> None:
         """Store a trial's result and close its job, before pytest reports the item."""
@@ -268,9 +306,16 @@ class Store:
                 " exit_code = ?, error = ?, finished_at = ?, duration = ?, phases = ?,"
                 " trial_dir = ? WHERE id = ?",
                 [
-                    result["outcome"], result["reward"], json.dumps(result["rewards"]),
-                    result["exit_code"], result["error"], result["finished_at"],
-                    result["duration"], json.dumps(result["phases"]), result["trial_dir"], trial,
+                    result["outcome"],
+                    result["reward"],
+                    json.dumps(result["rewards"]),
+                    result["exit_code"],
+                    result["error"],
+                    result["finished_at"],
+                    result["duration"],
+                    json.dumps(result["phases"]),
+                    result["trial_dir"],
+                    trial,
                 ],
             )
             tx.execute("UPDATE jobs SET state = 'done', lease_owner = NULL WHERE id = ?", [trial])
@@ -297,7 +342,11 @@ class Store:
             )
 
     def _event(
-        self, tx: sqlite3.Connection, run_id: str, trial: str | None, kind: str,
+        self,
+        tx: sqlite3.Connection,
+        run_id: str,
+        trial: str | None,
+        kind: str,
         data: dict[str, Any],
     ) -> None:
         tx.execute(

@@ -142,8 +142,9 @@ def _run_in_sandbox(context: TrialContext, progress: _Progress) -> tuple[float, 
     environment = task.config.environment
     request = SandboxRequest(
         image=image,
-        limits=Limits(cpus=environment.cpus, memory_mb=environment.memory_mb,
-                      pids=environment.pids_limit),
+        limits=Limits(
+            cpus=environment.cpus, memory_mb=environment.memory_mb, pids=environment.pids_limit
+        ),
         network=environment.allow_internet,
         labels={"hemra.run": context.run_id, "hemra.trial": context.trial_id},
         name=f"hemra-{context.trial_id.replace('.', '-')}",
@@ -189,16 +190,29 @@ def _run_agent(context: TrialContext, sandbox: Sandbox, progress: _Progress) -> 
         "HEMRA_MODEL": values["model"],
         **{name: _runner_env(name) for name in context.harness.spec.env},
     }
-    out, err = context.trial_dir / "agent" / "stdout.txt", context.trial_dir / "agent" / "stderr.txt"
+    logs = context.trial_dir / "agent"
+    out, err = logs / "stdout.txt", logs / "stderr.txt"
     for argv in context.harness.spec.install:
-        installed = sandbox.exec(render_argv(argv, values), user=AGENT_USER, env=env,
-                                 timeout=timeout, stdout=out, stderr=err)
+        installed = sandbox.exec(
+            render_argv(argv, values),
+            user=AGENT_USER,
+            env=env,
+            timeout=timeout,
+            stdout=out,
+            stderr=err,
+        )
         if installed.timed_out or installed.exit_code != 0:
             progress.exit_code, progress.timed_out = installed.exit_code, installed.timed_out
             return
     remaining = max(deadline - time.time(), 1.0)
-    result = sandbox.exec(render_argv(context.harness.spec.command, values), user=AGENT_USER,
-                          env=env, timeout=remaining, stdout=out, stderr=err)
+    result = sandbox.exec(
+        render_argv(context.harness.spec.command, values),
+        user=AGENT_USER,
+        env=env,
+        timeout=remaining,
+        stdout=out,
+        stderr=err,
+    )
     progress.exit_code, progress.timed_out = result.exit_code, result.timed_out
 
 
@@ -210,9 +224,12 @@ def _verify(context: TrialContext, sandbox: Sandbox) -> tuple[float, dict[str, f
     env = {"HOME": "/root", **{name: _runner_env(name) for name in settings.env}}
     folder = context.trial_dir / "verifier"
     result = sandbox.exec(
-        ["bash", "/tests/test.sh"], user=ROOT_USER, env=env,
+        ["bash", "/tests/test.sh"],
+        user=ROOT_USER,
+        env=env,
         timeout=context.task.config.verifier.timeout_sec,
-        stdout=folder / "stdout.txt", stderr=folder / "stderr.txt",
+        stdout=folder / "stdout.txt",
+        stderr=folder / "stderr.txt",
     )
     logs = sandbox.read_tree("/logs/verifier")
     for name, content in logs.items():
@@ -242,11 +259,14 @@ def tree_diff(before: dict[str, bytes], after: dict[str, bytes]) -> str:
         except UnicodeDecodeError:
             lines.append(f"Binary files a/{name} and b/{name} differ\n")
             continue
-        lines.extend(difflib.unified_diff(
-            old_text, new_text,
-            fromfile=f"a/{name}" if old is not None else "/dev/null",
-            tofile=f"b/{name}" if new is not None else "/dev/null",
-        ))
+        lines.extend(
+            difflib.unified_diff(
+                old_text,
+                new_text,
+                fromfile=f"a/{name}" if old is not None else "/dev/null",
+                tofile=f"b/{name}" if new is not None else "/dev/null",
+            )
+        )
     text = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
     return text[:MAX_DIFF_BYTES]
 

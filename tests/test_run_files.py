@@ -35,79 +35,142 @@ def task(**changes: object) -> Callable[..., None]:
 
 
 CASES = {
-    "unknown-key": (GOOD + "attemps = 3\n", nothing, "run.toml: key 'attemps' is not a run "
-                    "setting (did you mean 'attempts'?)"),
-    "wrong-type": (GOOD + 'attempts = "three"\n', nothing,
-                   "run.toml: key 'attempts': input should be a valid integer, got 'three'"),
+    "unknown-key": (
+        GOOD + "attemps = 3\n",
+        nothing,
+        "run.toml: key 'attemps' is not a run setting (did you mean 'attempts'?)",
+    ),
+    "wrong-type": (
+        GOOD + 'attempts = "three"\n',
+        nothing,
+        "run.toml: key 'attempts': input should be a valid integer, got 'three'",
+    ),
     "zero-attempts": (GOOD + "attempts = 0\n", nothing, "key 'attempts': input should be greater"),
     "missing-harnesses": ('datasets = ["ds"]\n', nothing, "run.toml: key 'harnesses' is required"),
-    "unknown-sandbox-key": (GOOD + '[sandbox]\nimag = "x"\n', nothing,
-                            "key 'sandbox.imag' is not a run setting (did you mean "
-                            "'sandbox.image'?)"),
+    "unknown-sandbox-key": (
+        GOOD + '[sandbox]\nimag = "x"\n',
+        nothing,
+        "key 'sandbox.imag' is not a run setting (did you mean 'sandbox.image'?)",
+    ),
     "not-toml": ("harnesses = [oracle\n", nothing, "run.toml: not valid TOML"),
-    "unknown-harness": ('harnesses = ["oracel"]\ndatasets = ["ds"]\n', nothing,
-                        "run.toml: key 'harnesses': no harness named 'oracel'"),
-    "harness-path-traversal": ('harnesses = ["../evil"]\ndatasets = ["ds"]\n', nothing,
-                               "key 'harnesses': expected a name of letters"),
-    "duplicate-harness": ('harnesses = ["nop", "nop"]\ndatasets = ["ds"]\n', nothing,
-                          "key 'harnesses': expected each harness once"),
-    "harness-unknown-key": ('harnesses = ["mine"]\ndatasets = ["ds"]\n',
-                            harness('kind = "program"\ncommand = ["true"]\ncomand = ["x"]\n'),
-                            "mine.toml: key 'comand' is not a harness setting (did you mean "
-                            "'command'?)"),
-    "harness-bad-kind": ('harnesses = ["mine"]\ndatasets = ["ds"]\n',
-                         harness('kind = "robot"\ncommand = ["true"]\n'),
-                         "mine.toml: key 'kind': input should be 'program'"),
-    "harness-kind-not-yet": ('harnesses = ["mine"]\ndatasets = ["ds"]\n',
-                             harness('kind = "cli"\ncommand = ["claude"]\n'),
-                             "mine.toml: key 'kind': harness kind 'cli' is not supported yet"),
-    "harness-placeholder": ('harnesses = ["mine"]\ndatasets = ["ds"]\n',
-                            harness('kind = "program"\ncommand = ["run", "{instructions}"]\n'),
-                            "mine.toml: key 'command': unknown placeholder {instructions}"),
-    "harness-model-clash": ('harnesses = ["mine"]\ndatasets = ["ds"]\nmodel = "m1"\n',
-                            harness('kind = "program"\ncommand = ["true"]\nmodel = "m2"\n'),
-                            "mine.toml: key 'model': harness pins model 'm2' but the run"),
-    "harness-env-missing": ('harnesses = ["mine"]\ndatasets = ["ds"]\n',
-                            harness('kind = "program"\ncommand = ["true"]\n'
-                                    'env = ["HEMRA_TEST_UNSET_VARIABLE"]\n'),
-                            "mine.toml: key 'env': needs environment variable "
-                            "HEMRA_TEST_UNSET_VARIABLE, which is not set"),
-    "baseline-unknown": (GOOD + 'baseline = "codex"\n', nothing,
-                         "run.toml: key 'baseline': 'codex' is not one of the run's harnesses"),
-    "dataset-unknown": ('harnesses = ["nop"]\ndatasets = ["nope"]\n', nothing,
-                        "run.toml: key 'datasets': no dataset named 'nope'"),
-    "dataset-digest-mismatch": ('harnesses = ["nop"]\ndatasets = ["ds@000000"]\n', nothing,
-                                "run.toml: key 'datasets': 'ds@000000' is pinned to 000000 but "
-                                "its selected content has digest "),
-    "task-missing-instruction": (GOOD, task(instruction=None),
-                                 "hello/instruction.md: missing"),
+    "unknown-harness": (
+        'harnesses = ["oracel"]\ndatasets = ["ds"]\n',
+        nothing,
+        "run.toml: key 'harnesses': no harness named 'oracel'",
+    ),
+    "harness-path-traversal": (
+        'harnesses = ["../evil"]\ndatasets = ["ds"]\n',
+        nothing,
+        "key 'harnesses': expected a name of letters",
+    ),
+    "duplicate-harness": (
+        'harnesses = ["nop", "nop"]\ndatasets = ["ds"]\n',
+        nothing,
+        "key 'harnesses': expected each harness once",
+    ),
+    "harness-unknown-key": (
+        'harnesses = ["mine"]\ndatasets = ["ds"]\n',
+        harness('kind = "program"\ncommand = ["true"]\ncomand = ["x"]\n'),
+        "mine.toml: key 'comand' is not a harness setting (did you mean 'command'?)",
+    ),
+    "harness-bad-kind": (
+        'harnesses = ["mine"]\ndatasets = ["ds"]\n',
+        harness('kind = "robot"\ncommand = ["true"]\n'),
+        "mine.toml: key 'kind': input should be 'program'",
+    ),
+    "harness-kind-not-yet": (
+        'harnesses = ["mine"]\ndatasets = ["ds"]\n',
+        harness('kind = "cli"\ncommand = ["claude"]\n'),
+        "mine.toml: key 'kind': harness kind 'cli' is not supported yet",
+    ),
+    "harness-placeholder": (
+        'harnesses = ["mine"]\ndatasets = ["ds"]\n',
+        harness('kind = "program"\ncommand = ["run", "{instructions}"]\n'),
+        "mine.toml: key 'command': unknown placeholder {instructions}",
+    ),
+    "harness-model-clash": (
+        'harnesses = ["mine"]\ndatasets = ["ds"]\nmodel = "m1"\n',
+        harness('kind = "program"\ncommand = ["true"]\nmodel = "m2"\n'),
+        "mine.toml: key 'model': harness pins model 'm2' but the run",
+    ),
+    "harness-env-missing": (
+        'harnesses = ["mine"]\ndatasets = ["ds"]\n',
+        harness('kind = "program"\ncommand = ["true"]\nenv = ["HEMRA_TEST_UNSET_VARIABLE"]\n'),
+        "mine.toml: key 'env': needs environment variable "
+        "HEMRA_TEST_UNSET_VARIABLE, which is not set",
+    ),
+    "baseline-unknown": (
+        GOOD + 'baseline = "codex"\n',
+        nothing,
+        "run.toml: key 'baseline': 'codex' is not one of the run's harnesses",
+    ),
+    "dataset-unknown": (
+        'harnesses = ["nop"]\ndatasets = ["nope"]\n',
+        nothing,
+        "run.toml: key 'datasets': no dataset named 'nope'",
+    ),
+    "dataset-digest-mismatch": (
+        'harnesses = ["nop"]\ndatasets = ["ds@000000"]\n',
+        nothing,
+        "run.toml: key 'datasets': 'ds@000000' is pinned to 000000 but "
+        "its selected content has digest ",
+    ),
+    "task-missing-instruction": (GOOD, task(instruction=None), "hello/instruction.md: missing"),
     "task-missing-verifier": (GOOD, task(test=None), "hello/tests/test.sh: missing"),
-    "task-bad-toml-type": (GOOD, task(task_toml='[agent]\ntimeout_sec = "long"\n'),
-                           "hello/task.toml: key 'agent.timeout_sec': input should be a valid "
-                           "number"),
-    "task-without-solution-for-oracle": (GOOD, task(solve=None),
-                                         "hello: harness 'oracle' needs solution/solve.sh"),
-    "task-pattern-traversal": (GOOD + 'tasks = ["../x"]\n', nothing,
-                               "run.toml: key 'tasks': expected task name patterns"),
-    "task-pattern-matches-nothing": (GOOD + 'tasks = ["nothing*"]\n', nothing,
-                                     "run.toml: key 'tasks': pattern 'nothing*' matches no task"),
-    "require-unmet": (GOOD + 'require = ["gpu"]\n', nothing,
-                      "run.toml: key 'require': sandbox 'docker' cannot provide 'gpu'"),
-    "sandbox-unknown": (GOOD + '[sandbox]\nprovider = "k8s"\n', nothing,
-                        "run.toml: key 'sandbox.provider': no sandbox provider named 'k8s'"),
-    "verifier-env-unset": (GOOD + '[verifier]\nenv = ["HEMRA_TEST_UNSET_VARIABLE"]\n', nothing,
-                           "key 'verifier.env': environment variable HEMRA_TEST_UNSET_VARIABLE "
-                           "is not set"),
-    "verifier-network": (GOOD + '[verifier]\nnetwork = "host"\n', nothing,
-                         "key 'verifier.network': input should be 'none' or 'bridge'"),
-    "judge-not-yet": (GOOD + '[[judge]]\nname = "style"\n', nothing,
-                      "run.toml: key 'judge': judges are not supported yet"),
+    "task-bad-toml-type": (
+        GOOD,
+        task(task_toml='[agent]\ntimeout_sec = "long"\n'),
+        "hello/task.toml: key 'agent.timeout_sec': input should be a valid number",
+    ),
+    "task-without-solution-for-oracle": (
+        GOOD,
+        task(solve=None),
+        "hello: harness 'oracle' needs solution/solve.sh",
+    ),
+    "task-pattern-traversal": (
+        GOOD + 'tasks = ["../x"]\n',
+        nothing,
+        "run.toml: key 'tasks': expected task name patterns",
+    ),
+    "task-pattern-matches-nothing": (
+        GOOD + 'tasks = ["nothing*"]\n',
+        nothing,
+        "run.toml: key 'tasks': pattern 'nothing*' matches no task",
+    ),
+    "require-unmet": (
+        GOOD + 'require = ["gpu"]\n',
+        nothing,
+        "run.toml: key 'require': sandbox 'docker' cannot provide 'gpu'",
+    ),
+    "sandbox-unknown": (
+        GOOD + '[sandbox]\nprovider = "k8s"\n',
+        nothing,
+        "run.toml: key 'sandbox.provider': no sandbox provider named 'k8s'",
+    ),
+    "verifier-env-unset": (
+        GOOD + '[verifier]\nenv = ["HEMRA_TEST_UNSET_VARIABLE"]\n',
+        nothing,
+        "key 'verifier.env': environment variable HEMRA_TEST_UNSET_VARIABLE is not set",
+    ),
+    "verifier-network": (
+        GOOD + '[verifier]\nnetwork = "host"\n',
+        nothing,
+        "key 'verifier.network': input should be 'none' or 'bridge'",
+    ),
+    "judge-not-yet": (
+        GOOD + '[[judge]]\nname = "style"\n',
+        nothing,
+        "run.toml: key 'judge': judges are not supported yet",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_input_is_refused_with_one_line_and_nothing_recorded(
-    case: str, pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker,
+    case: str,
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
     write_harness: Callable[..., Path],
 ) -> None:
     content, setup, expected = CASES[case]
@@ -125,8 +188,9 @@ def test_bad_input_is_refused_with_one_line_and_nothing_recorded(
     assert not (tmp_path / ".hemra").exists()
 
 
-def test_invalid_task_folder_name_is_refused(pytester: pytest.Pytester, tmp_path: Path,
-                                            make_task: TaskMaker) -> None:
+def test_invalid_task_folder_name_is_refused(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
     make_task("bad name")
     run_file = tmp_path / "run.toml"
     run_file.write_text(GOOD)
@@ -149,7 +213,8 @@ def test_defaults_are_those_documented(tmp_path: Path) -> None:
 
 def test_flags_replace_some_keys_and_add_to_others(tmp_path: Path) -> None:
     run_file = tmp_path / "run.toml"
-    run_file.write_text(textwrap.dedent("""\
+    run_file.write_text(
+        textwrap.dedent("""\
         harnesses = ["a", "b"]
         datasets = ["d1"]
         attempts = 2
@@ -159,12 +224,24 @@ def test_flags_replace_some_keys_and_add_to_others(tmp_path: Path) -> None:
         env = ["ONE"]
         [sandbox]
         image = "img"
-    """))
-    spec = load_run_spec(run_file, Overrides(
-        harnesses=["c"], datasets=["d2"], attempts=3, tasks=["t2"], exclude=["t3"],
-        baseline="c", concurrency=4, sandbox="other", require=["cpu_limit"],
-        verifier_env=["TWO"], judges=["style"],
-    ))
+    """)
+    )
+    spec = load_run_spec(
+        run_file,
+        Overrides(
+            harnesses=["c"],
+            datasets=["d2"],
+            attempts=3,
+            tasks=["t2"],
+            exclude=["t3"],
+            baseline="c",
+            concurrency=4,
+            sandbox="other",
+            require=["cpu_limit"],
+            verifier_env=["TWO"],
+            judges=["style"],
+        ),
+    )
     assert spec.harnesses == ["c"] and spec.datasets == ["d2"] and spec.attempts == 3
     assert spec.tasks == ["t2"] and spec.exclude == ["t3"] and spec.baseline == "c"
     assert spec.concurrency == 4

@@ -29,13 +29,17 @@ def outcomes(store: Path) -> dict[str, tuple[str, float | None]]:
     return {r["item_id"]: (r["outcome"], r["reward"]) for r in run_rows(store)}
 
 
-def test_oracle_passes_and_nop_fails_every_bundled_task(pytester: pytest.Pytester,
-                                                        tmp_path: Path) -> None:
+def test_oracle_passes_and_nop_fails_every_bundled_task(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
     junit = tmp_path / "junit.xml"
     store = tmp_path / "hemra.db"
     result = pytester.runpytest(
-        "--hemra-run", str(REPO / "examples" / "oracle-vs-nop.toml"),
-        "--hemra-store", str(store), f"--junitxml={junit}",
+        "--hemra-run",
+        str(REPO / "examples" / "oracle-vs-nop.toml"),
+        "--hemra-store",
+        str(store),
+        f"--junitxml={junit}",
     )
 
     found = outcomes(store)
@@ -49,10 +53,14 @@ def test_oracle_passes_and_nop_fails_every_bundled_task(pytester: pytest.Pyteste
     rewards = {r["item_id"]: json.loads(r["rewards"]) for r in run_rows(store)}
     assert rewards["hemra-offline::partial-credit[nop-1]"]["checks_total"] == 4
     result.assert_outcomes(passed=12, failed=12)
-    result.stdout.fnmatch_lines([
-        "*hemra-offline@* (6 tasks)*", "nop (baseline)*6/6*0*", "oracle*6/6*6*1*",
-        "*text-tools@* (6 tasks)*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*hemra-offline@* (6 tasks)*",
+            "nop (baseline)*6/6*0*",
+            "oracle*6/6*6*1*",
+            "*text-tools@* (6 tasks)*",
+        ]
+    )
     cases = ET.parse(junit).getroot().iter("testcase")
     properties = [{p.get("name"): p.get("value") for p in case.iter("property")} for case in cases]
     assert len(properties) == 24
@@ -60,14 +68,20 @@ def test_oracle_passes_and_nop_fails_every_bundled_task(pytester: pytest.Pyteste
 
 
 def test_agent_past_its_timeout_ends_as_timeout_and_is_still_verified(
-    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker,
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
     write_harness: Callable[..., Path],
 ) -> None:
     make_task("slow", task_toml="[agent]\ntimeout_sec = 2\n")
-    write_harness("sleeper", """\
+    write_harness(
+        "sleeper",
+        """\
         kind = "program"
-        command = ["bash", "-c", "echo \\"$HEMRA_TIMEOUT_SECS $HEMRA_DEADLINE\\" > budget; echo hi > out.txt; sleep 60 & sleep 60"]
-    """)
+        command = ["bash", "-c", '''echo "$HEMRA_TIMEOUT_SECS $HEMRA_DEADLINE" > budget
+        echo hi > out.txt; sleep 60 & sleep 60''']
+    """,
+    )
     run_file = tmp_path / "run.toml"
     run_file.write_text('harnesses = ["sleeper"]\ndatasets = ["ds"]\n')
 
@@ -84,16 +98,26 @@ def test_agent_past_its_timeout_ends_as_timeout_and_is_still_verified(
 
 
 def test_sandbox_is_locked_down_and_tests_are_hidden_from_the_agent(
-    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker,
-    write_harness: Callable[..., Path], monkeypatch: pytest.MonkeyPatch,
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("HEMRA_SENTINEL_SECRET", "sentinel-3f9a")
-    make_task("probe", test="cp /app/probe.txt /logs/verifier/probe.txt; "
-              "ls /sys/class/net > /logs/verifier/net.txt; echo 1 > /logs/verifier/reward.txt")
-    write_harness("probe", """\
+    make_task(
+        "probe",
+        test="cp /app/probe.txt /logs/verifier/probe.txt; "
+        "ls /sys/class/net > /logs/verifier/net.txt; echo 1 > /logs/verifier/reward.txt",
+    )
+    write_harness(
+        "probe",
+        """\
         kind = "program"
-        command = ["bash", "-c", "{ id -u; grep CapEff /proc/self/status; ls /tests 2>&1; env; pwd; } > /app/probe.txt"]
-    """)
+        command = ["bash", "-c", '''{ id -u; grep CapEff /proc/self/status; ls /tests 2>&1
+        env; pwd; } > /app/probe.txt''']
+    """,
+    )
     run_file = tmp_path / "run.toml"
     run_file.write_text('harnesses = ["probe"]\ndatasets = ["ds"]\n')
 
@@ -116,12 +140,17 @@ def test_sandbox_is_locked_down_and_tests_are_hidden_from_the_agent(
     [
         ("true", "verifier wrote no /logs/verifier/reward.txt or reward.json"),
         ("echo nan > /logs/verifier/reward.txt", "reward.txt: expected a finite number"),
-        ("echo '{\"score\": 1}' > /logs/verifier/reward.json", "reward.json: key 'reward' is "
-         "missing"),
+        (
+            "echo '{\"score\": 1}' > /logs/verifier/reward.json",
+            "reward.json: key 'reward' is missing",
+        ),
     ],
 )
 def test_unusable_reward_is_a_verifier_error(
-    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker, test_script: str,
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    test_script: str,
     expected: str,
 ) -> None:
     make_task("broken", test=test_script)
@@ -137,12 +166,16 @@ def test_unusable_reward_is_a_verifier_error(
 
 
 def test_crashing_harness_is_a_harness_error_and_still_verified(
-    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker,
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
     write_harness: Callable[..., Path],
 ) -> None:
     make_task("crash")
-    write_harness("crasher", 'kind = "program"\ncommand = ["bash", "-c", "echo hi > out.txt; '
-                  'echo boom >&2; exit 3"]\n')
+    write_harness(
+        "crasher",
+        'kind = "program"\ncommand = ["bash", "-c", "echo hi > out.txt; echo boom >&2; exit 3"]\n',
+    )
     run_file = tmp_path / "run.toml"
     run_file.write_text('harnesses = ["crasher"]\ndatasets = ["ds"]\n')
 
@@ -156,7 +189,9 @@ def test_crashing_harness_is_a_harness_error_and_still_verified(
 
 
 def test_image_build_failure_is_an_infra_error(
-    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker,
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
 ) -> None:
     make_task("unbuildable", dockerfile="FROM debian:bookworm-slim\nRUN exit 7\n")
     run_file = tmp_path / "run.toml"
@@ -170,7 +205,10 @@ def test_image_build_failure_is_an_infra_error(
 
 
 def test_task_image_is_built_once_per_environment_content(
-    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker, docker_client: Any,
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    docker_client: Any,
 ) -> None:
     marker = tmp_path.name
     make_task("cached", dockerfile=f"FROM debian:bookworm-slim\nRUN echo {marker} > /marker\n")
@@ -179,8 +217,11 @@ def test_task_image_is_built_once_per_environment_content(
 
     pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(passed=2)
 
-    built = [i for i in docker_client.images.list(filters={"label": "hemra.task=cached"})
-             if any(t.startswith("hemra-task:") for t in i.tags)]
+    built = [
+        i
+        for i in docker_client.images.list(filters={"label": "hemra.task=cached"})
+        if any(t.startswith("hemra-task:") for t in i.tags)
+    ]
     phases = [json.loads(r["phases"]) for r in run_rows(tmp_path / ".hemra" / "hemra.db")]
     assert len(built) >= 1
     assert phases[1]["image"] < phases[0]["image"]
@@ -188,11 +229,16 @@ def test_task_image_is_built_once_per_environment_content(
 
 
 def test_agent_diff_is_kept_in_the_trial_folder(
-    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker,
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
 ) -> None:
-    make_task("diffed", dockerfile="FROM debian:bookworm-slim\nWORKDIR /app\n"
-              "RUN echo old > keep.txt && echo gone > gone.txt\n",
-              solve="echo new > keep.txt; rm gone.txt; echo hi > out.txt")
+    make_task(
+        "diffed",
+        dockerfile="FROM debian:bookworm-slim\nWORKDIR /app\n"
+        "RUN echo old > keep.txt && echo gone > gone.txt\n",
+        solve="echo new > keep.txt; rm gone.txt; echo hi > out.txt",
+    )
     run_file = tmp_path / "run.toml"
     run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
 
@@ -208,38 +254,74 @@ def test_agent_diff_is_kept_in_the_trial_folder(
 
 
 def test_hemra_run_works_with_flags_alone(
-    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker,
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
 ) -> None:
     make_task("one")
     make_task("two")
     result = pytester.run(
-        "hemra", "run", "-H", "oracle", "-H", "nop", "-d", str(tmp_path / "datasets" / "ds"),
-        "-t", "o*", "-k", "2", "--baseline", "nop", "--store", str(tmp_path / "s.db"),
+        "hemra",
+        "run",
+        "-H",
+        "oracle",
+        "-H",
+        "nop",
+        "-d",
+        str(tmp_path / "datasets" / "ds"),
+        "-t",
+        "o*",
+        "-k",
+        "2",
+        "--baseline",
+        "nop",
+        "--store",
+        str(tmp_path / "s.db"),
     )
     assert result.ret == 0  # nop failing is a result, not an unfinished cell
     found = outcomes(tmp_path / "s.db")
-    assert sorted(found) == ["ds::one[nop-1]", "ds::one[nop-2]", "ds::one[oracle-1]",
-                             "ds::one[oracle-2]"]
+    assert sorted(found) == [
+        "ds::one[nop-1]",
+        "ds::one[nop-2]",
+        "ds::one[oracle-1]",
+        "ds::one[oracle-2]",
+    ]
     result.stdout.fnmatch_lines(["nop (baseline)*2/2*", "oracle*2/2*2*"])
 
 
 def test_hemra_run_exits_non_zero_when_a_cell_did_not_finish(
-    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker,
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
 ) -> None:
     make_task("broken", test="true")
-    result = pytester.run("hemra", "run", "-H", "oracle", "-d", str(tmp_path / "datasets" / "ds"),
-                          "--store", str(tmp_path / "s.db"))
+    result = pytester.run(
+        "hemra",
+        "run",
+        "-H",
+        "oracle",
+        "-d",
+        str(tmp_path / "datasets" / "ds"),
+        "--store",
+        str(tmp_path / "s.db"),
+    )
     assert result.ret == 1
     assert outcomes(tmp_path / "s.db") == {"ds::broken[oracle-1]": ("verifier_error", None)}
 
 
 def test_unmet_task_image_reference_is_an_infra_error(
-    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker,
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
 ) -> None:
-    make_task("named", dockerfile=None, task_toml=textwrap.dedent("""\
+    make_task(
+        "named",
+        dockerfile=None,
+        task_toml=textwrap.dedent("""\
         [environment]
         docker_image = "hemra-test/not-here:never"
-    """))
+    """),
+    )
     run_file = tmp_path / "run.toml"
     run_file.write_text('harnesses = ["nop"]\ndatasets = ["ds"]\n')
     pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(errors=1)

@@ -26,18 +26,26 @@ APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 def apt_mirror(suite: str = DEFAULT_SUITE, sources: tuple[Path, ...] = APT_SOURCES) -> str:
     """The first Debian mirror apt is configured with for `suite` (one-line or deb822 format)."""
     for location in sources:
-        files = sorted(location.glob("*.list")) + sorted(location.glob("*.sources")) \
-            if location.is_dir() else [location]
+        files = (
+            sorted(location.glob("*.list")) + sorted(location.glob("*.sources"))
+            if location.is_dir()
+            else [location]
+        )
         for file in files:
             if not file.is_file():
                 continue
             text = file.read_text(errors="replace")
-            found = _deb822_mirror(text, suite) if file.suffix == ".sources" \
+            found = (
+                _deb822_mirror(text, suite)
+                if file.suffix == ".sources"
                 else _one_line_mirror(text, suite)
+            )
             if found:
                 return found
-    raise HemraError(f"apt has no mirror configured for suite {suite!r} (looked in "
-                     f"{', '.join(str(s) for s in sources)})")
+    raise HemraError(
+        f"apt has no mirror configured for suite {suite!r} (looked in "
+        f"{', '.join(str(s) for s in sources)})"
+    )
 
 
 def _one_line_mirror(text: str, suite: str) -> str | None:
@@ -82,7 +90,8 @@ def bootstrap_base_image(
         root = Path(scratch) / "rootfs"
         subprocess.run(
             ["debootstrap", "--variant=minbase", suite, str(root), mirror],
-            check=True, stdout=subprocess.DEVNULL,
+            check=True,
+            stdout=subprocess.DEVNULL,
         )
         for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for path in (root / leftover).glob("*"):
@@ -93,7 +102,9 @@ def bootstrap_base_image(
         repository, _, version = tag.partition(":")
         try:
             client.api.import_image_from_file(
-                str(archive), repository=repository, tag=version or "latest",
+                str(archive),
+                repository=repository,
+                tag=version or "latest",
                 changes=['CMD ["bash"]'],
             )
         except docker.errors.APIError as error:

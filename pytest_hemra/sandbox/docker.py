@@ -7,6 +7,7 @@ costs ~10 s a trial). Every wait has a deadline enforced here.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import tarfile
@@ -78,9 +79,10 @@ class DockerProvider:
         """The task image with HEMRA's sandbox layer on top, built once per content digest."""
         try:
             base = self._task_image(task, default_image)
-            layer_tag = f"{SANDBOX_REPOSITORY}:" + hashlib.sha256(
-                f"{base}\0{SANDBOX_LAYER_VERSION}".encode()
-            ).hexdigest()[:24]
+            layer_tag = (
+                f"{SANDBOX_REPOSITORY}:"
+                + hashlib.sha256(f"{base}\0{SANDBOX_LAYER_VERSION}".encode()).hexdigest()[:24]
+            )
             if not self._has_image(layer_tag):
                 dockerfile = SANDBOX_LAYER.format(image=base).encode()
                 self._build(task, tag=layer_tag, fileobj=io.BytesIO(dockerfile))
@@ -110,9 +112,13 @@ class DockerProvider:
     def _build(self, task: Task, *, tag: str, **source: Any) -> None:
         try:
             self.client.images.build(
-                tag=tag, rm=True, forcerm=True, pull=False,
+                tag=tag,
+                rm=True,
+                forcerm=True,
+                pull=False,
                 timeout=task.config.environment.build_timeout_sec,
-                labels={"hemra.task": task.name}, **source,
+                labels={"hemra.task": task.name},
+                **source,
             )
         except docker.errors.BuildError as error:
             tail = " | ".join(
@@ -156,10 +162,8 @@ class DockerProvider:
 
 
 def remove_container(container: Any) -> None:
-    try:
+    with contextlib.suppress(docker.errors.NotFound):
         container.remove(force=True)
-    except docker.errors.NotFound:
-        pass
 
 
 class DockerSandbox:
@@ -182,8 +186,14 @@ class DockerSandbox:
         """Run argv to completion or until `timeout`, streaming its output to files."""
         started = time.monotonic()
         exec_id = self.api.exec_create(
-            self.container.id, list(argv), stdout=True, stderr=True, stdin=False,
-            user=user, environment=dict(env), workdir=workdir,
+            self.container.id,
+            list(argv),
+            stdout=True,
+            stderr=True,
+            stdin=False,
+            user=user,
+            environment=dict(env),
+            workdir=workdir,
         )["Id"]
         stream = self.api.exec_start(exec_id, stream=True, demux=True)
         failure: list[BaseException] = []

@@ -52,7 +52,7 @@ if __name__ == "__main__":
     try:
         import textkit
         CHECKS[name](textkit)
-    except BaseException as exc:  # noqa: BLE001 - any failure fails the check
+    except BaseException as exc:
         print(f"  {name}: {type(exc).__name__}: {exc}")
         sys.exit(1)
     sys.exit(0)
