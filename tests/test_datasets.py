@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TaskMaker
+from conftest import TaskMaker
 from pytest_hemra.datasets import find_dataset, resolve_dataset, tree_digest
 from pytest_hemra.errors import SpecError
 
@@ -46,7 +46,8 @@ def test_pin_by_digest_prefix(tmp_path: Path, make_task: TaskMaker) -> None:
 
 
 def test_bundled_datasets_are_found_by_name(tmp_path: Path) -> None:
-    assert find_dataset("hemra-offline", tmp_path, "x") == REPO / "datasets" / "hemra-offline"
+    found = find_dataset("hemra-offline", tmp_path, "x")
+    assert found.name == "hemra-offline" and (found / "create-file" / "task.toml").is_file()
     offline = resolve_dataset("hemra-offline", tmp_path, "x", [], [])
     assert len(offline.tasks) >= 6
     assert len(resolve_dataset("text-tools", tmp_path, "x", [], []).tasks) >= 5

@@ -1,0 +1,105 @@
+"""One oracle trial through HEMRA against the floor: the same work by plain docker SDK calls.
+
+The floor creates the same container (same image, user, limits, network), copies the solution
+in, runs solve.sh, copies the tests in, runs test.sh, reads the reward and removes the
+container with force. HEMRA's trial does that plus what makes it a trial: the instruction file,
+the before/after snapshot of /app for the diff, the verifier's network cut, the trial folder,
+result.json and the store writes. Rounds alternate so both see the same machine.
+
+    python benchmarks/oracle_trial.py [--rounds 10] [--task create-file]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import tarfile
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from pytest_hemra.datasets import bundled_dir, load_task
+from pytest_hemra.harnesses import Harness
+from pytest_hemra.sandbox import AGENT_USER, ROOT_USER, WORKDIR
+from pytest_hemra.sandbox.docker import DockerProvider
+from pytest_hemra.spec import HarnessSpec, RunSpec
+from pytest_hemra.store import PlannedTrial, Store
+from pytest_hemra.trial import TrialContext, run_trial
+
+
+def tar_of(folder: Path, name: str) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.add(folder, arcname=name)
+    return buffer.getvalue()
+
+
+def floor_trial(provider: DockerProvider, image: str, task_dir: Path) -> float:
+    started = time.perf_counter()
+    client = provider.client
+    container = client.containers.run(
+        image, entrypoint=["sleep", "infinity"], command=[], user=AGENT_USER,
+        working_dir=WORKDIR, cap_drop=["ALL"], security_opt=["no-new-privileges"],
+        pids_limit=1024, network_mode="bridge", detach=True, labels={"hemra": "1"},
+    )
+    try:
+        container.put_archive("/", tar_of(task_dir / "solution", "solution"))
+        container.exec_run(["bash", "/solution/solve.sh"], user=AGENT_USER, workdir=WORKDIR)
+        container.put_archive("/", tar_of(task_dir / "tests", "tests"))
+        container.exec_run(["bash", "/tests/test.sh"], user=ROOT_USER, workdir=WORKDIR)
+        chunks, _ = container.get_archive("/logs/verifier/reward.txt")
+        b"".join(chunks)
+    finally:
+        container.remove(force=True)
+    return time.perf_counter() - started
+
+
+def hemra_trial(provider: DockerProvider, store: Store, run_id: str, seq: int,
+                context: TrialContext) -> float:
+    started = time.perf_counter()
+    trial_id = f"{run_id}.{seq:05d}"
+    store.start_trial(trial_id, "bench")
+    result = run_trial(context)
+    store.finish_trial(trial_id, asdict(result))
+    assert result.outcome == "pass", result
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--task", default="create-file")
+    args = parser.parse_args()
+
+    task = load_task(bundled_dir("datasets") / "hemra-offline" / args.task)
+    provider = DockerProvider()
+    spec = RunSpec(harnesses=["oracle"], datasets=["hemra-offline"])
+    oracle = Harness("oracle", Path("oracle.toml"), HarnessSpec(
+        kind="program", command=["bash", "/solution/solve.sh"], uses_solution=True))
+    image = provider.prepare(task, spec.sandbox.image)  # cached image, as the target says
+    with tempfile.TemporaryDirectory() as scratch:
+        store = Store(Path(scratch) / "bench.db")
+        run_id = "bench"
+        store.record_plan(run_id, "bench", {}, Path(scratch),
+                          [PlannedTrial("hemra-offline", task.name, "oracle", n + 1)
+                           for n in range(args.rounds + 1)])
+        floors, hemras = [], []
+        floor_trial(provider, image, task.path)  # warm both paths once
+        for seq in range(args.rounds + 1):
+            context = TrialContext(run_id, f"{run_id}.{seq:05d}", task, oracle, spec, provider,
+                                   Path(scratch) / f"trial-{seq}")
+            hemras.append(hemra_trial(provider, store, run_id, seq, context))
+            floors.append(floor_trial(provider, image, task.path))
+        floors, hemras = floors[1:], hemras[1:]
+
+    floor, hemra = statistics.median(floors), statistics.median(hemras)
+    print(f"task hemra-offline/{task.name}, {args.rounds} rounds, cached image")
+    print(f"floor (plain docker SDK)  median {floor * 1000:7.1f} ms")
+    print(f"hemra oracle trial        median {hemra * 1000:7.1f} ms")
+    print(f"ratio hemra / floor       {hemra / floor:.2f}x  (target <= 1.5x)")
+
+
+if __name__ == "__main__":
+    main()
