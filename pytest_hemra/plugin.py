@@ -240,12 +240,8 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
     if not trials:
         return
     hemra = trials[0].config.stash.get(SESSION, None)
-    if (
-        hemra is not None
-        and hemra.store is not None
-        and hemra.run is not None
-        and not hasattr(trials[0].config, "workerinput")
-    ):
+    if hemra is not None and hemra.store is not None and hemra.run is not None:
+        # every xdist worker deselects the same items: the update is idempotent
         hemra.store.deselect_trials(hemra.run.id, [t.nodeid for t in trials])
 
 

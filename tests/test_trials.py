@@ -327,3 +327,38 @@ def test_unmet_task_image_reference_is_an_infra_error(
     pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(errors=1)
     (row,) = run_rows(tmp_path / ".hemra" / "hemra.db")
     assert row["outcome"] == "infra_error" and "not on this docker engine" in row["error"]
+
+
+def test_verifier_past_its_timeout_is_a_verifier_error(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
+    make_task("stuck", test="sleep 60", task_toml="[verifier]\ntimeout_sec = 1\n")
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
+    pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(errors=1)
+    (row,) = run_rows(tmp_path / ".hemra" / "hemra.db")
+    assert row["outcome"] == "verifier_error" and "1s timeout" in row["error"]
+
+
+def test_xdist_workers_run_the_recorded_plan_and_deselection_is_recorded(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
+    for name in ("one", "two", "three"):
+        make_task(name)
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["oracle", "nop"]\ndatasets = ["ds"]\n')
+    junit = tmp_path / "junit.xml"
+
+    result = pytester.runpytest(
+        "--hemra-run", str(run_file), "-n", "2", "-k", "not three", f"--junitxml={junit}"
+    )
+
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(["oracle (baseline)*2/2*2*", "nop*2/2*0*"])
+    rows = {r["item_id"]: r for r in run_rows(tmp_path / ".hemra" / "hemra.db")}
+    assert {i for i, r in rows.items() if r["status"] == "deselected"} == {
+        "ds::three[oracle-1]",
+        "ds::three[nop-1]",
+    }
+    assert len({r["worker"] for r in rows.values() if r["worker"]}) == 2
+    assert len(list(ET.parse(junit).getroot().iter("testcase"))) == 4
