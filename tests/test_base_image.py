@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import shutil
 from typing import Any
 
+import docker.errors
 import pytest
 
 
@@ -24,4 +26,5 @@ def test_bootstrap_builds_an_image_that_runs(pytester: pytest.Pytester, docker_c
         again = pytester.run("hemra", "image", "bootstrap", "--tag", tag, "--if-missing")
         assert "already on this docker engine" in again.stdout.str()
     finally:
-        docker_client.images.remove(tag, force=True)
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            docker_client.images.remove(tag, force=True)
