@@ -165,6 +165,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def _open_session(config: pytest.Config) -> HemraSession:
     found = providers(config)
     if hasattr(config, "workerinput"):
+        if "hemra_run_id" not in config.workerinput:
+            raise HemraError("xdist worker got no run id from the controller")
         store = Store(Path(config.workerinput["hemra_store"]))
         run = load_recorded(store, config.workerinput["hemra_run_id"])
         return HemraSession(

@@ -362,3 +362,38 @@ def test_xdist_workers_run_the_recorded_plan_and_deselection_is_recorded(
     }
     assert len({r["worker"] for r in rows.values() if r["worker"]}) == 2
     assert len(list(ET.parse(junit).getroot().iter("testcase"))) == 4
+
+
+def test_secret_values_reach_the_harness_but_never_the_store_or_trial_folder(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sentinel = "sentinel-value-8d41c2"
+    monkeypatch.setenv("HEMRA_SENTINEL_KEY", sentinel)
+    make_task("secret", test="[ -s /app/out.txt ] && echo 1 > /logs/verifier/reward.txt")
+    write_harness(
+        "keyed",
+        """\
+        kind = "program"
+        env = ["HEMRA_SENTINEL_KEY"]
+        command = ["bash", "-c", 'printf %s "$HEMRA_SENTINEL_KEY" | wc -c > out.txt']
+    """,
+    )
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(
+        'harnesses = ["keyed"]\ndatasets = ["ds"]\n[verifier]\nenv = ["HEMRA_SENTINEL_KEY"]\n'
+    )
+
+    pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(passed=1)
+
+    written = [p for p in (tmp_path / ".hemra").rglob("*") if p.is_file()]
+    assert any(p.name == "hemra.db" for p in written)
+    for path in written:
+        assert sentinel.encode() not in path.read_bytes(), path
+    connection = sqlite3.connect(tmp_path / ".hemra" / "hemra.db")
+    (spec,) = connection.execute("SELECT spec FROM runs").fetchone()
+    connection.close()
+    assert "HEMRA_SENTINEL_KEY" in spec  # the name is recorded, never the value
