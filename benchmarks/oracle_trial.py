@@ -40,9 +40,17 @@ def floor_trial(provider: DockerProvider, image: str, task_dir: Path) -> float:
     started = time.perf_counter()
     client = provider.client
     container = client.containers.run(
-        image, entrypoint=["sleep", "infinity"], command=[], user=AGENT_USER,
-        working_dir=WORKDIR, cap_drop=["ALL"], security_opt=["no-new-privileges"],
-        pids_limit=1024, network_mode="bridge", detach=True, labels={"hemra": "1"},
+        image,
+        entrypoint=["sleep", "infinity"],
+        command=[],
+        user=AGENT_USER,
+        working_dir=WORKDIR,
+        cap_drop=["ALL"],
+        security_opt=["no-new-privileges"],
+        pids_limit=1024,
+        network_mode="bridge",
+        detach=True,
+        labels={"hemra": "1"},
     )
     try:
         container.put_archive("/", tar_of(task_dir / "solution", "solution"))
@@ -56,8 +64,9 @@ def floor_trial(provider: DockerProvider, image: str, task_dir: Path) -> float:
     return time.perf_counter() - started
 
 
-def hemra_trial(provider: DockerProvider, store: Store, run_id: str, seq: int,
-                context: TrialContext) -> float:
+def hemra_trial(
+    provider: DockerProvider, store: Store, run_id: str, seq: int, context: TrialContext
+) -> float:
     started = time.perf_counter()
     trial_id = f"{run_id}.{seq:05d}"
     store.start_trial(trial_id, "bench")
@@ -76,20 +85,37 @@ def main() -> None:
     task = load_task(bundled_dir("datasets") / "hemra-offline" / args.task)
     provider = DockerProvider()
     spec = RunSpec(harnesses=["oracle"], datasets=["hemra-offline"])
-    oracle = Harness("oracle", Path("oracle.toml"), HarnessSpec(
-        kind="program", command=["bash", "/solution/solve.sh"], uses_solution=True))
+    oracle = Harness(
+        "oracle",
+        Path("oracle.toml"),
+        HarnessSpec(kind="program", command=["bash", "/solution/solve.sh"], uses_solution=True),
+    )
     image = provider.prepare(task, spec.sandbox.image)  # cached image, as the target says
     with tempfile.TemporaryDirectory() as scratch:
         store = Store(Path(scratch) / "bench.db")
         run_id = "bench"
-        store.record_plan(run_id, "bench", {}, Path(scratch),
-                          [PlannedTrial("hemra-offline", task.name, "oracle", n + 1)
-                           for n in range(args.rounds + 1)])
+        store.record_plan(
+            run_id,
+            "bench",
+            {},
+            Path(scratch),
+            [
+                PlannedTrial("hemra-offline", task.name, "oracle", n + 1)
+                for n in range(args.rounds + 1)
+            ],
+        )
         floors, hemras = [], []
         floor_trial(provider, image, task.path)  # warm both paths once
         for seq in range(args.rounds + 1):
-            context = TrialContext(run_id, f"{run_id}.{seq:05d}", task, oracle, spec, provider,
-                                   Path(scratch) / f"trial-{seq}")
+            context = TrialContext(
+                run_id,
+                f"{run_id}.{seq:05d}",
+                task,
+                oracle,
+                spec,
+                provider,
+                Path(scratch) / f"trial-{seq}",
+            )
             hemras.append(hemra_trial(provider, store, run_id, seq, context))
             floors.append(floor_trial(provider, image, task.path))
         floors, hemras = floors[1:], hemras[1:]
