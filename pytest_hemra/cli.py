@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 from tabulate import tabulate
 
-from pytest_hemra.errors import HemraError
+from pytest_hemra.errors import HemraError, SpecError
 from pytest_hemra.plugin import DEFAULT_STORE, SESSION
 from pytest_hemra.report import render_run
+from pytest_hemra.spec import Overrides, load_run_spec
 from pytest_hemra.store import Store
 from pytest_hemra.trial import SCORED_OUTCOMES
 
@@ -109,6 +110,8 @@ def run_command(args: argparse.Namespace) -> int:
     if not (args.run_file or args.harness or args.dataset):
         print("hemra run: name a run file, or harnesses (-H) and datasets (-d)", file=sys.stderr)
         return 4
+    if args.concurrency is None and args.run_file:
+        args.concurrency = _file_concurrency(Path(args.run_file))
     capture = _RunCapture()
     code = int(pytest.main(pytest_argv(args), plugins=[capture]))
     if code in (2, 3, 4) or capture.run_id is None or capture.store_path is None:
@@ -120,6 +123,14 @@ def run_command(args: argparse.Namespace) -> int:
         if t.status != "deselected" and (not t.is_finished or t.outcome not in SCORED_OUTCOMES)
     ]
     return UNFINISHED_EXIT if unfinished else 0
+
+
+def _file_concurrency(run_file: Path) -> int | None:
+    """The run file's `concurrency`; a malformed file is left for pytest to report."""
+    try:
+        return load_run_spec(run_file, Overrides()).concurrency
+    except SpecError:
+        return None
 
 
 def report_command(args: argparse.Namespace) -> int:

@@ -397,3 +397,17 @@ def test_secret_values_reach_the_harness_but_never_the_store_or_trial_folder(
     (spec,) = connection.execute("SELECT spec FROM runs").fetchone()
     connection.close()
     assert "HEMRA_SENTINEL_KEY" in spec  # the name is recorded, never the value
+
+
+def test_hemra_run_takes_concurrency_from_the_run_file(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
+    for name in ("one", "two"):
+        make_task(name)
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["oracle", "nop"]\ndatasets = ["ds"]\nconcurrency = 2\n')
+    result = pytester.run("hemra", "run", str(run_file))
+    assert result.ret == 0
+    rows = run_rows(tmp_path / ".hemra" / "hemra.db")
+    assert [r["status"] for r in rows] == ["finished"] * 4
+    assert len({r["worker"].split("@")[0] for r in rows}) == 2  # gw0 and gw1
