@@ -18,6 +18,8 @@ import pytest
 
 from pytest_hemra import hookspecs
 from pytest_hemra.errors import HemraError
+from pytest_hemra.gateway.providers import configured_providers
+from pytest_hemra.gateway.server import Gateway
 from pytest_hemra.plan import ProviderFactory, RecordedRun, load_recorded, resolve_plan
 from pytest_hemra.report import render_run
 from pytest_hemra.sandbox import SandboxProvider
@@ -41,6 +43,21 @@ class HemraSession:
     dataset_paths: dict[str, Path]
     provider: SandboxProvider
     worker: str
+    gateway: Gateway | None = None
+    gateway_host: str = "127.0.0.1"
+
+    def started_gateway(self) -> Gateway:
+        """This process's gateway, started on first use: loopback plus where sandboxes reach."""
+        if self.gateway is None:
+            if self.run is None or self.store is None:
+                raise HemraError("hemra: this session recorded no run")
+            host = self.provider.gateway_host()
+            hosts = ["127.0.0.1", *([host] if host and host != "127.0.0.1" else [])]
+            writer = Store(self.store.path)  # its own connection, for the gateway's writer thread
+            providers = configured_providers(self.run.spec.providers)
+            self.gateway = Gateway(providers, writer.record_call, hosts).start()
+            self.gateway_host = host or "127.0.0.1"
+        return self.gateway
 
 
 SESSION = pytest.StashKey[HemraSession]()
@@ -287,6 +304,8 @@ class TrialItem(pytest.Item):
             harness=run.harnesses[trial.harness],
             spec=run.spec,
             provider=hemra.provider,
+            gateway=hemra.started_gateway(),
+            gateway_host=hemra.gateway_host,
             trial_dir=run.trials_dir
             / trial.dataset
             / trial.task
@@ -300,6 +319,8 @@ class TrialItem(pytest.Item):
                 ("outcome", result.outcome),
                 ("reward", "" if result.reward is None else f"{result.reward:g}"),
                 ("duration", f"{result.duration:.3f}"),
+                ("tokens", str(result.usage.total_tokens)),
+                ("cost", "unknown" if result.usage.cost is None else f"{result.usage.cost:.6f}"),
                 ("trial", trial.id),
                 ("trial_dir", result.trial_dir),
             ]
@@ -320,6 +341,22 @@ class TrialItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, self.name
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    hemra = config.stash.get(SESSION, None)
+    if hemra is not None and hemra.gateway is not None:
+        hemra.gateway.stop()
+        hemra.gateway = None
+
+
+@pytest.fixture(scope="session")
+def hemra_gateway(request: pytest.FixtureRequest) -> Gateway:
+    """The gateway of this pytest process (one per runner process, also per xdist worker)."""
+    hemra = request.config.stash.get(SESSION, None)
+    if hemra is None:
+        pytest.fail("hemra_gateway needs a HEMRA session (--hemra-run or --hemra-harness)")
+    return hemra.started_gateway()
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

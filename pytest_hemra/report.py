@@ -22,6 +22,8 @@ class HarnessRow:
     mean_reward: float | None
     mean_duration: float | None
     outcomes: dict[str, int]
+    tokens: int
+    cost: float | None  # None: some call's model has no known price
 
 
 def summarize(trials: list[TrialRecord], harnesses: list[str]) -> list[HarnessRow]:
@@ -50,6 +52,10 @@ def summarize(trials: list[TrialRecord], harnesses: list[str]) -> list[HarnessRo
                 if finished
                 else None,
                 outcomes=dict(outcomes),
+                tokens=sum(t.tokens for t in finished),
+                cost=None
+                if any(t.cost is None for t in finished)
+                else sum(t.cost or 0.0 for t in finished),
             )
         )
     return rows
@@ -75,9 +81,16 @@ def render_run(store: Store, run_id: str) -> str:
                 _number(row.mean_reward),
                 "" if row.harness == baseline else _delta(row.mean_reward, base),
                 _number(row.mean_duration, "s"),
+                row.tokens,
+                "unknown" if row.cost is None else f"${row.cost:.4f}",
                 ", ".join(f"{k} {v}" for k, v in sorted(row.outcomes.items())),
             ]
             for row in rows
+        ]
+        flags = [
+            f"! {row.harness}: cost unknown: a model it called has no price in the table"
+            for row in rows
+            if row.cost is None
         ]
         sections.append(
             f"\n{dataset}@{entry['digest'][:12]} ({len(entry['tasks'])} tasks)\n"
@@ -90,9 +103,12 @@ def render_run(store: Store, run_id: str) -> str:
                     "mean reward",
                     "vs baseline",
                     "mean duration",
+                    "tokens",
+                    "cost",
                     "outcomes",
                 ],
             )
+            + "".join(f"\n{flag}" for flag in flags)
         )
     return "\n".join(sections)
 

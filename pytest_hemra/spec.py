@@ -24,7 +24,17 @@ M = TypeVar("M", bound="BaseModel")
 HARNESS_KINDS = ("program", "cli", "sdk", "acp", "computer-use", "harbor")
 PLACEHOLDER_PATTERN = re.compile(r"\{([a-z_]+)\}")
 PLACEHOLDERS = frozenset(
-    {"instruction", "instruction_file", "model", "workdir", "logs_dir", "deadline", "timeout_secs"}
+    {
+        "instruction",
+        "instruction_file",
+        "model",
+        "workdir",
+        "logs_dir",
+        "deadline",
+        "timeout_secs",
+        "base_url",
+        "api_key",
+    }
 )
 
 
@@ -67,6 +77,14 @@ class VerifierSettings(Strict):
     _env = field_validator("env")(_check_env_names)
 
 
+class ProviderSettings(Strict):
+    """`[providers.<name>]`: where the gateway forwards a provider's calls and which key it uses."""
+
+    base_url: str | None = Field(default=None, pattern=r"^https?://")
+    auth: Literal["x-api-key", "bearer"] | None = None
+    key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 class JudgeSpec(Strict):
     name: str
     rubric: str | None = None
@@ -94,6 +112,7 @@ class RunSpec(Strict):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     verifier: VerifierSettings = Field(default_factory=VerifierSettings)
     judge: list[JudgeSpec] = Field(default_factory=list)
+    providers: dict[str, ProviderSettings] = Field(default_factory=dict)
 
     _name = field_validator("name")(_check_name)
 
@@ -129,6 +148,7 @@ class HarnessSpec(Strict):
     install: list[list[str]] = Field(default_factory=list)
     env: list[str] = Field(default_factory=list)
     model: str | None = None
+    provider: str | None = None
     uses_solution: bool = False
 
     _env = field_validator("env")(_check_env_names)

@@ -11,7 +11,7 @@ import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,16 @@ import sqlite_utils
 
 from pytest_hemra.errors import StoreError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+EMPTY_USAGE: dict[str, Any] = {
+    "calls": 0,
+    "input_tokens": 0,
+    "output_tokens": 0,
+    "cache_read_tokens": 0,
+    "cache_write_tokens": 0,
+    "cost": 0.0,
+    "models": [],
+}
 FINISHED = "finished"
 
 SCHEMA: dict[str, tuple[dict[str, type], str]] = {
@@ -59,6 +68,14 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
             "phases": str,
             "trial_dir": str,
             "worker": str,
+            "calls": int,
+            "input_tokens": int,
+            "output_tokens": int,
+            "cache_read_tokens": int,
+            "cache_write_tokens": int,
+            "cost": float,
+            "cost_known": int,
+            "models": str,
         },
         "id",
     ),
@@ -82,8 +99,11 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
             "trial_id": str,
             "at": float,
             "provider": str,
-            "model": str,
+            "wire": str,
+            "method": str,
             "path": str,
+            "model_requested": str,
+            "model": str,
             "status": int,
             "input_tokens": int,
             "output_tokens": int,
@@ -91,6 +111,12 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
             "cache_write_tokens": int,
             "cost": float,
             "latency": float,
+            "ttfb": float,
+            "request_bytes": int,
+            "response_bytes": int,
+            "error": str,
+            "refused": int,
+            "headers": str,
         },
         "id",
     ),
@@ -114,6 +140,34 @@ class PlannedTrial:
     @property
     def item_id(self) -> str:
         return f"{self.dataset}::{self.task}[{self.harness}-{self.attempt}]"
+
+
+@dataclass(frozen=True)
+class CallRow:
+    """One model call through the gateway; cost None means the model's price is unknown."""
+
+    run_id: str | None
+    trial_id: str | None
+    at: float
+    provider: str | None
+    wire: str
+    method: str
+    path: str
+    model_requested: str | None
+    model: str | None
+    status: int
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cost: float | None
+    latency: float
+    ttfb: float | None
+    request_bytes: int
+    response_bytes: int
+    error: str | None
+    refused: bool
+    headers: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -143,6 +197,9 @@ class TrialRecord:
     error: str | None
     duration: float | None
     trial_dir: str | None
+    tokens: int = 0
+    cost: float | None = 0.0
+    models: tuple[str, ...] = ()
 
     @property
     def is_finished(self) -> bool:
@@ -256,7 +313,11 @@ class Store:
     def trials(self, run_id: str) -> list[TrialRecord]:
         rows = self.db.execute(
             "SELECT id, run_id, seq, item_id, dataset, task, harness, attempt, status, outcome,"
-            " reward, rewards, error, duration, trial_dir FROM trials WHERE run_id = ?"
+            " reward, rewards, error, duration, trial_dir,"
+            " coalesce(input_tokens, 0) + coalesce(output_tokens, 0)"
+            " + coalesce(cache_read_tokens, 0) + coalesce(cache_write_tokens, 0),"
+            " CASE WHEN cost_known = 0 THEN NULL ELSE coalesce(cost, 0) END, models"
+            " FROM trials WHERE run_id = ?"
             " ORDER BY seq",
             [run_id],
         ).fetchall()
@@ -277,6 +338,9 @@ class Store:
                 error=row[12],
                 duration=row[13],
                 trial_dir=row[14],
+                tokens=row[15],
+                cost=row[16],
+                models=tuple(json.loads(row[17])) if row[17] else (),
             )
             for row in rows
         ]
@@ -300,11 +364,14 @@ class Store:
 
     def finish_trial(self, trial: str, result: dict[str, Any]) -> None:
         """Store a trial's result and close its job, before pytest reports the item."""
+        usage = result.get("usage") or EMPTY_USAGE
         with self._transaction() as tx:
             tx.execute(
                 "UPDATE trials SET status = 'finished', outcome = ?, reward = ?, rewards = ?,"
                 " exit_code = ?, error = ?, finished_at = ?, duration = ?, phases = ?,"
-                " trial_dir = ? WHERE id = ?",
+                " trial_dir = ?, calls = ?, input_tokens = ?, output_tokens = ?,"
+                " cache_read_tokens = ?, cache_write_tokens = ?, cost = ?, cost_known = ?,"
+                " models = ? WHERE id = ?",
                 [
                     result["outcome"],
                     result["reward"],
@@ -315,6 +382,14 @@ class Store:
                     result["duration"],
                     json.dumps(result["phases"]),
                     result["trial_dir"],
+                    usage["calls"],
+                    usage["input_tokens"],
+                    usage["output_tokens"],
+                    usage["cache_read_tokens"],
+                    usage["cache_write_tokens"],
+                    usage["cost"],
+                    int(usage["cost"] is not None),
+                    json.dumps(usage["models"]),
                     trial,
                 ],
             )
@@ -353,6 +428,62 @@ class Store:
             "INSERT INTO events (run_id, trial_id, at, kind, data) VALUES (?, ?, ?, ?, ?)",
             [run_id, trial, time.time(), kind, json.dumps(data)],
         )
+
+    def record_call(self, call: CallRow) -> None:
+        """One model call, written as it completes (by the gateway's writer thread)."""
+        with self._transaction() as tx:
+            tx.execute(
+                "INSERT INTO calls (run_id, trial_id, at, provider, wire, method, path,"
+                " model_requested, model, status, input_tokens, output_tokens,"
+                " cache_read_tokens, cache_write_tokens, cost, latency, ttfb, request_bytes,"
+                " response_bytes, error, refused, headers)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    call.run_id,
+                    call.trial_id,
+                    call.at,
+                    call.provider,
+                    call.wire,
+                    call.method,
+                    call.path,
+                    call.model_requested,
+                    call.model,
+                    call.status,
+                    call.input_tokens,
+                    call.output_tokens,
+                    call.cache_read_tokens,
+                    call.cache_write_tokens,
+                    call.cost,
+                    call.latency,
+                    call.ttfb,
+                    call.request_bytes,
+                    call.response_bytes,
+                    call.error,
+                    int(call.refused),
+                    json.dumps(call.headers, sort_keys=True),
+                ],
+            )
+
+    def calls(self, trial: str | None = None, run_id: str | None = None) -> list[CallRow]:
+        where, args = ("trial_id = ?", [trial]) if trial else ("run_id = ?", [run_id])
+        if trial is None and run_id is None:
+            where, args = ("1", [])
+        rows = self.db.execute(
+            "SELECT run_id, trial_id, at, provider, wire, method, path, model_requested, model,"
+            " status, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost,"
+            " latency, ttfb, request_bytes, response_bytes, error, refused, headers"
+            f" FROM calls WHERE {where} ORDER BY id",
+            args,
+        ).fetchall()
+        names = [f.name for f in fields(CallRow)]
+        return [
+            CallRow(
+                **dict(zip(names[:20], row[:20], strict=True)),
+                refused=bool(row[20]),
+                headers=json.loads(row[21]),
+            )
+            for row in rows
+        ]
 
     def count(self, table: str) -> int:
         if table not in SCHEMA:

@@ -18,6 +18,8 @@ from typing import Any
 
 from pytest_hemra.datasets import Task
 from pytest_hemra.errors import HemraError, VerifierError, outcome_of
+from pytest_hemra.gateway.scripted import Script, default_script, load_script
+from pytest_hemra.gateway.server import Gateway, TrialUsage
 from pytest_hemra.harnesses import Harness, render_argv
 from pytest_hemra.reward import is_pass, parse_reward
 from pytest_hemra.sandbox import (
@@ -48,6 +50,8 @@ class TrialContext:
     spec: RunSpec
     provider: SandboxProvider
     trial_dir: Path
+    gateway: Gateway | None = None
+    gateway_host: str = "127.0.0.1"
 
     @property
     def agent_timeout(self) -> float:
@@ -66,6 +70,7 @@ class TrialResult:
     duration: float
     phases: dict[str, float]
     trial_dir: str
+    usage: TrialUsage = field(default_factory=TrialUsage)
     retried: bool = False
     schema_version: int = RESULT_SCHEMA_VERSION
 
@@ -79,6 +84,7 @@ class _Progress:
     phases: dict[str, float] = field(default_factory=dict)
     exit_code: int | None = None
     timed_out: bool = False
+    usage: TrialUsage = field(default_factory=TrialUsage)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -119,6 +125,7 @@ def run_trial(context: TrialContext) -> TrialResult:
         duration=round(time.monotonic() - clock, 4),
         phases=progress.phases,
         trial_dir=str(context.trial_dir),
+        usage=progress.usage,
         retried=retried,
     )
     (context.trial_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
@@ -158,8 +165,8 @@ def _run_in_sandbox(context: TrialContext, progress: _Progress) -> tuple[float, 
             if harness.spec.uses_solution:
                 sandbox.put_dir(task.path / "solution", "/solution")
             before = sandbox.read_tree(WORKDIR)
-        with progress.phase("agent"):
-            _run_agent(context, sandbox, progress)
+        with progress.phase("agent"), _model_access(context, progress) as access:
+            _run_agent(context, sandbox, progress, access)
         with progress.phase("diff"):
             after = sandbox.read_tree(WORKDIR)
             (folder / "diff.patch").write_text(tree_diff(before, after))
@@ -170,10 +177,48 @@ def _run_in_sandbox(context: TrialContext, progress: _Progress) -> tuple[float, 
             sandboxes.close()
 
 
-def _run_agent(context: TrialContext, sandbox: Sandbox, progress: _Progress) -> None:
+@contextmanager
+def _model_access(context: TrialContext, progress: _Progress) -> Iterator[dict[str, str]]:
+    """A gateway token for the agent phase: its base URL and key, ended when the agent is."""
+    gateway = context.gateway
+    if gateway is None:
+        yield {"base_url": "", "api_key": ""}
+        return
+    keys = {
+        name: os.environ[provider.key_env]
+        for name, provider in gateway.providers.items()
+        if provider.key_env and provider.key_env in os.environ
+    }
+    access = gateway.open_trial(
+        context.trial_id,
+        context.run_id,
+        provider=context.harness.spec.provider,
+        keys=keys,
+        script=script_for(context.task),
+    )
+    try:
+        yield {"base_url": access.base_url(context.gateway_host), "api_key": access.token}
+    finally:
+        progress.usage = gateway.close_trial(access.token)
+
+
+def script_for(task: Task) -> Script:
+    """What the scripted model plays for a task: `solution/scripted.toml`, else solve.sh."""
+    transcript = task.path / "solution" / "scripted.toml"
+    if transcript.is_file():
+        return load_script(transcript)
+    if task.has_solution:
+        return default_script((task.path / "solution" / "solve.sh").read_text())
+    return ()
+
+
+def _run_agent(
+    context: TrialContext, sandbox: Sandbox, progress: _Progress, access: dict[str, str]
+) -> None:
     timeout = context.agent_timeout
     deadline = time.time() + timeout
     values = {
+        **access,
         "instruction": context.task.instruction,
         "instruction_file": INSTRUCTION_FILE,
         "model": context.spec.model or context.harness.spec.model or "",
@@ -188,6 +233,8 @@ def _run_agent(context: TrialContext, sandbox: Sandbox, progress: _Progress) -> 
         "HEMRA_TIMEOUT_SECS": str(int(timeout)),
         "HEMRA_INSTRUCTION_FILE": INSTRUCTION_FILE,
         "HEMRA_MODEL": values["model"],
+        "HEMRA_BASE_URL": values["base_url"],
+        "HEMRA_API_KEY": values["api_key"],
         **{name: _runner_env(name) for name in context.harness.spec.env},
     }
     logs = context.trial_dir / "agent"

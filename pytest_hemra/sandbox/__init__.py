@@ -80,3 +80,6 @@ class SandboxProvider(Protocol):
         """Build (or find cached) the task's sandbox image; return its reference."""
 
     def open(self, request: SandboxRequest) -> AbstractContextManager[Sandbox]: ...
+
+    def gateway_host(self) -> str | None:
+        """The runner's address as sandboxes see it, where the gateway listens for them."""

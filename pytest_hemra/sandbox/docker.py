@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import ipaddress
 import tarfile
 import threading
 import time
@@ -126,6 +127,20 @@ class DockerProvider:
                 for line in list(error.build_log)[-3:]
             )
             raise InfraError(f"{task.path}: image build failed: {error.msg} ({tail})") from error
+
+    def gateway_host(self) -> str | None:
+        """The bridge network's gateway address: the host side of every sandbox's network."""
+        try:
+            configs = self.client.networks.get("bridge").attrs["IPAM"]["Config"] or []
+        except DOCKER_ERRORS as error:
+            raise InfraError(f"docker: cannot read the bridge network ({error})") from error
+        for config in configs:
+            if config.get("Gateway"):
+                return str(config["Gateway"])
+            if config.get("Subnet") and ":" not in config["Subnet"]:
+                network = ipaddress.ip_network(config["Subnet"], strict=False)
+                return str(next(network.hosts()))
+        return None
 
     @contextmanager
     def open(self, request: SandboxRequest) -> Iterator[DockerSandbox]:

@@ -1,0 +1,462 @@
+"""The gateway: an aiohttp proxy that attributes every model call to its trial.
+
+A trial gets `http://<gateway>/t/<token>/` as its base URL and the same unguessable token as its
+API key. The gateway checks the token, swaps in the real key from the runner's environment (held
+in memory only), forwards the request, streams the answer back chunk by chunk as it arrives, reads
+the token usage on the way past, and records one row per call as it completes. Calls with an
+unknown, ended or other trial's token are refused with 401 and recorded as refused.
+
+It runs on its own event loop in a background thread: the rest of HEMRA stays synchronous.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from pytest_hemra.errors import InfraError
+from pytest_hemra.gateway.prices import cost_of
+from pytest_hemra.gateway.providers import SCRIPTED, Provider, route_call
+from pytest_hemra.gateway.scripted import Script, respond
+from pytest_hemra.gateway.usage import UsageReader, is_streaming
+from pytest_hemra.gateway.wire import Usage, Wire, wire_of
+from pytest_hemra.store import CallRow
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+KEY_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "cookie"})
+DROPPED_RESPONSE = frozenset({*HOP_BY_HOP, "content-encoding"})
+ERROR_TEXT_BYTES = 2048
+CLOSE_WAIT_SECS = 10.0
+
+
+@dataclass
+class TrialUsage:
+    """A trial's calls added up by the gateway; cost None once any call's price is unknown."""
+
+    calls: int = 0
+    refused: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost: float | None = 0.0
+    models: list[str] = field(default_factory=list)
+
+    def add(self, row: CallRow) -> None:
+        self.calls += 1
+        self.refused += int(row.refused)
+        self.input_tokens += row.input_tokens
+        self.output_tokens += row.output_tokens
+        self.cache_read_tokens += row.cache_read_tokens
+        self.cache_write_tokens += row.cache_write_tokens
+        self.cost = None if self.cost is None or row.cost is None else self.cost + row.cost
+        if row.model and row.model not in self.models:
+            self.models.append(row.model)
+
+    @property
+    def total_tokens(self) -> int:
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_tokens
+            + self.cache_write_tokens
+        )
+
+
+@dataclass
+class TrialRoute:
+    token: str
+    trial_id: str
+    run_id: str
+    provider: str | None
+    keys: dict[str, str]
+    script: Script | None
+    is_open: bool = True
+    inflight: int = 0
+    totals: TrialUsage = field(default_factory=lambda: TrialUsage())
+
+
+@dataclass(frozen=True)
+class TrialAccess:
+    """What a trial is given: its token (also its API key) and base URLs per listening host."""
+
+    token: str
+    base_urls: dict[str, str]
+
+    def base_url(self, host: str) -> str:
+        return self.base_urls[host]
+
+
+@dataclass
+class _Call:
+    started: float = field(default_factory=time.perf_counter)
+    at: float = field(default_factory=time.time)
+    ttfb: float | None = None
+    response_bytes: int = 0
+    status: int = 0
+    error: str | None = None
+    error_text: bytes = b""
+
+
+class Gateway:
+    """One per runner process. `start()` binds every host in `hosts` on one port if it can."""
+
+    def __init__(
+        self,
+        providers: Mapping[str, Provider],
+        record: Callable[[CallRow], None],
+        hosts: Sequence[str] = ("127.0.0.1",),
+    ) -> None:
+        self.providers = dict(providers)
+        self.hosts = list(hosts)
+        self.base_urls: dict[str, str] = {}
+        self._record = record
+        self._routes: dict[str, TrialRoute] = {}
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hemra-calls")
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._runners: list[web.AppRunner] = []
+        self._session: aiohttp.ClientSession | None = None
+        self._scripted_url = ""
+
+    # -- lifecycle (called from the synchronous side) --------------------------------------
+
+    def start(self) -> Gateway:
+        ready: Future[None] = Future()
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._loop.run_until_complete(self._serve())
+            except BaseException as error:
+                ready.set_exception(error)
+                return
+            ready.set_result(None)
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="hemra-gateway", daemon=True)
+        self._thread.start()
+        try:
+            ready.result(timeout=30)
+        except OSError as error:
+            raise InfraError(f"gateway: cannot listen on {self.hosts} ({error})") from error
+        return self
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        self._thread = None
+        self._writer.shutdown(wait=True)
+
+    def __enter__(self) -> Gateway:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def open_trial(
+        self,
+        trial_id: str,
+        run_id: str,
+        *,
+        provider: str | None = None,
+        keys: Mapping[str, str] | None = None,
+        script: Script | None = None,
+    ) -> TrialAccess:
+        """Register a trial; `keys` maps provider name to the real key (kept in memory only)."""
+        token = "hemra-" + secrets.token_urlsafe(24)
+        self._routes[token] = TrialRoute(
+            token, trial_id, run_id, provider, dict(keys or {}), script
+        )
+        return TrialAccess(
+            token, {host: f"{url}/t/{token}" for host, url in self.base_urls.items()}
+        )
+
+    def close_trial(self, token: str, wait: float = CLOSE_WAIT_SECS) -> TrialUsage:
+        """End a trial's token: new calls are refused; in-flight ones finish and are recorded.
+        Returns the trial's totals, equal to the sum of its rows in the store."""
+        route = self._routes.get(token)
+        if route is None:
+            return TrialUsage()
+        route.is_open = False
+        deadline = time.monotonic() + wait
+        while route.inflight and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._writer.submit(lambda: None).result(timeout=wait)
+        route.keys.clear()
+        return route.totals
+
+    # -- serving (on the gateway's loop) ---------------------------------------------------
+
+    async def _serve(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+            auto_decompress=False,
+        )
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/t/{token}/{tail:.*}", self._handle)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        self._runners.append(runner)
+        port = 0
+        for host in self.hosts:
+            site = web.TCPSite(runner, host, port)
+            try:
+                await site.start()
+            except OSError:
+                if port == 0:
+                    raise
+                site = web.TCPSite(runner, host, 0)
+                await site.start()
+            bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            port = port or bound
+            self.base_urls[host] = f"http://{host}:{bound}"
+        scripted = web.Application(client_max_size=64 * 1024 * 1024)
+        scripted.router.add_route("POST", "/s/{token}/{tail:.*}", self._scripted)
+        scripted_runner = web.AppRunner(scripted, access_log=None, handle_signals=False)
+        await scripted_runner.setup()
+        self._runners.append(scripted_runner)
+        scripted_site = web.TCPSite(scripted_runner, "127.0.0.1", 0)
+        await scripted_site.start()
+        scripted_port = scripted_site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._scripted_url = f"http://127.0.0.1:{scripted_port}"
+
+    async def _shutdown(self) -> None:
+        for runner in self._runners:
+            await runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        call = _Call()
+        token = request.match_info["token"]
+        tail = request.match_info["tail"]
+        wire = wire_of(tail)
+        body = await request.read()
+        route = self._routes.get(token)
+        presented = _presented_key(request.headers)
+        if (
+            route is None
+            or not route.is_open
+            or (presented is not None and not hmac.compare_digest(presented, token))
+        ):
+            call.status = 401
+            why = "unknown" if route is None else "ended" if not route.is_open else "mismatched"
+            self._submit(
+                route,
+                call,
+                request,
+                wire,
+                None,
+                None,
+                body,
+                None,
+                refused=True,
+                error=f"refused: {why} trial token",
+            )
+            return _error_response(wire, 401, "invalid or expired HEMRA trial token")
+        route.inflight += 1
+        try:
+            return await self._forward(request, route, wire, tail, body, call)
+        finally:
+            route.inflight -= 1
+
+    async def _forward(
+        self,
+        request: web.Request,
+        route: TrialRoute,
+        wire: Wire,
+        tail: str,
+        body: bytes,
+        call: _Call,
+    ) -> web.StreamResponse:
+        data = _json_object(body) if wire is not Wire.OTHER else {}
+        requested = data.get("model") if isinstance(data.get("model"), str) else None
+        provider_name = route_call(wire, requested, route.provider)
+        provider = self.providers.get(provider_name)
+        reader: UsageReader | None = None
+        try:
+            if provider is None:
+                call.status, call.error = 502, f"no provider named {provider_name!r}"
+                return _error_response(wire, 502, call.error)
+            if provider.name == SCRIPTED or provider.base_url is None:
+                base = f"{self._scripted_url}/s/{route.token}"
+            else:
+                base = provider.base_url.rstrip("/")
+            url = f"{base}/{tail}" + (f"?{request.query_string}" if request.query_string else "")
+            headers = _upstream_headers(request.headers, provider, route.keys.get(provider.name))
+            assert self._session is not None
+            response: web.StreamResponse | None = None
+            try:
+                async with self._session.request(
+                    request.method, url, headers=headers, data=body, allow_redirects=False
+                ) as upstream:
+                    call.status = upstream.status
+                    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+                    for name, value in upstream.headers.items():
+                        if name.lower() not in DROPPED_RESPONSE:
+                            response.headers.add(name, value)
+                    reader = UsageReader(
+                        wire, is_streaming(wire, data, upstream.headers.get("Content-Type", ""))
+                    )
+                    await response.prepare(request)
+                    async for chunk in upstream.content.iter_any():
+                        if call.ttfb is None:
+                            call.ttfb = time.perf_counter() - call.started
+                        call.response_bytes += len(chunk)
+                        reader.feed(chunk)
+                        if call.status >= 400 and len(call.error_text) < ERROR_TEXT_BYTES:
+                            call.error_text += chunk[: ERROR_TEXT_BYTES - len(call.error_text)]
+                        await response.write(chunk)
+                    await response.write_eof()
+                    return response
+            except aiohttp.ClientConnectorError as error:
+                call.status, call.error = 502, f"upstream unreachable: {error}"
+                return _error_response(wire, 502, "upstream unreachable")
+            except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
+                call.error = f"upstream failed mid-response: {type(error).__name__}: {error}"
+                if response is None:
+                    call.status = 502
+                    return _error_response(wire, 502, "upstream failed")
+                if request.transport is not None:
+                    request.transport.abort()  # the harness sees the reset, as from the provider
+                return response
+        finally:
+            usage = reader.result() if reader is not None else None
+            if call.error is None and call.status >= 400 and call.error_text:
+                call.error = call.error_text.decode(errors="replace")
+            self._submit(route, call, request, wire, provider_name, requested, body, usage)
+
+    async def _scripted(self, request: web.Request) -> web.StreamResponse:
+        route = self._routes.get(request.match_info["token"])
+        wire = wire_of(request.match_info["tail"])
+        body = _json_object(await request.read())
+        script = route.script if route is not None and route.script is not None else ()
+        return await respond(request, wire, body, script)
+
+    def _submit(
+        self,
+        route: TrialRoute | None,
+        call: _Call,
+        request: web.Request,
+        wire: Wire,
+        provider: str | None,
+        requested: str | None,
+        body: bytes,
+        usage: Usage | None,
+        *,
+        refused: bool = False,
+        error: str | None = None,
+    ) -> None:
+        usage = usage or Usage()
+        record = CallRow(
+            run_id=route.run_id if route else None,
+            trial_id=route.trial_id if route else None,
+            at=call.at,
+            provider=provider,
+            wire=wire.value,
+            method=request.method,
+            path="/" + request.match_info["tail"],
+            model_requested=requested,
+            model=usage.model,
+            status=call.status,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cache_read_tokens=usage.cache_read_tokens,
+            cache_write_tokens=usage.cache_write_tokens,
+            cost=cost_of(usage).usd if usage.total_tokens else 0.0,
+            latency=time.perf_counter() - call.started,
+            ttfb=call.ttfb,
+            request_bytes=len(body),
+            response_bytes=call.response_bytes,
+            error=error or call.error,
+            refused=refused,
+            headers=redacted_headers(request.headers),
+        )
+        if route is not None:
+            route.totals.add(record)
+        self._writer.submit(self._record, record)
+
+
+def _presented_key(headers: Mapping[str, str]) -> str | None:
+    if "x-api-key" in headers:
+        return headers["x-api-key"]
+    authorization = headers.get("Authorization", "")
+    if authorization.lower().startswith("bearer "):
+        return authorization[7:].strip()
+    return None
+
+
+def _upstream_headers(
+    headers: Mapping[str, str], provider: Provider, key: str | None
+) -> dict[str, str]:
+    forwarded = {
+        name: value
+        for name, value in headers.items()
+        if name.lower() not in HOP_BY_HOP
+        and name.lower() not in KEY_HEADERS
+        and not name.lower().startswith("x-hemra")
+        and name.lower() != "accept-encoding"
+    }
+    forwarded["Accept-Encoding"] = "identity"  # usage is read from the bytes as they pass
+    if key:
+        if provider.auth == "x-api-key":
+            forwarded["x-api-key"] = key
+        else:
+            forwarded["Authorization"] = f"Bearer {key}"
+    return forwarded
+
+
+def redacted_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Request headers as stored: keys, tokens and cookies never leave memory."""
+    return {
+        name.lower(): "[redacted]" if name.lower() in KEY_HEADERS else value
+        for name, value in headers.items()
+    }
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body) if body else {}
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _error_response(wire: Wire, status: int, message: str) -> web.Response:
+    """An error in the provider's own format, so harnesses handle it as they would upstream's."""
+    if wire in (Wire.ANTHROPIC, Wire.COUNT_TOKENS):
+        kind = "authentication_error" if status == 401 else "api_error"
+        payload: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+    else:
+        kind = "invalid_request_error" if status == 401 else "server_error"
+        payload = {"error": {"message": message, "type": kind, "code": None, "param": None}}
+    return web.json_response(payload, status=status)

@@ -1,0 +1,52 @@
+"""Wire formats the gateway understands, and the token usage it reads from each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Wire(StrEnum):
+    ANTHROPIC = "anthropic-messages"  # POST /v1/messages
+    COUNT_TOKENS = "anthropic-count-tokens"  # POST /v1/messages/count_tokens (not billed)
+    RESPONSES = "openai-responses"  # POST /v1/responses
+    CHAT = "openai-chat"  # POST /v1/chat/completions
+    OTHER = "other"  # forwarded and recorded without usage
+
+
+def wire_of(path: str) -> Wire:
+    """The wire format of a request path as a harness sends it (`v1/messages`, `/v1/...`)."""
+    clean = "/" + path.split("?", 1)[0].strip("/")
+    if clean.endswith("/v1/messages/count_tokens") or clean == "/messages/count_tokens":
+        return Wire.COUNT_TOKENS
+    if clean.endswith("/v1/messages") or clean == "/messages":
+        return Wire.ANTHROPIC
+    if clean.endswith("/v1/responses") or clean == "/responses":
+        return Wire.RESPONSES
+    if clean.endswith("/v1/chat/completions") or clean == "/chat/completions":
+        return Wire.CHAT
+    return Wire.OTHER
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens of one call, normalized across providers.
+
+    `input_tokens` excludes cached input: OpenAI's `input_tokens`/`prompt_tokens` include
+    `cached_tokens`, which are moved to `cache_read_tokens` here; Anthropic reports them apart.
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    model: str | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_tokens
+            + self.cache_write_tokens
+        )
