@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from pytest_hemra.gateway.scripted import SCRIPTED_USAGE
+from pytest_hemra.store import Store
 
 
 @pytest.mark.usefixtures("docker_test")
@@ -31,3 +33,34 @@ def test_examples_collect(pytester: pytest.Pytester) -> None:
     for run_file in run_files:
         result = pytester.runpytest("--hemra-run", str(run_file), "--collect-only", "-q")
         assert result.ret == 0, (run_file, result.errlines)
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_scripted_agent_example_solves_tasks_through_the_gateway_counted_to_the_token(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    store_path = tmp_path / "s.db"
+    result = pytester.runpytest(
+        "--hemra-run",
+        str(REPO / "examples" / "scripted-agent" / "run.toml"),
+        "--hemra-store",
+        str(store_path),
+    )
+    result.assert_outcomes(passed=4, failed=4)
+    store = Store(store_path)
+    (run,) = store.runs()
+    calls = store.calls(run_id=run.id)
+    assert len(calls) == 8  # per task: the bash tool call, then the final message
+    for call in calls:
+        assert (call.status, call.provider, call.model) == (200, "scripted", "hemra/scripted")
+        assert (call.input_tokens, call.output_tokens) == (
+            SCRIPTED_USAGE.input_tokens,
+            SCRIPTED_USAGE.output_tokens,
+        )
+        assert (call.cache_read_tokens, call.cache_write_tokens) == (
+            SCRIPTED_USAGE.cache_read_tokens,
+            SCRIPTED_USAGE.cache_write_tokens,
+        )
+    per_trial = {t.item_id: t.tokens for t in store.trials(run.id)}
+    for item, tokens in per_trial.items():
+        assert tokens == (2 * SCRIPTED_USAGE.total_tokens if "mini-agent" in item else 0), item

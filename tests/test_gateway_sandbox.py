@@ -1,0 +1,71 @@
+"""The gateway seen from a real sandbox: keys swapped outside, never inside."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TaskMaker
+from pytest_hemra.store import Store
+from tests.upstream import running_upstream
+
+SENTINEL = "sk-sentinel-0f3b7c55e1"
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_real_key_reaches_the_upstream_but_never_the_sandbox_store_or_trial_folder(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SENTINEL)
+    make_task(
+        "ask",
+        dockerfile="FROM debian:bookworm-slim\nRUN apt-get update && apt-get install -y "
+        "--no-install-recommends python3 && rm -rf /var/lib/apt/lists/*\nWORKDIR /app\n",
+        test="grep -rq hemra- /app && echo 1 > /logs/verifier/reward.txt || "
+        "echo 0 > /logs/verifier/reward.txt",
+    )
+    (tmp_path / "harnesses").mkdir()
+    shutil.copy(
+        REPO / "examples" / "scripted-agent" / "harnesses" / "mini-agent.toml",
+        tmp_path / "harnesses",
+    )
+    write_harness(
+        "env-dump",
+        """\
+        kind = "program"
+        command = ["bash", "-c", '''env > /app/env.txt
+        grep -rl sk-sentinel / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev \\
+          2>/dev/null | wc -l > /app/leaks.txt''']
+        """,
+    )
+    run_file = tmp_path / "run.toml"
+    with running_upstream() as upstream:
+        run_file.write_text(
+            'harnesses = ["mini-agent", "env-dump"]\ndatasets = ["ds"]\n'
+            'model = "claude-sonnet-4-5"\n'
+            f'[providers.anthropic]\nbase_url = "{upstream.url}"\n'
+        )
+        result = pytester.runpytest("--hemra-run", str(run_file))
+        seen = list(upstream.seen)
+
+    result.assert_outcomes(passed=1, failed=1)  # env-dump left the per-trial token in /app
+    assert [s["headers"]["x-api-key"] for s in seen] == [SENTINEL]
+    assert all("hemra-" not in str(s["headers"]) for s in seen)
+    store = Store(tmp_path / ".hemra" / "hemra.db")
+    (run,) = store.runs()
+    (call,) = store.calls(run_id=run.id)
+    assert (call.provider, call.status, call.input_tokens) == ("anthropic", 200, 11)
+    written = [p for p in (tmp_path / ".hemra").rglob("*") if p.is_file()]
+    for path in written:
+        assert SENTINEL.encode() not in path.read_bytes(), path
+    dumped = next(p for p in written if p.name == "diff.patch" and "env-dump" in str(p))
+    assert "+HEMRA_API_KEY=hemra-" in dumped.read_text()
+    assert "ANTHROPIC_API_KEY" not in dumped.read_text()
+    assert "+++ b/leaks.txt\n@@ -0,0 +1 @@\n+0\n" in dumped.read_text()  # no file holds it
