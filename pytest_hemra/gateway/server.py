@@ -51,6 +51,7 @@ KEY_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "cookie"})
 DROPPED_RESPONSE = frozenset({*HOP_BY_HOP, "content-encoding"})
 ERROR_TEXT_BYTES = 2048
 CLOSE_WAIT_SECS = 10.0
+STREAM_BUFFER_BYTES = 16 * 1024  # per upstream response: bounds what a stream holds in memory
 
 
 @dataclass
@@ -220,6 +221,7 @@ class Gateway:
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
             auto_decompress=False,
+            read_bufsize=STREAM_BUFFER_BYTES,
         )
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/t/{token}/{tail:.*}", self._handle)
