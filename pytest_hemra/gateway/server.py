@@ -51,7 +51,7 @@ KEY_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "cookie"})
 DROPPED_RESPONSE = frozenset({*HOP_BY_HOP, "content-encoding"})
 ERROR_TEXT_BYTES = 2048
 CLOSE_WAIT_SECS = 10.0
-STREAM_BUFFER_BYTES = 16 * 1024  # per upstream response: bounds what a stream holds in memory
+STREAM_BUFFER_BYTES = 64 * 1024  # per upstream response: what one stream may hold in memory
 
 
 @dataclass
