@@ -15,6 +15,7 @@ from typing import Any
 
 from pytest_hemra.datasets import Dataset, Task, load_task, resolve_dataset
 from pytest_hemra.errors import CapabilityError, SpecError, StoreError
+from pytest_hemra.gateway.providers import SCRIPTED, Provider, configured_providers
 from pytest_hemra.harnesses import Harness, resolve_harness
 from pytest_hemra.sandbox import SandboxProvider
 from pytest_hemra.spec import HarnessSpec, Overrides, RunSpec, load_run_spec
@@ -81,6 +82,10 @@ def resolve_plan(
     harnesses = tuple(
         resolve_harness(name, base_dir, source, spec.model) for name in spec.harnesses
     )
+    known_providers = configured_providers(spec.providers)
+    _check_providers(known_providers, source)
+    for harness in harnesses:
+        _check_provider(harness, known_providers)
     for name in spec.verifier.env:
         if name not in os.environ:
             raise SpecError(f"{source}: key 'verifier.env': environment variable {name} is not set")
@@ -104,6 +109,28 @@ def resolve_plan(
         for attempt in range(1, spec.attempts + 1)
     )
     return Plan(spec, source, base_dir, harnesses, datasets, trials)
+
+
+def _check_provider(harness: Harness, known: Mapping[str, Provider]) -> None:
+    spec = harness.spec
+    if spec.provider is not None and spec.provider not in known:
+        raise SpecError(
+            f"{harness.path}: key 'provider': no provider named {spec.provider!r} "
+            f"(known: {', '.join(sorted(known))})"
+        )
+    if spec.key_env is not None:
+        if spec.provider is None:
+            raise SpecError(f"{harness.path}: key 'key_env' needs a 'provider' to send it to")
+        if spec.key_env not in os.environ:
+            raise SpecError(
+                f"{harness.path}: key 'key_env': environment variable {spec.key_env} is not set"
+            )
+
+
+def _check_providers(known: Mapping[str, Provider], source: str) -> None:
+    for name, provider in known.items():
+        if provider.base_url is None and name != SCRIPTED:
+            raise SpecError(f"{source}: key 'providers.{name}.base_url' is required")
 
 
 def _provider(

@@ -18,6 +18,7 @@ import pytest
 
 from pytest_hemra import hookspecs
 from pytest_hemra.errors import HemraError
+from pytest_hemra.gateway.ledger import RunBudget
 from pytest_hemra.gateway.providers import configured_providers
 from pytest_hemra.gateway.server import Gateway
 from pytest_hemra.plan import ProviderFactory, RecordedRun, load_recorded, resolve_plan
@@ -45,6 +46,7 @@ class HemraSession:
     worker: str
     gateway: Gateway | None = None
     gateway_host: str = "127.0.0.1"
+    budget: RunBudget | None = None
 
     def started_gateway(self) -> Gateway:
         """This process's gateway, started on first use: loopback plus where sandboxes reach."""
@@ -57,6 +59,9 @@ class HemraSession:
             providers = configured_providers(self.run.spec.providers)
             self.gateway = Gateway(providers, writer.record_call, hosts).start()
             self.gateway_host = host or "127.0.0.1"
+            if self.run.spec.budget_usd is not None:
+                reader, run_id = Store(self.store.path), self.run.id
+                self.budget = RunBudget(self.run.spec.budget_usd, lambda: reader.run_cost(run_id))
         return self.gateway
 
 
@@ -306,6 +311,7 @@ class TrialItem(pytest.Item):
             provider=hemra.provider,
             gateway=hemra.started_gateway(),
             gateway_host=hemra.gateway_host,
+            budget=hemra.budget,
             trial_dir=run.trials_dir
             / trial.dataset
             / trial.task
@@ -321,6 +327,7 @@ class TrialItem(pytest.Item):
                 ("duration", f"{result.duration:.3f}"),
                 ("tokens", str(result.usage.total_tokens)),
                 ("cost", "unknown" if result.usage.cost is None else f"{result.usage.cost:.6f}"),
+                ("stopped_by", result.usage.stopped_by or ""),
                 ("trial", trial.id),
                 ("trial_dir", result.trial_dir),
             ]

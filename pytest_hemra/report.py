@@ -92,6 +92,7 @@ def render_run(store: Store, run_id: str) -> str:
             for row in rows
             if row.cost is None
         ]
+        flags += _model_flags([t for t in trials if t.dataset == dataset], spec.get("model"))
         sections.append(
             f"\n{dataset}@{entry['digest'][:12]} ({len(entry['tasks'])} tasks)\n"
             + tabulate(
@@ -111,6 +112,20 @@ def render_run(store: Store, run_id: str) -> str:
             + "".join(f"\n{flag}" for flag in flags)
         )
     return "\n".join(sections)
+
+
+def _model_flags(trials: list[TrialRecord], model: str | None) -> list[str]:
+    """Trials that spent tokens on other models than the run's, or were stopped by a limit."""
+    flags = []
+    for trial in trials:
+        if model and trial.other_model_tokens and trial.tokens:
+            share = trial.other_model_tokens / trial.tokens
+            flags.append(
+                f"! {trial.item_id}: {share:.0%} of its tokens went to other models than {model}"
+            )
+        if trial.stopped_by:
+            flags.append(f"! {trial.item_id}: stopped by the {trial.stopped_by}")
+    return flags
 
 
 def _number(value: float | None, unit: str = "") -> str:

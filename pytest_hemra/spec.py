@@ -85,6 +85,14 @@ class ProviderSettings(Strict):
     key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+class GatewaySettings(Strict):
+    """`[gateway]`: the run's rules for model calls."""
+
+    other_models: Literal["flag", "refuse"] = "flag"
+    trial_max_tokens: int | None = Field(default=None, gt=0)
+    trial_max_cost_usd: float | None = Field(default=None, gt=0)
+
+
 class JudgeSpec(Strict):
     name: str
     rubric: str | None = None
@@ -113,6 +121,8 @@ class RunSpec(Strict):
     verifier: VerifierSettings = Field(default_factory=VerifierSettings)
     judge: list[JudgeSpec] = Field(default_factory=list)
     providers: dict[str, ProviderSettings] = Field(default_factory=dict)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    budget_usd: float | None = Field(default=None, gt=0)
 
     _name = field_validator("name")(_check_name)
 
@@ -149,6 +159,7 @@ class HarnessSpec(Strict):
     env: list[str] = Field(default_factory=list)
     model: str | None = None
     provider: str | None = None
+    key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     uses_solution: bool = False
 
     _env = field_validator("env")(_check_env_names)

@@ -76,6 +76,8 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
             "cost": float,
             "cost_known": int,
             "models": str,
+            "other_model_tokens": int,
+            "stopped_by": str,
         },
         "id",
     ),
@@ -200,6 +202,8 @@ class TrialRecord:
     tokens: int = 0
     cost: float | None = 0.0
     models: tuple[str, ...] = ()
+    other_model_tokens: int = 0
+    stopped_by: str | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -316,7 +320,8 @@ class Store:
             " reward, rewards, error, duration, trial_dir,"
             " coalesce(input_tokens, 0) + coalesce(output_tokens, 0)"
             " + coalesce(cache_read_tokens, 0) + coalesce(cache_write_tokens, 0),"
-            " CASE WHEN cost_known = 0 THEN NULL ELSE coalesce(cost, 0) END, models"
+            " CASE WHEN cost_known = 0 THEN NULL ELSE coalesce(cost, 0) END, models,"
+            " coalesce(other_model_tokens, 0), stopped_by"
             " FROM trials WHERE run_id = ?"
             " ORDER BY seq",
             [run_id],
@@ -341,6 +346,8 @@ class Store:
                 tokens=row[15],
                 cost=row[16],
                 models=tuple(json.loads(row[17])) if row[17] else (),
+                other_model_tokens=row[18],
+                stopped_by=row[19],
             )
             for row in rows
         ]
@@ -371,7 +378,7 @@ class Store:
                 " exit_code = ?, error = ?, finished_at = ?, duration = ?, phases = ?,"
                 " trial_dir = ?, calls = ?, input_tokens = ?, output_tokens = ?,"
                 " cache_read_tokens = ?, cache_write_tokens = ?, cost = ?, cost_known = ?,"
-                " models = ? WHERE id = ?",
+                " models = ?, other_model_tokens = ?, stopped_by = ? WHERE id = ?",
                 [
                     result["outcome"],
                     result["reward"],
@@ -390,6 +397,8 @@ class Store:
                     usage["cost"],
                     int(usage["cost"] is not None),
                     json.dumps(usage["models"]),
+                    usage.get("other_model_tokens", 0),
+                    usage.get("stopped_by"),
                     trial,
                 ],
             )
@@ -484,6 +493,13 @@ class Store:
             )
             for row in rows
         ]
+
+    def run_cost(self, run_id: str) -> float:
+        """What a run's calls have cost so far (calls of unknown price count as 0)."""
+        found = self.db.execute(
+            "SELECT coalesce(sum(cost), 0) FROM calls WHERE run_id = ?", [run_id]
+        ).fetchone()
+        return float(found[0])
 
     def count(self, table: str) -> int:
         if table not in SCHEMA:

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_hemra.datasets import Task
-from pytest_hemra.errors import HemraError, VerifierError, outcome_of
+from pytest_hemra.errors import HemraError, InfraError, VerifierError, outcome_of
+from pytest_hemra.gateway.ledger import CallPolicy, RunBudget, TrialUsage
 from pytest_hemra.gateway.scripted import Script, default_script, load_script
-from pytest_hemra.gateway.server import Gateway, TrialUsage
+from pytest_hemra.gateway.server import Gateway
 from pytest_hemra.harnesses import Harness, render_argv
 from pytest_hemra.reward import is_pass, parse_reward
 from pytest_hemra.sandbox import (
@@ -52,6 +53,7 @@ class TrialContext:
     trial_dir: Path
     gateway: Gateway | None = None
     gateway_host: str = "127.0.0.1"
+    budget: RunBudget | None = None
 
     @property
     def agent_timeout(self) -> float:
@@ -167,6 +169,8 @@ def _run_in_sandbox(context: TrialContext, progress: _Progress) -> tuple[float, 
             before = sandbox.read_tree(WORKDIR)
         with progress.phase("agent"), _model_access(context, progress) as access:
             _run_agent(context, sandbox, progress, access)
+        if progress.usage.is_unreachable:
+            raise InfraError("the model upstream was unreachable for the whole trial")
         with progress.phase("diff"):
             after = sandbox.read_tree(WORKDIR)
             (folder / "diff.patch").write_text(tree_diff(before, after))
@@ -189,12 +193,23 @@ def _model_access(context: TrialContext, progress: _Progress) -> Iterator[dict[s
         for name, provider in gateway.providers.items()
         if provider.key_env and provider.key_env in os.environ
     }
+    harness = context.harness.spec
+    if harness.provider and harness.key_env and harness.key_env in os.environ:
+        keys[harness.provider] = os.environ[harness.key_env]
+    limits = context.spec.gateway
     access = gateway.open_trial(
         context.trial_id,
         context.run_id,
         provider=context.harness.spec.provider,
         keys=keys,
         script=script_for(context.task),
+        policy=CallPolicy(
+            model=context.spec.model,
+            refuse_other_models=limits.other_models == "refuse",
+            max_tokens=limits.trial_max_tokens,
+            max_cost_usd=limits.trial_max_cost_usd,
+        ),
+        budget=context.budget,
     )
     try:
         yield {"base_url": access.base_url(context.gateway_host), "api_key": access.token}

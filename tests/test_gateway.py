@@ -13,6 +13,7 @@ import openai
 import pytest
 import requests
 
+from pytest_hemra.gateway.ledger import CallPolicy, RunBudget
 from pytest_hemra.gateway.providers import BUILTIN_PROVIDERS, Provider
 from pytest_hemra.gateway.scripted import SCRIPTED_USAGE, ShellStep, TextStep
 from pytest_hemra.gateway.server import Gateway
@@ -288,3 +289,70 @@ def test_scripted_model_through_the_gateway_is_counted_to_the_token(
         SCRIPTED_USAGE.cache_write_tokens,
     )
     assert row.cost == 0.0
+
+
+def ask(access_url: str, token: str, model: str) -> requests.Response:
+    body = {"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    return requests.post(
+        f"{access_url}/v1/messages", json=body, headers={"x-api-key": token}, timeout=10
+    )
+
+
+def test_other_models_are_flagged_by_default_and_counted(gateway: Gateway, store: Store) -> None:
+    policy = CallPolicy(model="claude-sonnet-4-5")
+    access = gateway.open_trial("r.1", "r", keys={"anthropic": SENTINEL}, policy=policy)
+    url = access.base_url("127.0.0.1")
+    assert ask(url, access.token, "claude-sonnet-4-5-20250929").status_code == 200
+    assert ask(url, access.token, "claude-haiku-4-5").status_code == 200
+    totals = gateway.close_trial(access.token)
+    per_call = sum(USAGE.values())
+    assert (totals.total_tokens, totals.other_model_tokens) == (2 * per_call, per_call)
+
+
+def test_other_models_can_be_refused(gateway: Gateway, store: Store) -> None:
+    policy = CallPolicy(model="claude-sonnet-4-5", refuse_other_models=True)
+    access = gateway.open_trial("r.1", "r", keys={"anthropic": SENTINEL}, policy=policy)
+    refused = ask(access.base_url("127.0.0.1"), access.token, "claude-haiku-4-5")
+    assert refused.status_code == 400 and refused.json()["type"] == "error"
+    assert "not this run's model" in refused.json()["error"]["message"]
+    (row,) = calls_of(gateway, store, access.token)
+    assert row.refused and row.input_tokens == 0
+
+
+@pytest.mark.parametrize(
+    ("policy", "stopped_by"),
+    [
+        (CallPolicy(max_tokens=20), "token cap"),
+        (CallPolicy(max_cost_usd=1e-4), "cost cap"),
+    ],
+)
+def test_trial_caps_stop_further_calls(
+    gateway: Gateway, store: Store, policy: CallPolicy, stopped_by: str
+) -> None:
+    access = gateway.open_trial("r.1", "r", keys={"anthropic": SENTINEL}, policy=policy)
+    url = access.base_url("127.0.0.1")
+    first, second = (ask(url, access.token, MODEL) for _ in range(2))
+    assert (first.status_code, second.status_code) == (200, 400)
+    assert "cap" in second.json()["error"]["message"]
+    totals = gateway.close_trial(access.token)
+    assert totals.stopped_by == stopped_by and totals.calls == 2 and totals.refused == 1
+
+
+def test_run_budget_is_shared_through_the_store(gateway: Gateway, store: Store) -> None:
+    reader = Store(store.path)
+    budget = RunBudget(2e-4, lambda: reader.run_cost("r"))
+    one = gateway.open_trial("r.1", "r", keys={"anthropic": SENTINEL}, budget=budget)
+    two = gateway.open_trial("r.2", "r", keys={"anthropic": SENTINEL}, budget=budget)
+    assert ask(one.base_url("127.0.0.1"), one.token, MODEL).status_code == 200
+    gateway.close_trial(one.token)  # its cost is recorded
+    late = ask(two.base_url("127.0.0.1"), two.token, MODEL)
+    assert late.status_code == 400 and "run budget" in late.json()["error"]["message"]
+    assert gateway.close_trial(two.token).stopped_by == "run budget"
+    assert reader.run_cost("r") == pytest.approx((11 * 3 + 7 * 15 + 3 * 0.3 + 2 * 3.75) / 1e6)
+
+
+def test_a_trial_whose_upstream_never_answers_is_unreachable(gateway: Gateway) -> None:
+    access = gateway.open_trial("r.1", "r", provider="dead")
+    for _ in range(2):
+        assert ask(access.base_url("127.0.0.1"), access.token, MODEL).status_code == 502
+    assert gateway.close_trial(access.token).is_unreachable

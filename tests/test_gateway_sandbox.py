@@ -13,6 +13,10 @@ from pytest_hemra.store import Store
 from tests.upstream import running_upstream
 
 SENTINEL = "sk-sentinel-0f3b7c55e1"
+PYTHON_IMAGE = (
+    "FROM debian:bookworm-slim\nRUN apt-get update && apt-get install -y "
+    "--no-install-recommends python3 && rm -rf /var/lib/apt/lists/*\nWORKDIR /app\n"
+)
 
 
 @pytest.mark.usefixtures("docker_test")
@@ -26,8 +30,7 @@ def test_real_key_reaches_the_upstream_but_never_the_sandbox_store_or_trial_fold
     monkeypatch.setenv("ANTHROPIC_API_KEY", SENTINEL)
     make_task(
         "ask",
-        dockerfile="FROM debian:bookworm-slim\nRUN apt-get update && apt-get install -y "
-        "--no-install-recommends python3 && rm -rf /var/lib/apt/lists/*\nWORKDIR /app\n",
+        dockerfile=PYTHON_IMAGE,
         test="grep -rq hemra- /app && echo 1 > /logs/verifier/reward.txt || "
         "echo 0 > /logs/verifier/reward.txt",
     )
@@ -69,3 +72,27 @@ def test_real_key_reaches_the_upstream_but_never_the_sandbox_store_or_trial_fold
     assert "+HEMRA_API_KEY=hemra-" in dumped.read_text()
     assert "ANTHROPIC_API_KEY" not in dumped.read_text()
     assert "+++ b/leaks.txt\n@@ -0,0 +1 @@\n+0\n" in dumped.read_text()  # no file holds it
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_an_upstream_unreachable_for_the_whole_trial_is_an_infra_error(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
+    make_task("ask", dockerfile=PYTHON_IMAGE)
+    (tmp_path / "harnesses").mkdir()
+    shutil.copy(
+        REPO / "examples" / "scripted-agent" / "harnesses" / "mini-agent.toml",
+        tmp_path / "harnesses",
+    )
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(
+        'harnesses = ["mini-agent"]\ndatasets = ["ds"]\nmodel = "claude-sonnet-4-5"\n'
+        '[providers.anthropic]\nbase_url = "http://127.0.0.1:9"\n'
+    )
+    pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(errors=1)
+    store = Store(tmp_path / ".hemra" / "hemra.db")
+    (run,) = store.runs()
+    (trial,) = store.trials(run.id)
+    assert trial.outcome == "infra_error" and "unreachable" in (trial.error or "")
+    (call,) = store.calls(run_id=run.id)
+    assert call.status == 502 and (call.error or "").startswith("upstream unreachable")

@@ -4,12 +4,13 @@ recorded. Each case writes a run file (and whatever else it needs) and runs pyte
 from __future__ import annotations
 
 import textwrap
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from conftest import TaskMaker
+from conftest import REPO, TaskMaker
 from pytest_hemra.spec import Overrides, RunSpec, load_run_spec
 
 GOOD = 'harnesses = ["oracle", "nop"]\ndatasets = ["ds"]\n'
@@ -157,6 +158,36 @@ CASES = {
         nothing,
         "key 'verifier.network': input should be 'none' or 'bridge'",
     ),
+    "harness-unknown-provider": (
+        'harnesses = ["mine"]\ndatasets = ["ds"]\n',
+        harness('kind = "program"\ncommand = ["true"]\nprovider = "acme"\n'),
+        "mine.toml: key 'provider': no provider named 'acme'",
+    ),
+    "harness-key-without-provider": (
+        'harnesses = ["mine"]\ndatasets = ["ds"]\n',
+        harness('kind = "program"\ncommand = ["true"]\nkey_env = "HOME"\n'),
+        "mine.toml: key 'key_env' needs a 'provider'",
+    ),
+    "new-provider-without-url": (
+        GOOD + '[providers.local]\nkey_env = "X"\n',
+        nothing,
+        "run.toml: key 'providers.local.base_url' is required",
+    ),
+    "provider-bad-url": (
+        GOOD + '[providers.local]\nbase_url = "ftp://x"\n',
+        nothing,
+        "key 'providers.local.base_url': string should match pattern",
+    ),
+    "gateway-other-models": (
+        GOOD + '[gateway]\nother_models = "ignore"\n',
+        nothing,
+        "key 'gateway.other_models': input should be 'flag' or 'refuse'",
+    ),
+    "negative-budget": (
+        GOOD + "budget_usd = -1.0\n",
+        nothing,
+        "key 'budget_usd': input should be greater than 0",
+    ),
     "judge-not-yet": (
         GOOD + '[[judge]]\nname = "style"\n',
         nothing,
@@ -254,3 +285,11 @@ def test_flags_replace_some_keys_and_add_to_others(tmp_path: Path) -> None:
 def test_flags_alone_make_a_run_spec() -> None:
     spec = load_run_spec(None, Overrides(harnesses=["oracle"], datasets=["hemra-offline"]))
     assert isinstance(spec, RunSpec) and spec.harnesses == ["oracle"]
+
+
+def test_the_documented_run_file_is_a_valid_run_file() -> None:
+    text = (REPO / "docs" / "run-files.md").read_text()
+    example = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    spec = RunSpec.model_validate(tomllib.loads(example))
+    assert spec.budget_usd == 20.0 and spec.gateway.other_models == "flag"
+    assert spec.providers["anthropic"].base_url == "https://my-proxy.example/anthropic"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import textwrap
 import xml.etree.ElementTree as ET
@@ -210,7 +211,7 @@ def test_task_image_is_built_once_per_environment_content(
     make_task: TaskMaker,
     docker_client: Any,
 ) -> None:
-    marker = tmp_path.name
+    marker = secrets.token_hex(8)  # a fresh environment: the first trial must build it
     make_task("cached", dockerfile=f"FROM debian:bookworm-slim\nRUN echo {marker} > /marker\n")
     run_file = tmp_path / "run.toml"
     run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\nattempts = 2\n')

@@ -26,6 +26,7 @@ import aiohttp
 from aiohttp import web
 
 from pytest_hemra.errors import InfraError
+from pytest_hemra.gateway.ledger import CallPolicy, RunBudget, TrialUsage, same_model
 from pytest_hemra.gateway.prices import cost_of
 from pytest_hemra.gateway.providers import SCRIPTED, Provider, route_call
 from pytest_hemra.gateway.scripted import Script, respond
@@ -55,40 +56,6 @@ STREAM_BUFFER_BYTES = 64 * 1024  # per upstream response: what one stream may ho
 
 
 @dataclass
-class TrialUsage:
-    """A trial's calls added up by the gateway; cost None once any call's price is unknown."""
-
-    calls: int = 0
-    refused: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
-    cost: float | None = 0.0
-    models: list[str] = field(default_factory=list)
-
-    def add(self, row: CallRow) -> None:
-        self.calls += 1
-        self.refused += int(row.refused)
-        self.input_tokens += row.input_tokens
-        self.output_tokens += row.output_tokens
-        self.cache_read_tokens += row.cache_read_tokens
-        self.cache_write_tokens += row.cache_write_tokens
-        self.cost = None if self.cost is None or row.cost is None else self.cost + row.cost
-        if row.model and row.model not in self.models:
-            self.models.append(row.model)
-
-    @property
-    def total_tokens(self) -> int:
-        return (
-            self.input_tokens
-            + self.output_tokens
-            + self.cache_read_tokens
-            + self.cache_write_tokens
-        )
-
-
-@dataclass
 class TrialRoute:
     token: str
     trial_id: str
@@ -96,9 +63,11 @@ class TrialRoute:
     provider: str | None
     keys: dict[str, str]
     script: Script | None
+    policy: CallPolicy = field(default_factory=CallPolicy)
+    budget: RunBudget | None = None
     is_open: bool = True
     inflight: int = 0
-    totals: TrialUsage = field(default_factory=lambda: TrialUsage())
+    totals: TrialUsage = field(default_factory=TrialUsage)
 
 
 @dataclass(frozen=True)
@@ -190,11 +159,20 @@ class Gateway:
         provider: str | None = None,
         keys: Mapping[str, str] | None = None,
         script: Script | None = None,
+        policy: CallPolicy | None = None,
+        budget: RunBudget | None = None,
     ) -> TrialAccess:
         """Register a trial; `keys` maps provider name to the real key (kept in memory only)."""
         token = "hemra-" + secrets.token_urlsafe(24)
         self._routes[token] = TrialRoute(
-            token, trial_id, run_id, provider, dict(keys or {}), script
+            token,
+            trial_id,
+            run_id,
+            provider,
+            dict(keys or {}),
+            script,
+            policy or CallPolicy(),
+            budget,
         )
         return TrialAccess(
             token, {host: f"{url}/t/{token}" for host, url in self.base_urls.items()}
@@ -305,7 +283,18 @@ class Gateway:
         provider_name = route_call(wire, requested, route.provider)
         provider = self.providers.get(provider_name)
         reader: UsageReader | None = None
+        reserved: float | None = None
+        refused = False
         try:
+            refusal = self._refusal(route, wire, requested)
+            if refusal is None and route.budget is not None and wire is not Wire.OTHER:
+                reserved = route.budget.reserve(requested, data, len(body))
+                if reserved is None:
+                    refusal = route.totals.stopped_by = "run budget"
+            if refusal is not None:
+                refused = True
+                call.status, call.error = 400, f"refused: {refusal}"
+                return _error_response(wire, 400, f"HEMRA refused the call: {refusal}")
             if provider is None:
                 call.status, call.error = 502, f"no provider named {provider_name!r}"
                 return _error_response(wire, 502, call.error)
@@ -355,7 +344,34 @@ class Gateway:
             usage = reader.result() if reader is not None else None
             if call.error is None and call.status >= 400 and call.error_text:
                 call.error = call.error_text.decode(errors="replace")
-            self._submit(route, call, request, wire, provider_name, requested, body, usage)
+            self._submit(
+                route,
+                call,
+                request,
+                wire,
+                provider_name,
+                requested,
+                body,
+                usage,
+                refused=refused,
+            )
+            if reserved is not None and route.budget is not None:
+                route.budget.release(reserved)
+
+    def _refusal(self, route: TrialRoute, wire: Wire, requested: str | None) -> str | None:
+        """Why the run's rules refuse this call, if they do."""
+        policy, totals = route.policy, route.totals
+        if wire is Wire.OTHER:
+            return None
+        if policy.max_tokens is not None and totals.total_tokens >= policy.max_tokens:
+            totals.stopped_by = "token cap"
+            return f"the trial's token cap ({policy.max_tokens}) is reached"
+        if policy.max_cost_usd is not None and (totals.cost or 0.0) >= policy.max_cost_usd:
+            totals.stopped_by = "cost cap"
+            return f"the trial's cost cap (${policy.max_cost_usd:g}) is reached"
+        if policy.refuse_other_models and policy.model and not same_model(requested, policy.model):
+            return f"model {requested!r} is not this run's model {policy.model!r}"
+        return None
 
     async def _scripted(self, request: web.Request) -> web.StreamResponse:
         route = self._routes.get(request.match_info["token"])
@@ -404,7 +420,8 @@ class Gateway:
             headers=redacted_headers(request.headers),
         )
         if route is not None:
-            route.totals.add(record)
+            expected = route.policy.model
+            route.totals.add(record, bool(expected) and not same_model(requested, expected or ""))
         self._writer.submit(self._record, record)
 
 
