@@ -15,8 +15,9 @@ import requests
 
 from pytest_hemra.gateway.ledger import CallPolicy, RunBudget
 from pytest_hemra.gateway.providers import BUILTIN_PROVIDERS, Provider
-from pytest_hemra.gateway.scripted import SCRIPTED_USAGE, ShellStep, TextStep
+from pytest_hemra.gateway.scripted import SCRIPTED_USAGE, ShellStep, TextStep, scripted_usage
 from pytest_hemra.gateway.server import Gateway
+from pytest_hemra.gateway.wire import Wire
 from pytest_hemra.store import CallRow, Store
 from tests.upstream import MODEL, USAGE, Upstream, running_upstream
 
@@ -356,3 +357,77 @@ def test_a_trial_whose_upstream_never_answers_is_unreachable(gateway: Gateway) -
     for _ in range(2):
         assert ask(access.base_url("127.0.0.1"), access.token, MODEL).status_code == 502
     assert gateway.close_trial(access.token).is_unreachable
+
+
+BASH_FUNCTION = {
+    "type": "function",
+    "name": "bash",
+    "description": "run",
+    "parameters": {
+        "type": "object",
+        "properties": {"command": {"type": "string"}},
+        "required": ["command"],
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_openai_sdk_through_the_gateway_to_the_scripted_model(
+    gateway: Gateway, store: Store, api: str, stream: bool
+) -> None:
+    access = gateway.open_trial("r.1", "r", script=(ShellStep("echo hi > out.txt"),))
+    client = openai.OpenAI(
+        base_url=access.base_url("127.0.0.1") + "/v1", api_key=access.token, max_retries=0
+    )
+    if api == "responses":
+        request = {"model": "hemra/scripted", "input": "solve it", "tools": [BASH_FUNCTION]}
+        if stream:
+            with client.responses.stream(**request) as live:  # type: ignore[arg-type]
+                response = live.get_final_response()
+        else:
+            response = client.responses.create(**request)  # type: ignore[arg-type]
+        (call,) = [item for item in response.output if item.type == "function_call"]
+        name, arguments = call.name, call.arguments
+        wire = Wire.RESPONSES
+    else:
+        tool = {
+            "type": "function",
+            "function": {"name": "bash", "parameters": BASH_FUNCTION["parameters"]},
+        }
+        chat = {
+            "model": "hemra/scripted",
+            "tools": [tool],
+            "messages": [{"role": "user", "content": "solve it"}],
+        }
+        if stream:
+            pieces = list(
+                client.chat.completions.create(
+                    **chat, stream=True, stream_options={"include_usage": True}
+                )
+            )  # type: ignore[call-overload]
+            name = next(
+                p.choices[0].delta.tool_calls[0].function.name
+                for p in pieces
+                if p.choices and p.choices[0].delta.tool_calls
+            )
+            arguments = "".join(
+                p.choices[0].delta.tool_calls[0].function.arguments or ""
+                for p in pieces
+                if p.choices and p.choices[0].delta.tool_calls
+            )
+        else:
+            message = client.chat.completions.create(**chat).choices[0].message  # type: ignore[call-overload]
+            name = message.tool_calls[0].function.name
+            arguments = message.tool_calls[0].function.arguments
+        wire = Wire.CHAT
+    assert name == "bash" and "echo hi" in json.loads(arguments)["command"]
+    (row,) = calls_of(gateway, store, access.token)
+    expected = scripted_usage(wire)
+    assert (row.wire, row.provider) == (wire.value, "scripted")
+    assert (row.input_tokens, row.output_tokens, row.cache_read_tokens, row.cache_write_tokens) == (
+        expected.input_tokens,
+        expected.output_tokens,
+        expected.cache_read_tokens,
+        expected.cache_write_tokens,
+    )

@@ -96,3 +96,30 @@ def test_an_upstream_unreachable_for_the_whole_trial_is_an_infra_error(
     assert trial.outcome == "infra_error" and "unreachable" in (trial.error or "")
     (call,) = store.calls(run_id=run.id)
     assert call.status == 502 and (call.error or "").startswith("upstream unreachable")
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_a_scripted_transcript_can_play_a_wrong_fix(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
+    task = make_task("wrong", dockerfile=PYTHON_IMAGE)
+    (task / "solution" / "scripted.toml").write_text(
+        '[[step]]\nkind = "shell"\ncommand = "echo hello > /app/out.txt"\n\n'
+        '[[step]]\nkind = "text"\ntext = "Fixed it, I think."\n'
+    )
+    (tmp_path / "harnesses").mkdir()
+    shutil.copy(
+        REPO / "examples" / "scripted-agent" / "harnesses" / "mini-agent.toml",
+        tmp_path / "harnesses",
+    )
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["mini-agent"]\ndatasets = ["ds"]\nmodel = "hemra/scripted"\n')
+
+    pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(failed=1)
+
+    store = Store(tmp_path / ".hemra" / "hemra.db")
+    (run,) = store.runs()
+    (trial,) = store.trials(run.id)
+    assert (trial.outcome, trial.reward) == ("fail", 0.0)
+    assert len(store.calls(run_id=run.id)) == 2
+    assert "+hello" in (Path(trial.trial_dir or "") / "diff.patch").read_text()
