@@ -22,10 +22,11 @@ from pathlib import Path
 
 from pytest_hemra.datasets import bundled_dir, load_task
 from pytest_hemra.harnesses import Harness
+from pytest_hemra.records import PlannedTrial
 from pytest_hemra.sandbox import AGENT_USER, ROOT_USER, WORKDIR
 from pytest_hemra.sandbox.docker import DockerProvider
 from pytest_hemra.spec import HarnessSpec, RunSpec
-from pytest_hemra.store import PlannedTrial, Store
+from pytest_hemra.store import Store
 from pytest_hemra.trial import TrialContext, run_trial
 
 

@@ -17,9 +17,10 @@ from pytest_hemra.datasets import Dataset, Task, load_task, resolve_dataset
 from pytest_hemra.errors import CapabilityError, SpecError, StoreError
 from pytest_hemra.gateway.providers import SCRIPTED, Provider, configured_providers
 from pytest_hemra.harnesses import Harness, resolve_harness
+from pytest_hemra.records import PlannedTrial, TrialRecord
 from pytest_hemra.sandbox import SandboxProvider
 from pytest_hemra.spec import HarnessSpec, Overrides, RunSpec, load_run_spec
-from pytest_hemra.store import PlannedTrial, Store, TrialRecord
+from pytest_hemra.store import Store
 
 PLAN_SCHEMA_VERSION = 1
 ProviderFactory = Callable[[], SandboxProvider]

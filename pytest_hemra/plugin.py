@@ -22,11 +22,12 @@ from pytest_hemra.gateway.ledger import RunBudget
 from pytest_hemra.gateway.providers import configured_providers
 from pytest_hemra.gateway.server import Gateway
 from pytest_hemra.plan import ProviderFactory, RecordedRun, load_recorded, resolve_plan
+from pytest_hemra.records import PlannedTrial, TrialRecord
 from pytest_hemra.report import render_run
 from pytest_hemra.sandbox import SandboxProvider
 from pytest_hemra.sandbox.docker import DockerProvider
 from pytest_hemra.spec import Overrides
-from pytest_hemra.store import PlannedTrial, Store, TrialRecord
+from pytest_hemra.store import Store
 from pytest_hemra.trial import TrialContext, TrialResult, run_trial
 
 DEFAULT_STORE = Path(".hemra") / "hemra.db"

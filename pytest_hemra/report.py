@@ -8,7 +8,8 @@ from statistics import mean
 
 from tabulate import tabulate
 
-from pytest_hemra.store import Store, TrialRecord
+from pytest_hemra.records import TrialRecord
+from pytest_hemra.store import Store
 from pytest_hemra.trial import SCORED_OUTCOMES
 
 

@@ -18,7 +18,8 @@ from pytest_hemra.gateway.providers import BUILTIN_PROVIDERS, Provider
 from pytest_hemra.gateway.scripted import SCRIPTED_USAGE, ShellStep, TextStep, scripted_usage
 from pytest_hemra.gateway.server import Gateway
 from pytest_hemra.gateway.wire import Wire
-from pytest_hemra.store import CallRow, Store
+from pytest_hemra.records import CallRow
+from pytest_hemra.store import Store
 from tests.upstream import MODEL, USAGE, Upstream, running_upstream
 
 SENTINEL = "sk-sentinel-5d2a9e71"

@@ -19,6 +19,7 @@ import pytest
 from aiohttp import web
 
 from pytest_hemra.errors import SpecError
+from pytest_hemra.gateway.replies import respond
 from pytest_hemra.gateway.scripted import (
     SCRIPTED_USAGE,
     Script,
@@ -27,7 +28,6 @@ from pytest_hemra.gateway.scripted import (
     WriteStep,
     default_script,
     load_script,
-    respond,
     scripted_usage,
 )
 from pytest_hemra.gateway.usage import UsageReader, is_streaming

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_hemra.store import PlannedTrial, Store
+from pytest_hemra.records import PlannedTrial
+from pytest_hemra.store import Store
 
 PLAN = [PlannedTrial("ds", "t", "h", 1), PlannedTrial("ds", "t", "h", 2)]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_hemra.gateway.prices import price_table
-from pytest_hemra.store import CallRow
+from pytest_hemra.records import CallRow
 
 BYTES_PER_TOKEN = 4  # a generous estimate of input tokens from the request size
 DEFAULT_MAX_OUTPUT = 32_000

@@ -29,10 +29,11 @@ from pytest_hemra.errors import InfraError
 from pytest_hemra.gateway.ledger import CallPolicy, RunBudget, TrialUsage, same_model
 from pytest_hemra.gateway.prices import cost_of
 from pytest_hemra.gateway.providers import SCRIPTED, Provider, route_call
-from pytest_hemra.gateway.scripted import Script, respond
+from pytest_hemra.gateway.replies import respond
+from pytest_hemra.gateway.scripted import Script
 from pytest_hemra.gateway.usage import UsageReader, is_streaming
 from pytest_hemra.gateway.wire import Usage, Wire, wire_of
-from pytest_hemra.store import CallRow
+from pytest_hemra.records import CallRow
 
 HOP_BY_HOP = frozenset(
     {

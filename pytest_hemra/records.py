@@ -1,0 +1,89 @@
+"""What the store holds, as plain frozen objects: planned trials, runs, trials, calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class PlannedTrial:
+    """One attempt of one harness on one task, as planned before anything runs."""
+
+    dataset: str
+    task: str
+    harness: str
+    attempt: int
+
+    @property
+    def item_id(self) -> str:
+        return f"{self.dataset}::{self.task}[{self.harness}-{self.attempt}]"
+
+
+@dataclass(frozen=True)
+class CallRow:
+    """One model call through the gateway; cost None means the model's price is unknown."""
+
+    run_id: str | None
+    trial_id: str | None
+    at: float
+    provider: str | None
+    wire: str
+    method: str
+    path: str
+    model_requested: str | None
+    model: str | None
+    status: int
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cost: float | None
+    latency: float
+    ttfb: float | None
+    request_bytes: int
+    response_bytes: int
+    error: str | None
+    refused: bool
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    name: str
+    created_at: float
+    status: str
+    spec: dict[str, Any]
+    trials_dir: Path
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    id: str
+    run_id: str
+    seq: int
+    item_id: str
+    dataset: str
+    task: str
+    harness: str
+    attempt: int
+    status: str
+    outcome: str | None
+    reward: float | None
+    rewards: dict[str, float]
+    error: str | None
+    duration: float | None
+    trial_dir: str | None
+    tokens: int = 0
+    cost: float | None = 0.0
+    models: tuple[str, ...] = ()
+    other_model_tokens: int = 0
+    stopped_by: str | None = None
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == FINISHED
