@@ -15,7 +15,7 @@ from pytest_hemra.datasets import bundled_dir
 from pytest_hemra.errors import SpecError
 from pytest_hemra.spec import PLACEHOLDER_PATTERN, HarnessSpec, is_valid_name, load_harness_spec
 
-RUNNABLE_KINDS = frozenset({"program"})
+RUNNABLE_KINDS = frozenset({"program", "cli"})
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,8 @@ def resolve_harness(name: str, base_dir: Path, source: str, run_model: str | Non
             f"{path}: key 'kind': harness kind {spec.kind!r} is not supported yet by this "
             f"version of HEMRA (supported: {', '.join(sorted(RUNNABLE_KINDS))})"
         )
-    if spec.kind == "program" and not spec.command:
-        raise SpecError(f"{path}: key 'command' is required for a program harness")
+    if not spec.command:
+        raise SpecError(f"{path}: key 'command' is required for a {spec.kind} harness")
     if run_model and spec.model and spec.model != run_model:
         raise SpecError(
             f"{path}: key 'model': harness pins model {spec.model!r} but the run "
@@ -69,8 +69,11 @@ def resolve_harness(name: str, base_dir: Path, source: str, run_model: str | Non
     return Harness(name=name, path=path, spec=spec)
 
 
+def render(text: str, values: Mapping[str, str]) -> str:
+    """Fill the `{placeholder}`s of one string; unknown ones stay as written."""
+    return PLACEHOLDER_PATTERN.sub(lambda m: values.get(m.group(1), m.group(0)), text)
+
+
 def render_argv(argv: list[str], values: Mapping[str, str]) -> list[str]:
     """Fill `{placeholder}`s in each argument; the argv stays a list, never a shell string."""
-    return [
-        PLACEHOLDER_PATTERN.sub(lambda m: values.get(m.group(1), m.group(0)), arg) for arg in argv
-    ]
+    return [render(arg, values) for arg in argv]

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_hemra.datasets import Dataset, Task, load_task, resolve_dataset
-from pytest_hemra.errors import CapabilityError, SpecError, StoreError
+from pytest_hemra.errors import CapabilityError, InfraError, SpecError, StoreError
 from pytest_hemra.gateway.providers import SCRIPTED, Provider, configured_providers
 from pytest_hemra.harnesses import Harness, resolve_harness
+from pytest_hemra.installs import ensure_installed
 from pytest_hemra.records import PlannedTrial, TrialRecord
 from pytest_hemra.sandbox import SandboxProvider
 from pytest_hemra.spec import HarnessSpec, Overrides, RunSpec, load_run_spec
@@ -102,6 +103,8 @@ def resolve_plan(
                         )
     if check_sandbox:
         provider.check()
+        for harness in harnesses:
+            _install(harness)
     trials = tuple(
         PlannedTrial(dataset.name, task.name, harness.name, attempt)
         for dataset in datasets
@@ -126,6 +129,14 @@ def _check_provider(harness: Harness, known: Mapping[str, Provider]) -> None:
             raise SpecError(
                 f"{harness.path}: key 'key_env': environment variable {spec.key_env} is not set"
             )
+
+
+def _install(harness: Harness) -> None:
+    """Install at resolve, so a broken install refuses the run before anything is recorded."""
+    try:
+        ensure_installed(harness)
+    except InfraError as error:
+        raise SpecError(str(error)) from None
 
 
 def _check_providers(known: Mapping[str, Provider], source: str) -> None:

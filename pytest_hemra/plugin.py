@@ -329,6 +329,10 @@ class TrialItem(pytest.Item):
                 ("tokens", str(result.usage.total_tokens)),
                 ("cost", "unknown" if result.usage.cost is None else f"{result.usage.cost:.6f}"),
                 ("stopped_by", result.usage.stopped_by or ""),
+                (
+                    "own_tokens",
+                    "" if result.own_report is None else str(result.own_report.total_tokens),
+                ),
                 ("trial", trial.id),
                 ("trial_dir", result.trial_dir),
             ]

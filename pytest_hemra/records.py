@@ -83,6 +83,7 @@ class TrialRecord:
     models: tuple[str, ...] = ()
     other_model_tokens: int = 0
     stopped_by: str | None = None
+    own_report: dict[str, Any] | None = None  # the harness's own numbers (output.SelfReport)
 
     @property
     def is_finished(self) -> bool:

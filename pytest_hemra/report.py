@@ -8,6 +8,7 @@ from statistics import mean
 
 from tabulate import tabulate
 
+from pytest_hemra.output import SelfReport, disagrees
 from pytest_hemra.records import TrialRecord
 from pytest_hemra.store import Store
 from pytest_hemra.trial import SCORED_OUTCOMES
@@ -25,6 +26,7 @@ class HarnessRow:
     outcomes: dict[str, int]
     tokens: int
     cost: float | None  # None: some call's model has no known price
+    own_tokens: int | None  # what the harness itself reported, where it reports
 
 
 def summarize(trials: list[TrialRecord], harnesses: list[str]) -> list[HarnessRow]:
@@ -54,6 +56,11 @@ def summarize(trials: list[TrialRecord], harnesses: list[str]) -> list[HarnessRo
                 else None,
                 outcomes=dict(outcomes),
                 tokens=sum(t.tokens for t in finished),
+                own_tokens=sum(
+                    SelfReport(**t.own_report).total_tokens for t in finished if t.own_report
+                )
+                if any(t.own_report for t in finished)
+                else None,
                 cost=None
                 if any(t.cost is None for t in finished)
                 else sum(t.cost or 0.0 for t in finished),
@@ -83,6 +90,7 @@ def render_run(store: Store, run_id: str) -> str:
                 "" if row.harness == baseline else _delta(row.mean_reward, base),
                 _number(row.mean_duration, "s"),
                 row.tokens,
+                "-" if row.own_tokens is None else row.own_tokens,
                 "unknown" if row.cost is None else f"${row.cost:.4f}",
                 ", ".join(f"{k} {v}" for k, v in sorted(row.outcomes.items())),
             ]
@@ -106,6 +114,7 @@ def render_run(store: Store, run_id: str) -> str:
                     "vs baseline",
                     "mean duration",
                     "tokens",
+                    "own tokens",
                     "cost",
                     "outcomes",
                 ],
@@ -126,6 +135,12 @@ def _model_flags(trials: list[TrialRecord], model: str | None) -> list[str]:
             )
         if trial.stopped_by:
             flags.append(f"! {trial.item_id}: stopped by the {trial.stopped_by}")
+        own = trial.own_report
+        if own is not None and disagrees(SelfReport(**own), trial.tokens):
+            flags.append(
+                f"! {trial.item_id}: the harness reports {SelfReport(**own).total_tokens} tokens, "
+                f"the gateway counted {trial.tokens}"
+            )
     return flags
 
 

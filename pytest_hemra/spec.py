@@ -34,8 +34,11 @@ PLACEHOLDERS = frozenset(
         "timeout_secs",
         "base_url",
         "api_key",
+        "harness_dir",
+        "home",
     }
 )
+PACKAGE_PATTERN = r"^(npm|pypi):[^\s]+$"
 
 
 def is_valid_name(name: str) -> bool:
@@ -148,6 +151,16 @@ class RunSpec(Strict):
         return self.baseline or self.harnesses[0]
 
 
+def _check_placeholders(text: str) -> None:
+    for found in PLACEHOLDER_PATTERN.findall(text):
+        if found not in PLACEHOLDERS:
+            raise ValueError(
+                f"unknown placeholder {{{found}}} (expected one of "
+                + ", ".join("{" + p + "}" for p in sorted(PLACEHOLDERS))
+                + ")"
+            )
+
+
 class HarnessSpec(Strict):
     """A harness file, `harnesses/<name>.toml`; see docs/harness-files.md."""
 
@@ -161,6 +174,10 @@ class HarnessSpec(Strict):
     provider: str | None = None
     key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     uses_solution: bool = False
+    package: str | None = Field(default=None, pattern=PACKAGE_PATTERN)
+    environment: dict[str, str] = Field(default_factory=dict)
+    files: dict[str, str] = Field(default_factory=dict)
+    output: Literal["claude-code", "codex", "pi", "mini-swe-agent", "aider"] | None = None
 
     _env = field_validator("env")(_check_env_names)
 
@@ -168,14 +185,16 @@ class HarnessSpec(Strict):
     @classmethod
     def _known_placeholders(cls, argv: list[str]) -> list[str]:
         for arg in argv:
-            for found in PLACEHOLDER_PATTERN.findall(arg):
-                if found not in PLACEHOLDERS:
-                    raise ValueError(
-                        f"unknown placeholder {{{found}}} (expected one of "
-                        + ", ".join("{" + p + "}" for p in sorted(PLACEHOLDERS))
-                        + ")"
-                    )
+            _check_placeholders(arg)
         return argv
+
+    @field_validator("environment", "files")
+    @classmethod
+    def _known_placeholders_in_values(cls, table: dict[str, str]) -> dict[str, str]:
+        for key, value in table.items():
+            _check_placeholders(key)
+            _check_placeholders(value)
+        return table
 
     def digest(self) -> str:
         """sha256 of the canonical content: the same file gives the same digest anywhere."""

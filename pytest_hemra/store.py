@@ -78,6 +78,7 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
             "models": str,
             "other_model_tokens": int,
             "stopped_by": str,
+            "own_report": str,
         },
         "id",
     ),
@@ -241,7 +242,7 @@ class Store:
             " coalesce(input_tokens, 0) + coalesce(output_tokens, 0)"
             " + coalesce(cache_read_tokens, 0) + coalesce(cache_write_tokens, 0),"
             " CASE WHEN cost_known = 0 THEN NULL ELSE coalesce(cost, 0) END, models,"
-            " coalesce(other_model_tokens, 0), stopped_by"
+            " coalesce(other_model_tokens, 0), stopped_by, own_report"
             " FROM trials WHERE run_id = ?"
             " ORDER BY seq",
             [run_id],
@@ -268,6 +269,7 @@ class Store:
                 models=tuple(json.loads(row[17])) if row[17] else (),
                 other_model_tokens=row[18],
                 stopped_by=row[19],
+                own_report=json.loads(row[20]) if row[20] else None,
             )
             for row in rows
         ]
@@ -298,7 +300,7 @@ class Store:
                 " exit_code = ?, error = ?, finished_at = ?, duration = ?, phases = ?,"
                 " trial_dir = ?, calls = ?, input_tokens = ?, output_tokens = ?,"
                 " cache_read_tokens = ?, cache_write_tokens = ?, cost = ?, cost_known = ?,"
-                " models = ?, other_model_tokens = ?, stopped_by = ? WHERE id = ?",
+                " models = ?, other_model_tokens = ?, stopped_by = ?, own_report = ? WHERE id = ?",
                 [
                     result["outcome"],
                     result["reward"],
@@ -319,6 +321,7 @@ class Store:
                     json.dumps(usage["models"]),
                     usage.get("other_model_tokens", 0),
                     usage.get("stopped_by"),
+                    json.dumps(result.get("own_report")),
                     trial,
                 ],
             )

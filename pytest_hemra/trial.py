@@ -21,7 +21,9 @@ from pytest_hemra.errors import HemraError, InfraError, VerifierError, outcome_o
 from pytest_hemra.gateway.ledger import CallPolicy, RunBudget, TrialUsage
 from pytest_hemra.gateway.scripted import Script, default_script, load_script
 from pytest_hemra.gateway.server import Gateway
-from pytest_hemra.harnesses import Harness, render_argv
+from pytest_hemra.harnesses import Harness, render, render_argv
+from pytest_hemra.installs import HARNESS_DIR, Installed, ensure_installed
+from pytest_hemra.output import SelfReport, parse_output
 from pytest_hemra.reward import is_pass, parse_reward
 from pytest_hemra.sandbox import (
     AGENT_HOME,
@@ -73,6 +75,7 @@ class TrialResult:
     phases: dict[str, float]
     trial_dir: str
     usage: TrialUsage = field(default_factory=TrialUsage)
+    own_report: SelfReport | None = None
     retried: bool = False
     schema_version: int = RESULT_SCHEMA_VERSION
 
@@ -87,6 +90,7 @@ class _Progress:
     exit_code: int | None = None
     timed_out: bool = False
     usage: TrialUsage = field(default_factory=TrialUsage)
+    own_report: SelfReport | None = None
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -128,6 +132,7 @@ def run_trial(context: TrialContext) -> TrialResult:
         phases=progress.phases,
         trial_dir=str(context.trial_dir),
         usage=progress.usage,
+        own_report=progress.own_report,
         retried=retried,
     )
     (context.trial_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
@@ -148,6 +153,7 @@ def _run_in_sandbox(context: TrialContext, progress: _Progress) -> tuple[float, 
     (folder / "verifier").mkdir(exist_ok=True)
     with progress.phase("image"):
         image = context.provider.prepare(task, context.spec.sandbox.image)
+        installed = ensure_installed(harness)
     environment = task.config.environment
     request = SandboxRequest(
         image=image,
@@ -157,6 +163,7 @@ def _run_in_sandbox(context: TrialContext, progress: _Progress) -> tuple[float, 
         network=environment.allow_internet,
         labels={"hemra.run": context.run_id, "hemra.trial": context.trial_id},
         name=f"hemra-{context.trial_id.replace('.', '-')}",
+        mounts=installed.mounts if installed else (),
     )
     sandboxes = ExitStack()
     with progress.phase("start"):
@@ -168,7 +175,7 @@ def _run_in_sandbox(context: TrialContext, progress: _Progress) -> tuple[float, 
                 sandbox.put_dir(task.path / "solution", "/solution")
             before = sandbox.read_tree(WORKDIR)
         with progress.phase("agent"), _model_access(context, progress) as access:
-            _run_agent(context, sandbox, progress, access)
+            _run_agent(context, sandbox, progress, access, installed)
         if progress.usage.is_unreachable:
             raise InfraError("the model upstream was unreachable for the whole trial")
         with progress.phase("diff"):
@@ -228,7 +235,11 @@ def script_for(task: Task) -> Script:
 
 
 def _run_agent(
-    context: TrialContext, sandbox: Sandbox, progress: _Progress, access: dict[str, str]
+    context: TrialContext,
+    sandbox: Sandbox,
+    progress: _Progress,
+    access: dict[str, str],
+    installed: Installed | None,
 ) -> None:
     timeout = context.agent_timeout
     deadline = time.time() + timeout
@@ -241,7 +252,10 @@ def _run_agent(
         "logs_dir": "/logs/agent",
         "deadline": str(int(deadline)),
         "timeout_secs": str(int(timeout)),
+        "harness_dir": HARNESS_DIR if installed else "",
+        "home": AGENT_HOME,
     }
+    spec = context.harness.spec
     env = {
         "HOME": AGENT_HOME,
         "HEMRA_DEADLINE": str(int(deadline)),
@@ -250,12 +264,16 @@ def _run_agent(
         "HEMRA_MODEL": values["model"],
         "HEMRA_BASE_URL": values["base_url"],
         "HEMRA_API_KEY": values["api_key"],
-        **{name: _runner_env(name) for name in context.harness.spec.env},
+        **({"PATH": installed.path} if installed else {}),
+        **{name: _runner_env(name) for name in spec.env},
+        **{render(name, values): render(value, values) for name, value in spec.environment.items()},
     }
+    for path, content in spec.files.items():
+        sandbox.put_file(render(content, values).encode(), render(path, values), owner=AGENT_USER)
     logs = context.trial_dir / "agent"
     out, err = logs / "stdout.txt", logs / "stderr.txt"
     for argv in context.harness.spec.install:
-        installed = sandbox.exec(
+        setup = sandbox.exec(
             render_argv(argv, values),
             user=AGENT_USER,
             env=env,
@@ -263,8 +281,8 @@ def _run_agent(
             stdout=out,
             stderr=err,
         )
-        if installed.timed_out or installed.exit_code != 0:
-            progress.exit_code, progress.timed_out = installed.exit_code, installed.timed_out
+        if setup.timed_out or setup.exit_code != 0:
+            progress.exit_code, progress.timed_out = setup.exit_code, setup.timed_out
             return
     remaining = max(deadline - time.time(), 1.0)
     result = sandbox.exec(
@@ -276,6 +294,8 @@ def _run_agent(
         stderr=err,
     )
     progress.exit_code, progress.timed_out = result.exit_code, result.timed_out
+    if spec.output:
+        progress.own_report = parse_output(spec.output, out.read_text(errors="replace"))
 
 
 def _verify(context: TrialContext, sandbox: Sandbox) -> tuple[float, dict[str, float]]:

@@ -35,6 +35,15 @@ class ExecResult:
 
 
 @dataclass(frozen=True)
+class Mount:
+    """A host path made visible in the sandbox (read-only unless said otherwise)."""
+
+    source: Path
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
 class SandboxRequest:
     """What one trial asks of a provider: the task's image, limits, labels and network."""
 
@@ -43,6 +52,7 @@ class SandboxRequest:
     network: bool
     labels: Mapping[str, str] = field(default_factory=dict)
     name: str | None = None
+    mounts: tuple[Mount, ...] = ()
 
 
 class Sandbox(Protocol):
@@ -62,7 +72,7 @@ class Sandbox(Protocol):
 
     def put_dir(self, source: Path, target: str) -> None: ...
 
-    def put_file(self, content: bytes, target: str) -> None: ...
+    def put_file(self, content: bytes, target: str, owner: str | None = None) -> None: ...
 
     def read_tree(self, path: str) -> dict[str, bytes]: ...
 

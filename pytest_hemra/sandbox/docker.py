@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import docker
@@ -165,6 +165,11 @@ class DockerProvider:
             options["nano_cpus"] = int(limits.cpus * 1e9)
         if request.name:
             options["name"] = request.name
+        if request.mounts:
+            options["volumes"] = {
+                str(mount.source): {"bind": mount.target, "mode": "ro" if mount.read_only else "rw"}
+                for mount in request.mounts
+            }
         container = None
         try:
             container = self.client.containers.run(request.image, **options)
@@ -251,12 +256,21 @@ class DockerSandbox:
             archive.add(source, arcname=target.strip("/"), filter=_root_owned)
         self.container.put_archive("/", buffer.getvalue())
 
-    def put_file(self, content: bytes, target: str) -> None:
+    def put_file(self, content: bytes, target: str, owner: str | None = None) -> None:
+        """Write one file; with `owner` ("uid:gid") it and its new folders under the agent's
+        home belong to that user, so a harness can keep writing its own config."""
+        uid, gid = (int(part) for part in (owner or "0:0").split(":"))
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as archive:
-            info = tarfile.TarInfo(target.strip("/"))
-            info.size = len(content)
-            info.mode = 0o644
+            relative = target.strip("/")
+            if owner and target.startswith(AGENT_HOME + "/"):
+                parents = PurePosixPath(relative).parents
+                for folder in reversed([p for p in parents if len(p.parts) > 2]):
+                    info = tarfile.TarInfo(str(folder))
+                    info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, uid, gid
+                    archive.addfile(info)
+            info = tarfile.TarInfo(relative)
+            info.size, info.mode, info.uid, info.gid = len(content), 0o644, uid, gid
             info.mtime = int(time.time())
             archive.addfile(info, io.BytesIO(content))
         self.container.put_archive("/", buffer.getvalue())

@@ -1,0 +1,144 @@
+"""What a harness says about itself, parsed from its own output (`output = "..."` in its file).
+
+Kept beside the gateway's count, never instead of it: the report flags a trial where the two
+disagree. Claude Code reports totals in its `result` event; Codex per turn in `turn.completed`;
+pi per model call in each assistant `message_end`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+AGREEMENT_TOLERANCE = 0.05  # relative difference in total tokens before a trial is flagged
+
+
+@dataclass
+class SelfReport:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: float | None = None
+    turns: int | None = None
+    final_message: str | None = None
+    is_error: bool | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_tokens
+            + self.cache_write_tokens
+        )
+
+
+def disagrees(own: SelfReport | None, gateway_tokens: int) -> bool:
+    """Whether the harness's own token total is off the gateway's by more than the tolerance."""
+    if own is None:
+        return False
+    largest = max(own.total_tokens, gateway_tokens)
+    return largest > 0 and abs(own.total_tokens - gateway_tokens) / largest > AGREEMENT_TOLERANCE
+
+
+def _events(text: str) -> Iterator[dict[str, Any]]:
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                yield event
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _claude_code(text: str) -> SelfReport | None:
+    result = None
+    for event in _events(text):
+        if event.get("type") == "result":
+            result = event
+    if result is None:
+        return None
+    usage = result.get("usage") or {}
+    cost = result.get("total_cost_usd")
+    return SelfReport(
+        input_tokens=_int(usage.get("input_tokens")),
+        output_tokens=_int(usage.get("output_tokens")),
+        cache_read_tokens=_int(usage.get("cache_read_input_tokens")),
+        cache_write_tokens=_int(usage.get("cache_creation_input_tokens")),
+        cost_usd=float(cost) if isinstance(cost, int | float) else None,
+        turns=result.get("num_turns") if isinstance(result.get("num_turns"), int) else None,
+        final_message=result.get("result") if isinstance(result.get("result"), str) else None,
+        is_error=bool(result.get("is_error")),
+    )
+
+
+def _codex(text: str) -> SelfReport | None:
+    report, seen = SelfReport(turns=0), False
+    for event in _events(text):
+        kind = event.get("type")
+        if kind == "turn.completed":
+            seen = True
+            usage = event.get("usage") or {}
+            cached = _int(usage.get("cached_input_tokens"))
+            report.input_tokens += _int(usage.get("input_tokens")) - cached
+            report.cache_read_tokens += cached
+            report.output_tokens += _int(usage.get("output_tokens"))
+            report.turns = (report.turns or 0) + 1
+        elif kind == "item.completed":
+            item = event.get("item") or {}
+            if item.get("type") == "agent_message" and isinstance(item.get("text"), str):
+                report.final_message = item["text"]
+        elif kind == "turn.failed":
+            report.is_error = True
+    return report if seen else None
+
+
+def _pi(text: str) -> SelfReport | None:
+    report, seen = SelfReport(turns=0), False
+    for event in _events(text):
+        message = event.get("message") or {}
+        if event.get("type") != "message_end" or message.get("role") != "assistant":
+            continue
+        seen = True
+        usage = message.get("usage") or {}
+        report.input_tokens += _int(usage.get("input"))
+        report.output_tokens += _int(usage.get("output"))
+        report.cache_read_tokens += _int(usage.get("cacheRead"))
+        report.cache_write_tokens += _int(usage.get("cacheWrite"))
+        cost = usage.get("cost")
+        total = cost.get("total") if isinstance(cost, dict) else cost
+        if isinstance(total, int | float):
+            report.cost_usd = (report.cost_usd or 0.0) + float(total)
+        report.turns = (report.turns or 0) + 1
+        texts = [
+            str(c["text"])
+            for c in message.get("content") or []
+            if isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str)
+        ]
+        if texts:
+            report.final_message = "\n".join(texts)
+        if message.get("stopReason") == "error":
+            report.is_error = True
+    return report if seen else None
+
+
+PARSERS: dict[str, Callable[[str], SelfReport | None]] = {
+    "claude-code": _claude_code,
+    "codex": _codex,
+    "pi": _pi,
+}
+
+
+def parse_output(kind: str | None, stdout: str) -> SelfReport | None:
+    """The harness's own numbers from its stdout; None when it printed none we can read."""
+    parser = PARSERS.get(kind or "")
+    return parser(stdout) if parser else None
