@@ -8,6 +8,5 @@ awk '
     section == "[server]"   && $1 == "workers" { print; print "timeout = 30"; next }
     section == "[features]" && $1 == "cache" { print "cache = true"; next }
     { print }
-' server.ini > server.ini.new
-cat server.ini.new > server.ini
-rm -f server.ini.new
+' server.ini > /tmp/server.ini.new
+cat /tmp/server.ini.new > server.ini

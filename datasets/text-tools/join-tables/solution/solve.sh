@@ -10,4 +10,3 @@ tail -n +2 departments.csv | sort -t, -k1,1 > "$tmp/dept"
     echo "name,dept_name"
     join -t, -a 1 -e UNKNOWN -o 1.2,2.2 "$tmp/emp" "$tmp/dept" | sort -t, -k1,1
 } > employee_departments.csv
-rm -rf "$tmp"
