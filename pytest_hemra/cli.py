@@ -51,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     runs = commands.add_parser("runs", help="list the runs in a store")
     runs.add_argument("--store", default=str(DEFAULT_STORE))
 
+    harness = commands.add_parser("harness", help="harness installs")
+    harness_commands = harness.add_subparsers(dest="harness_command", required=True)
+    install = harness_commands.add_parser(
+        "install", help="install a harness version into the host cache (once per digest)"
+    )
+    install.add_argument("names", nargs="+", metavar="NAME")
+    install.add_argument("--dir", default=".", help="folder whose harnesses/ is searched first")
+
     image = commands.add_parser("image", help="sandbox images")
     image_commands = image.add_subparsers(dest="image_command", required=True)
     bootstrap = image_commands.add_parser(
@@ -170,6 +178,22 @@ def image_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def harness_command(args: argparse.Namespace) -> int:
+    from pytest_hemra.harnesses import resolve_harness
+    from pytest_hemra.installs import ensure_installed, is_installed
+
+    for name in args.names:
+        harness = resolve_harness(name, Path(args.dir).resolve(), "command line", None)
+        was_cached = is_installed(harness)
+        installed = ensure_installed(harness)
+        if installed is None:
+            print(f"{name}: nothing to install (no package)")
+        else:
+            state = "already installed" if was_cached else "installed"
+            print(f"{name}: {state} in {installed.directory}")
+    return 0
+
+
 def _open_store(path: str) -> Store:
     if not Path(path).is_file():
         raise HemraError(f"{path}: no store here (pass --store PATH)")
@@ -188,6 +212,7 @@ COMMANDS: dict[str, Any] = {
     "report": report_command,
     "runs": runs_command,
     "image": image_command,
+    "harness": harness_command,
 }
 
 

@@ -162,7 +162,7 @@ def _check_placeholders(text: str) -> None:
 
 
 class HarnessSpec(Strict):
-    """A harness file, `harnesses/<name>.toml`; see docs/harness-files.md."""
+    """A harness file, `harnesses/<name>.toml`; see docs/harnesses.md."""
 
     kind: Literal["program", "cli", "sdk", "acp", "computer-use", "harbor"]
     description: str = ""

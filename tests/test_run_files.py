@@ -81,8 +81,8 @@ CASES = {
     ),
     "harness-kind-not-yet": (
         'harnesses = ["mine"]\ndatasets = ["ds"]\n',
-        harness('kind = "cli"\ncommand = ["claude"]\n'),
-        "mine.toml: key 'kind': harness kind 'cli' is not supported yet",
+        harness('kind = "acp"\ncommand = ["claude"]\n'),
+        "mine.toml: key 'kind': harness kind 'acp' is not supported yet",
     ),
     "harness-placeholder": (
         'harnesses = ["mine"]\ndatasets = ["ds"]\n',

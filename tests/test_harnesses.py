@@ -1,0 +1,104 @@
+"""Real coding-agent CLIs from npm, installed once, in real Docker sandboxes, offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from pytest_hemra.datasets import bundled_dir
+from pytest_hemra.gateway.scripted import scripted_usage
+from pytest_hemra.gateway.wire import Wire
+from pytest_hemra.harnesses import resolve_harness
+from pytest_hemra.installs import MARKER, install_dir, is_installed
+from pytest_hemra.store import Store
+from tests.upstream import running_upstream
+
+pytestmark = pytest.mark.usefixtures("docker_test")
+WIRE_OF = {"claude-code": Wire.ANTHROPIC, "codex": Wire.RESPONSES, "pi": Wire.CHAT}
+SENTINEL = "sk-sentinel-7e21d4a9c0"
+
+
+def test_claude_code_codex_and_pi_solve_every_offline_task_counted_to_the_token(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    store_path = tmp_path / "s.db"
+    result = pytester.runpytest(
+        "--hemra-run",
+        str(REPO / "examples" / "offline-harnesses.toml"),
+        "--hemra-store",
+        str(store_path),
+    )
+    tasks = len(list((bundled_dir("datasets") / "hemra-offline").glob("*/task.toml")))
+    result.assert_outcomes(passed=3 * tasks)
+    store = Store(store_path)
+    (run,) = store.runs()
+    for trial in store.trials(run.id):
+        per_call = scripted_usage(WIRE_OF[trial.harness]).total_tokens
+        assert trial.tokens == 2 * per_call, trial.item_id  # a tool call, then the final message
+        assert trial.own_report is not None, trial.item_id
+        own = trial.own_report
+        assert (
+            own["input_tokens"]
+            + own["output_tokens"]
+            + own["cache_read_tokens"]
+            + own["cache_write_tokens"]
+            == trial.tokens
+        ), trial.item_id
+    result.stdout.fnmatch_lines(["claude-code*6/6*6*", "codex*6/6*6*", "pi*6/6*6*"])
+
+
+def test_installs_are_cached_by_harness_digest(pytester: pytest.Pytester) -> None:
+    harness = resolve_harness("pi", REPO, "test", None)
+    first = pytester.run("hemra", "harness", "install", "pi")
+    assert first.ret == 0 and is_installed(harness)
+    marker = (install_dir(harness) / MARKER).stat().st_mtime_ns
+    again = pytester.run("hemra", "harness", "install", "pi")
+    assert "pi: already installed" in again.stdout.str()
+    assert (install_dir(harness) / MARKER).stat().st_mtime_ns == marker
+
+
+def test_an_install_that_fails_refuses_the_run_and_records_nothing(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task,
+    write_harness,  # type: ignore[no-untyped-def]
+) -> None:
+    make_task("one")
+    write_harness(
+        "ghost",
+        'kind = "cli"\ncommand = ["ghost"]\n'
+        'package = "npm:@hemra-test-does-not-exist/ghost-agent@0.0.1"\n',
+    )
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["ghost"]\ndatasets = ["ds"]\n')
+    result = pytester.runpytest("--hemra-run", str(run_file))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: *ghost.toml: installing npm:@hemra-test-does-not-exist* failed*"]
+    )
+    assert not (tmp_path / ".hemra").exists()
+
+
+def test_claude_code_gets_the_real_key_only_at_the_upstream(
+    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SENTINEL)
+    with running_upstream() as upstream:
+        run_file = tmp_path / "run.toml"
+        run_file.write_text(
+            'harnesses = ["claude-code"]\ndatasets = ["hemra-offline"]\ntasks = ["create-file"]\n'
+            f'model = "claude-sonnet-4-5"\n[providers.anthropic]\nbase_url = "{upstream.url}"\n'
+        )
+        pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(failed=1)
+        seen = list(upstream.seen)
+    assert seen and all(s["headers"].get("x-api-key") == SENTINEL for s in seen)
+    assert all("hemra-" not in str(s["headers"]) for s in seen)
+    for path in (tmp_path / ".hemra").rglob("*"):
+        if path.is_file():
+            assert SENTINEL.encode() not in path.read_bytes(), path
+    store = Store(tmp_path / ".hemra" / "hemra.db")
+    (run,) = store.runs()
+    (trial,) = store.trials(run.id)
+    assert trial.tokens == len(seen) * 23 and trial.outcome == "fail"  # the upstream's usage
