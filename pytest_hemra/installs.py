@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import pwd
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -44,9 +45,14 @@ class Installed:
     path: str
 
 
+def user_home() -> Path:
+    """The account's home, even where HOME was changed (pytester, tox): one cache a user."""
+    return Path(pwd.getpwuid(os.getuid()).pw_dir)
+
+
 def cache_root() -> Path:
     configured = os.environ.get("HEMRA_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "hemra"
+    return Path(configured) if configured else user_home() / ".cache" / "hemra"
 
 
 def install_dir(harness: Harness) -> Path:
@@ -87,7 +93,10 @@ def _install(kind: str, spec: str, directory: Path) -> None:
 
 
 def _run(argv: list[str]) -> None:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_SECS)
+    env = {**os.environ, "HOME": str(user_home())}  # npm's own config, CA settings and cache
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_SECS, env=env
+    )
     if done.returncode != 0:
         tail = " ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
         raise subprocess.SubprocessError(f"{argv[0]} exited {done.returncode}: {tail}")
