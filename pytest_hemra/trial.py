@@ -210,6 +210,7 @@ def _model_access(context: TrialContext, progress: _Progress) -> Iterator[dict[s
         provider=context.harness.spec.provider,
         keys=keys,
         script=script_for(context.task),
+        calls_dir=context.trial_dir / "calls",
         policy=CallPolicy(
             model=context.spec.model,
             refuse_other_models=limits.other_models == "refuse",

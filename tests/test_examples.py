@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,13 @@ def test_scripted_agent_example_solves_tasks_through_the_gateway_counted_to_the_
             SCRIPTED_USAGE.cache_read_tokens,
             SCRIPTED_USAGE.cache_write_tokens,
         )
+    for trial in store.trials(run.id):
+        if "mini-agent" in trial.item_id:  # each call's bodies are kept in the trial folder
+            calls = Path(trial.trial_dir or "") / "calls"
+            first = json.loads((calls / "0001.request.json").read_text())
+            assert first["model"] == "hemra/scripted" and first["messages"][0]["role"] == "user"
+            assert '"tool_use"' in (calls / "0001.response").read_text()
+            assert (calls / "0002.response").is_file() and not (calls / "0003.response").exists()
     per_trial = {t.item_id: t.tokens for t in store.trials(run.id)}
     for item, tokens in per_trial.items():
         assert tokens == (2 * SCRIPTED_USAGE.total_tokens if "mini-agent" in item else 0), item

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -52,6 +53,7 @@ HOP_BY_HOP = frozenset(
 KEY_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "cookie"})
 DROPPED_RESPONSE = frozenset({*HOP_BY_HOP, "content-encoding"})
 ERROR_TEXT_BYTES = 2048
+KEPT_BODY_BYTES = 4 * 1024 * 1024  # per body in the trial folder; longer ones are cut
 CLOSE_WAIT_SECS = 10.0
 STREAM_BUFFER_BYTES = 64 * 1024  # per upstream response: what one stream may hold in memory
 
@@ -69,6 +71,8 @@ class TrialRoute:
     is_open: bool = True
     inflight: int = 0
     totals: TrialUsage = field(default_factory=TrialUsage)
+    calls_dir: Path | None = None  # where each call's request and response bodies are kept
+    seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,7 @@ class _Call:
     status: int = 0
     error: str | None = None
     error_text: bytes = b""
+    kept: bytearray | None = None  # the response body, kept for the trial folder (capped)
 
 
 class Gateway:
@@ -162,6 +167,7 @@ class Gateway:
         script: Script | None = None,
         policy: CallPolicy | None = None,
         budget: RunBudget | None = None,
+        calls_dir: Path | None = None,
     ) -> TrialAccess:
         """Register a trial; `keys` maps provider name to the real key (kept in memory only)."""
         token = "hemra-" + secrets.token_urlsafe(24)
@@ -174,6 +180,7 @@ class Gateway:
             script,
             policy or CallPolicy(),
             budget,
+            calls_dir=calls_dir,
         )
         return TrialAccess(
             token, {host: f"{url}/t/{token}" for host, url in self.base_urls.items()}
@@ -265,6 +272,8 @@ class Gateway:
             )
             return _error_response(wire, 401, "invalid or expired HEMRA trial token")
         route.inflight += 1
+        if route.calls_dir is not None:
+            call.kept = bytearray()
         try:
             return await self._forward(request, route, wire, tail, body, call)
         finally:
@@ -327,6 +336,8 @@ class Gateway:
                         reader.feed(chunk)
                         if call.status >= 400 and len(call.error_text) < ERROR_TEXT_BYTES:
                             call.error_text += chunk[: ERROR_TEXT_BYTES - len(call.error_text)]
+                        if call.kept is not None and len(call.kept) < KEPT_BODY_BYTES:
+                            call.kept += chunk[: KEPT_BODY_BYTES - len(call.kept)]
                         await response.write(chunk)
                     await response.write_eof()
                     return response
@@ -396,6 +407,9 @@ class Gateway:
         error: str | None = None,
     ) -> None:
         usage = usage or Usage()
+        if route is not None and route.calls_dir is not None:
+            route.seq += 1
+            self._writer.submit(_keep_bodies, route.calls_dir, route.seq, body, call.kept)
         record = CallRow(
             run_id=route.run_id if route else None,
             trial_id=route.trial_id if route else None,
@@ -424,6 +438,14 @@ class Gateway:
             expected = route.policy.model
             route.totals.add(record, bool(expected) and not same_model(requested, expected or ""))
         self._writer.submit(self._record, record)
+
+
+def _keep_bodies(folder: Path, seq: int, request: bytes, response: bytearray | None) -> None:
+    """`calls/0001.request.json` and `.response` in the trial folder: what the harness sent
+    and got (bodies hold no keys: those travel in headers, which are not kept here)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{seq:04d}.request.json").write_bytes(request[:KEPT_BODY_BYTES])
+    (folder / f"{seq:04d}.response").write_bytes(bytes(response or b""))
 
 
 def _presented_key(headers: Mapping[str, str]) -> str | None:
