@@ -36,6 +36,7 @@ from pytest_hemra.sandbox import (
     SandboxRequest,
 )
 from pytest_hemra.spec import RunSpec
+from pytest_hemra.trajectory import build_trajectory
 
 RESULT_SCHEMA_VERSION = 1
 DEFAULT_TIMEOUT_SECS = 900.0
@@ -223,6 +224,10 @@ def _model_access(context: TrialContext, progress: _Progress) -> Iterator[dict[s
         yield {"base_url": access.base_url(context.gateway_host), "api_key": access.token}
     finally:
         progress.usage = gateway.close_trial(access.token)
+        calls = gateway.calls(access.token)
+        if calls:
+            trajectory = build_trajectory(context.trial_dir / "calls", calls)
+            (context.trial_dir / "trajectory.json").write_text(json.dumps(trajectory, indent=1))
 
 
 def script_for(task: Task) -> Script:

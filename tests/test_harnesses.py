@@ -46,6 +46,9 @@ def test_claude_code_codex_and_pi_solve_every_offline_task_counted_to_the_token(
             + own["cache_write_tokens"]
             == trial.tokens
         ), trial.item_id
+        trajectory = json.loads((Path(trial.trial_dir or "") / "trajectory.json").read_text())
+        tools = [c["name"] for m in trajectory["messages"] for c in m.get("tool_calls", [])]
+        assert len(tools) == 1 and trajectory["messages"][-1]["role"] == "assistant", tools
     result.stdout.fnmatch_lines(["claude-code*6/6*6*", "codex*6/6*6*", "pi*6/6*6*"])
 
 

@@ -73,6 +73,7 @@ class TrialRoute:
     totals: TrialUsage = field(default_factory=TrialUsage)
     calls_dir: Path | None = None  # where each call's request and response bodies are kept
     seq: int = 0
+    rows: list[CallRow] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,11 @@ class Gateway:
         return TrialAccess(
             token, {host: f"{url}/t/{token}" for host, url in self.base_urls.items()}
         )
+
+    def calls(self, token: str) -> list[CallRow]:
+        """A trial's calls in the order they completed (the order of `calls/NNNN.*`)."""
+        route = self._routes.get(token)
+        return list(route.rows) if route is not None else []
 
     def close_trial(self, token: str, wait: float = CLOSE_WAIT_SECS) -> TrialUsage:
         """End a trial's token: new calls are refused; in-flight ones finish and are recorded.
@@ -435,6 +441,7 @@ class Gateway:
             headers=redacted_headers(request.headers),
         )
         if route is not None:
+            route.rows.append(record)
             expected = route.policy.model
             route.totals.add(record, bool(expected) and not same_model(requested, expected or ""))
         self._writer.submit(self._record, record)
