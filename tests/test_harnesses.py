@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, TaskMaker
 from pytest_hemra.datasets import bundled_dir
 from pytest_hemra.gateway.scripted import scripted_usage
 from pytest_hemra.gateway.wire import Wire
@@ -65,8 +67,8 @@ def test_installs_are_cached_by_harness_digest(pytester: pytest.Pytester) -> Non
 def test_an_install_that_fails_refuses_the_run_and_records_nothing(
     pytester: pytest.Pytester,
     tmp_path: Path,
-    make_task,
-    write_harness,  # type: ignore[no-untyped-def]
+    make_task: TaskMaker,
+    write_harness: Callable[..., Path],
 ) -> None:
     make_task("one")
     write_harness(
