@@ -6,6 +6,7 @@ Only the `program` kind runs in this version; the others are refused at resolve.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from pytest_hemra.datasets import bundled_dir
 from pytest_hemra.errors import SpecError
 from pytest_hemra.spec import PLACEHOLDER_PATTERN, HarnessSpec, is_valid_name, load_harness_spec
 
-RUNNABLE_KINDS = frozenset({"program", "cli"})
+RUNNABLE_KINDS = frozenset({"program", "cli", "sdk"})
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,13 @@ class Harness:
 
     @property
     def digest(self) -> str:
-        return self.spec.digest()
+        """The harness file's digest, and for `entry = "file.py:..."` that file's too."""
+        location = (self.spec.entry or "").partition(":")[0]
+        code = self.path.parent / location
+        if not location.endswith(".py") or not code.is_file():
+            return self.spec.digest()
+        joined = self.spec.digest() + hashlib.sha256(code.read_bytes()).hexdigest()
+        return hashlib.sha256(joined.encode()).hexdigest()
 
 
 def harness_search_path(base_dir: Path) -> list[Path]:
@@ -54,7 +61,9 @@ def resolve_harness(name: str, base_dir: Path, source: str, run_model: str | Non
             f"{path}: key 'kind': harness kind {spec.kind!r} is not supported yet by this "
             f"version of HEMRA (supported: {', '.join(sorted(RUNNABLE_KINDS))})"
         )
-    if not spec.command:
+    if spec.kind == "sdk" and not spec.entry:
+        raise SpecError(f"{path}: key 'entry' is required for an sdk harness (module:function)")
+    if spec.kind != "sdk" and not spec.command:
         raise SpecError(f"{path}: key 'command' is required for a {spec.kind} harness")
     if run_model and spec.model and spec.model != run_model:
         raise SpecError(

@@ -20,6 +20,7 @@ from pytest_hemra.harnesses import Harness, resolve_harness
 from pytest_hemra.installs import ensure_installed
 from pytest_hemra.records import PlannedTrial, TrialRecord
 from pytest_hemra.sandbox import SandboxProvider
+from pytest_hemra.sdk import load_entry
 from pytest_hemra.spec import HarnessSpec, Overrides, RunSpec, load_run_spec
 from pytest_hemra.store import Store
 
@@ -132,9 +133,12 @@ def _check_provider(harness: Harness, known: Mapping[str, Provider]) -> None:
 
 
 def _install(harness: Harness) -> None:
-    """Install at resolve, so a broken install refuses the run before anything is recorded."""
+    """Install (or load) at resolve, so a broken harness refuses the run before anything is
+    recorded."""
     try:
         ensure_installed(harness)
+        if harness.spec.kind == "sdk":
+            load_entry(harness)
     except InfraError as error:
         raise SpecError(str(error)) from None
 

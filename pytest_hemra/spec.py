@@ -178,6 +178,7 @@ class HarnessSpec(Strict):
     environment: dict[str, str] = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)
     output: Literal["claude-code", "codex", "pi", "mini-swe-agent", "aider"] | None = None
+    entry: str | None = Field(default=None, pattern=r"^[\w./-]+:[A-Za-z_]\w*$")
 
     _env = field_validator("env")(_check_env_names)
 

@@ -35,6 +35,7 @@ from pytest_hemra.sandbox import (
     SandboxProvider,
     SandboxRequest,
 )
+from pytest_hemra.sdk import run_sdk
 from pytest_hemra.spec import RunSpec
 from pytest_hemra.trajectory import build_trajectory
 
@@ -194,7 +195,7 @@ def _model_access(context: TrialContext, progress: _Progress) -> Iterator[dict[s
     """A gateway token for the agent phase: its base URL and key, ended when the agent is."""
     gateway = context.gateway
     if gateway is None:
-        yield {"base_url": "", "api_key": ""}
+        yield {"base_url": "", "host_base_url": "", "api_key": ""}
         return
     keys = {
         name: os.environ[provider.key_env]
@@ -221,7 +222,11 @@ def _model_access(context: TrialContext, progress: _Progress) -> Iterator[dict[s
         budget=context.budget,
     )
     try:
-        yield {"base_url": access.base_url(context.gateway_host), "api_key": access.token}
+        yield {
+            "base_url": access.base_url(context.gateway_host),
+            "host_base_url": access.base_url("127.0.0.1"),
+            "api_key": access.token,
+        }
     finally:
         progress.usage = gateway.close_trial(access.token)
         calls = gateway.calls(access.token)
@@ -291,14 +296,17 @@ def _run_agent(
             progress.exit_code, progress.timed_out = setup.exit_code, setup.timed_out
             return
     remaining = max(deadline - time.time(), 1.0)
-    result = sandbox.exec(
-        render_argv(context.harness.spec.command, values),
-        user=AGENT_USER,
-        env=env,
-        timeout=remaining,
-        stdout=out,
-        stderr=err,
-    )
+    if spec.kind == "sdk":
+        result = run_sdk(context.harness, sandbox, values, env, deadline, out, err)
+    else:
+        result = sandbox.exec(
+            render_argv(spec.command, values),
+            user=AGENT_USER,
+            env=env,
+            timeout=remaining,
+            stdout=out,
+            stderr=err,
+        )
     progress.exit_code, progress.timed_out = result.exit_code, result.timed_out
     if spec.output:
         progress.own_report = parse_output(spec.output, out.read_text(errors="replace"))

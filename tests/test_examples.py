@@ -72,3 +72,17 @@ def test_scripted_agent_example_solves_tasks_through_the_gateway_counted_to_the_
     per_trial = {t.item_id: t.tokens for t in store.trials(run.id)}
     for item, tokens in per_trial.items():
         assert tokens == (2 * SCRIPTED_USAGE.total_tokens if "mini-agent" in item else 0), item
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_sdk_agent_example_solves_both_datasets_from_the_host(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    result = pytester.runpytest(
+        "--hemra-run",
+        str(REPO / "examples" / "sdk-agent" / "run.toml"),
+        "--hemra-store",
+        str(tmp_path / "s.db"),
+    )
+    result.assert_outcomes(passed=12)
+    result.stdout.fnmatch_lines(["host-agent (baseline)*6/6*6*1*2160*"])
