@@ -16,7 +16,7 @@ from pytest_hemra.datasets import bundled_dir
 from pytest_hemra.errors import SpecError
 from pytest_hemra.spec import PLACEHOLDER_PATTERN, HarnessSpec, is_valid_name, load_harness_spec
 
-RUNNABLE_KINDS = frozenset({"program", "cli", "sdk"})
+RUNNABLE_KINDS = frozenset({"program", "cli", "sdk", "acp"})
 
 
 @dataclass(frozen=True)

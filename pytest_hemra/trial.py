@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_hemra.acp import run_acp
 from pytest_hemra.datasets import Task
 from pytest_hemra.errors import HemraError, InfraError, VerifierError, outcome_of
 from pytest_hemra.gateway.ledger import CallPolicy, RunBudget, TrialUsage
@@ -298,6 +299,9 @@ def _run_agent(
     remaining = max(deadline - time.time(), 1.0)
     if spec.kind == "sdk":
         result = run_sdk(context.harness, sandbox, values, env, deadline, out, err)
+    elif spec.kind == "acp":
+        argv = render_argv(spec.command, values)
+        result = run_acp(sandbox, argv, env, context.task.instruction, deadline, out, err)
     else:
         result = sandbox.exec(
             render_argv(spec.command, values),

@@ -29,7 +29,7 @@ from aiohttp import web
 from pytest_hemra.errors import InfraError
 from pytest_hemra.gateway.ledger import CallPolicy, RunBudget, TrialUsage, same_model
 from pytest_hemra.gateway.prices import cost_of
-from pytest_hemra.gateway.providers import SCRIPTED, Provider, route_call
+from pytest_hemra.gateway.providers import SCRIPTED, SCRIPTED_MODEL, Provider, route_call
 from pytest_hemra.gateway.replies import respond
 from pytest_hemra.gateway.scripted import Script
 from pytest_hemra.gateway.usage import UsageReader, is_streaming
@@ -296,7 +296,10 @@ class Gateway:
     ) -> web.StreamResponse:
         data = _json_object(body) if wire is not Wire.OTHER else {}
         requested = data.get("model") if isinstance(data.get("model"), str) else None
-        provider_name = route_call(wire, requested, route.provider)
+        # a run on the scripted model sends every call there, whatever model a harness asks for
+        run_model = route.policy.model or ""
+        routed_model = run_model if run_model.startswith(SCRIPTED_MODEL) else requested
+        provider_name = route_call(wire, routed_model, route.provider)
         provider = self.providers.get(provider_name)
         reader: UsageReader | None = None
         reserved: float | None = None
@@ -442,8 +445,9 @@ class Gateway:
         )
         if route is not None:
             route.rows.append(record)
-            expected = route.policy.model
-            route.totals.add(record, bool(expected) and not same_model(requested, expected or ""))
+            expected = route.policy.model  # the model that answered counts, else the one asked
+            used = record.model or requested
+            route.totals.add(record, bool(expected) and not same_model(used, expected or ""))
         self._writer.submit(self._record, record)
 
 

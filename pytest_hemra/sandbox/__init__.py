@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from pytest_hemra.datasets import Task
 
@@ -69,6 +69,10 @@ class Sandbox(Protocol):
         stderr: Path,
         workdir: str = WORKDIR,
     ) -> ExecResult: ...
+
+    def start_interactive(
+        self, argv: Sequence[str], *, user: str, env: Mapping[str, str], workdir: str = WORKDIR
+    ) -> Any: ...
 
     def put_dir(self, source: Path, target: str) -> None: ...
 

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import io
 import ipaddress
+import socket
 import tarfile
 import threading
 import time
@@ -22,6 +23,7 @@ from typing import Any
 import docker
 import docker.errors
 import requests
+from docker.utils.socket import frames_iter
 
 from pytest_hemra.datasets import Task
 from pytest_hemra.errors import InfraError
@@ -245,6 +247,22 @@ class DockerSandbox:
             duration=time.monotonic() - started,
         )
 
+    def start_interactive(
+        self, argv: Sequence[str], *, user: str, env: Mapping[str, str], workdir: str = WORKDIR
+    ) -> DockerInteractive:
+        """Start argv with its stdin open, for a protocol spoken over stdio (ACP)."""
+        exec_id = self.api.exec_create(
+            self.container.id,
+            list(argv),
+            stdin=True,
+            stdout=True,
+            stderr=True,
+            user=user,
+            environment=dict(env),
+            workdir=workdir,
+        )["Id"]
+        return DockerInteractive(self.api.exec_start(exec_id, socket=True))
+
     def _kill_processes(self, user: str) -> None:
         """Kill every process of `user` but PID 1: the exec's whole tree, whatever it spawned."""
         self.container.exec_run(["/bin/sh", "-c", "kill -9 -1"], user=user)
@@ -300,6 +318,30 @@ class DockerSandbox:
         for network in self.container.attrs["NetworkSettings"]["Networks"]:
             if network != "none":
                 self.client.networks.get(network).disconnect(self.container, force=True)
+
+
+class DockerInteractive:
+    """A process's stdin to write and its multiplexed stdout/stderr to read, frame by frame."""
+
+    def __init__(self, sock: Any) -> None:
+        self._io = sock
+        self._raw = getattr(sock, "_sock", sock)
+
+    def send(self, data: bytes) -> None:
+        self._raw.sendall(data)
+
+    def close_stdin(self) -> None:
+        with contextlib.suppress(OSError):
+            self._raw.shutdown(socket.SHUT_WR)
+
+    def frames(self) -> Iterator[tuple[int, bytes]]:
+        """(1 for stdout or 2 for stderr, bytes) until the process closes its output."""
+        for stream, data in frames_iter(self._io, tty=False):
+            yield int(stream), bytes(data)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._raw.close()
 
 
 def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
