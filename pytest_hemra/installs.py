@@ -7,10 +7,10 @@ again. Sandboxes get it read-only at the same path, with the runtime it needs (t
 binary, or the host's Python installation for a virtualenv) mounted beside it, so task images
 need neither Node nor network. Installs take a file lock, so parallel workers install once.
 
-Only npm packages are supported yet: a virtualenv is not relocatable, and a pyenv-built
-Python finds its shared library through an rpath under /root, which the sandbox's non-root
-user cannot traverse (the way forward: `pip install --target` run by a Python mounted at a
-neutral path with LD_LIBRARY_PATH set).
+npm packages get the host's `node`. PyPI packages are installed with `pip install --target`
+and run by the host's own Python installation mounted at /opt/hemra/python (a virtualenv is
+not relocatable, and a pyenv-built Python finds libpython through a runpath under /root, which
+the non-root sandbox user cannot traverse: the launchers set LD_LIBRARY_PATH instead).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +33,10 @@ from pytest_hemra.sandbox import Mount
 MARKER = ".hemra-installed"
 HARNESS_DIR = "/opt/hemra/harness"
 NODE_DIR = "/opt/hemra/node/bin"
+PYTHON_DIR = "/opt/hemra/python"
+GLIBC = frozenset(
+    {"libc", "libm", "libpthread", "libdl", "librt", "libutil", "libresolv", "ld-linux-x86-64"}
+)
 INSTALL_TIMEOUT_SECS = 900
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -69,8 +74,6 @@ def ensure_installed(harness: Harness) -> Installed | None:
     if package is None:
         return None
     kind, _, spec = package.partition(":")
-    if kind != "npm":
-        raise InfraError(f"{harness.path}: key 'package': {kind} packages are not supported yet")
     directory = install_dir(harness)
     directory.parent.mkdir(parents=True, exist_ok=True)
     with _locked(directory.with_suffix(".lock")):
@@ -88,8 +91,77 @@ def ensure_installed(harness: Harness) -> Installed | None:
 
 
 def _install(kind: str, spec: str, directory: Path) -> None:
-    argv = ["npm", "install", "--prefix", str(directory), "--no-audit", "--no-fund"]
-    _run([*argv, "--omit=dev", "--loglevel=error", spec])
+    if kind == "npm":
+        argv = ["npm", "install", "--prefix", str(directory), "--no-audit", "--no-fund"]
+        _run([*argv, "--omit=dev", "--loglevel=error", spec])
+        return
+    site = directory / "site"
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-warn-script-location",
+            "--target",
+            str(site),
+            spec,
+        ]
+    )
+    _write_launchers(site, directory / "bin")
+    _bundle_libraries([Path(sys.base_prefix), site], directory / "lib")
+
+
+def _bundle_libraries(roots: list[Path], target: Path) -> None:
+    """Copy the system libraries the interpreter's and packages' extensions load (libssl,
+    libffi...) beside the install: task images need not have them. glibc's own stay out."""
+    target.mkdir(exist_ok=True)
+    needed: set[str] = set()
+    for root in roots:
+        for extension in root.rglob("*.so*"):
+            if not extension.is_file():
+                continue
+            listing = subprocess.run(["ldd", str(extension)], capture_output=True, text=True)
+            for line in listing.stdout.splitlines():
+                parts = line.split("=>")
+                if len(parts) == 2 and parts[1].strip().startswith("/"):
+                    needed.add(parts[1].split("(")[0].strip())
+    for library in sorted(needed):
+        source = Path(library)
+        inside = any(str(source).startswith(str(root)) for root in roots)  # mounted already
+        if source.name.split(".so")[0] in GLIBC or inside:
+            continue
+        shutil.copy2(source, target / source.name)
+
+
+def _write_launchers(site: Path, bin_dir: Path) -> None:
+    """A launcher per console script, for the host's Python mounted at PYTHON_DIR.
+
+    The scripts' own shebangs name the host's interpreter path; the launcher runs them with
+    the mounted one instead, finds libpython through LD_LIBRARY_PATH and drops it again, and
+    puts the harness's packages on sys.path only: the commands the agent runs (the task's own
+    python3 among them) see neither.
+    """
+    bin_dir.mkdir(exist_ok=True)
+    for script in sorted((site / "bin").glob("*")):
+        if not script.is_file() or not script.read_bytes().startswith(b"#!"):
+            continue
+        target = f"{HARNESS_DIR}/site/bin/{script.name}"
+        boot = (
+            "import os, runpy, sys; os.environ.pop('LD_LIBRARY_PATH', None); "
+            f"sys.path.insert(0, '{HARNESS_DIR}/site'); sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')"
+        )
+        launcher = bin_dir / script.name
+        launcher.write_text(
+            "#!/bin/sh\n"
+            f"LD_LIBRARY_PATH={PYTHON_DIR}/lib:{HARNESS_DIR}/lib "
+            f'exec {PYTHON_DIR}/bin/python3 -c "{boot}" '
+            f'{target} "$@"\n'
+        )
+        launcher.chmod(0o755)
 
 
 def _run(argv: list[str]) -> None:
@@ -103,6 +175,9 @@ def _run(argv: list[str]) -> None:
 
 
 def _installed(kind: str, directory: Path) -> Installed:
+    if kind == "pypi":
+        mounts = (Mount(directory, HARNESS_DIR), Mount(Path(sys.base_prefix), PYTHON_DIR))
+        return Installed(directory, mounts, f"{HARNESS_DIR}/bin:{SYSTEM_PATH}")
     node = shutil.which("node")
     if node is None:
         raise InfraError("node is not installed on the host (npm harnesses need it)")

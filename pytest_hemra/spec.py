@@ -179,6 +179,7 @@ class HarnessSpec(Strict):
     files: dict[str, str] = Field(default_factory=dict)
     output: Literal["claude-code", "codex", "pi", "mini-swe-agent", "aider"] | None = None
     entry: str | None = Field(default=None, pattern=r"^[\w./-]+:[A-Za-z_]\w*$")
+    finish_command: str | None = None  # how the agent declares it is done (scripted replays)
 
     _env = field_validator("env")(_check_env_names)
 

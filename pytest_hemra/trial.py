@@ -20,7 +20,7 @@ from pytest_hemra.acp import run_acp
 from pytest_hemra.datasets import Task
 from pytest_hemra.errors import HemraError, InfraError, VerifierError, outcome_of
 from pytest_hemra.gateway.ledger import CallPolicy, RunBudget, TrialUsage
-from pytest_hemra.gateway.scripted import Script, default_script, load_script
+from pytest_hemra.gateway.scripted import Script, ShellStep, default_script, load_script
 from pytest_hemra.gateway.server import Gateway
 from pytest_hemra.harnesses import Harness, render, render_argv
 from pytest_hemra.installs import HARNESS_DIR, Installed, ensure_installed
@@ -184,6 +184,7 @@ def _run_in_sandbox(context: TrialContext, progress: _Progress) -> tuple[float, 
         with progress.phase("diff"):
             after = sandbox.read_tree(WORKDIR)
             (folder / "diff.patch").write_text(tree_diff(before, after))
+            _keep_agent_logs(sandbox, folder / "agent" / "logs")
         with progress.phase("verifier"):
             return _verify(context, sandbox)
     finally:
@@ -212,7 +213,7 @@ def _model_access(context: TrialContext, progress: _Progress) -> Iterator[dict[s
         context.run_id,
         provider=context.harness.spec.provider,
         keys=keys,
-        script=script_for(context.task),
+        script=script_for(context.task, context.harness.spec.finish_command),
         calls_dir=context.trial_dir / "calls",
         policy=CallPolicy(
             model=context.spec.model,
@@ -236,14 +237,25 @@ def _model_access(context: TrialContext, progress: _Progress) -> Iterator[dict[s
             (context.trial_dir / "trajectory.json").write_text(json.dumps(trajectory, indent=1))
 
 
-def script_for(task: Task) -> Script:
-    """What the scripted model plays for a task: `solution/scripted.toml`, else solve.sh."""
+def script_for(task: Task, finish_command: str | None = None) -> Script:
+    """What the scripted model plays for a task: `solution/scripted.toml`, else solve.sh, then
+    the harness's `finish_command` (for agents that end by a command, not by a message)."""
     transcript = task.path / "solution" / "scripted.toml"
     if transcript.is_file():
         return load_script(transcript)
-    if task.has_solution:
-        return default_script((task.path / "solution" / "solve.sh").read_text())
-    return ()
+    if not task.has_solution:
+        return ()
+    solve, final = default_script((task.path / "solution" / "solve.sh").read_text())
+    return (solve, ShellStep(finish_command), final) if finish_command else (solve, final)
+
+
+def _keep_agent_logs(sandbox: Sandbox, target: Path) -> None:
+    """What the harness wrote to /logs/agent (its own trajectory, say), into the trial folder."""
+    for name, content in sandbox.read_tree("/logs/agent").items():
+        path = (target / name).resolve()
+        if target.resolve() in path.parents:  # names come from the sandbox: stay inside
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
 
 
 def _run_agent(

@@ -23,11 +23,13 @@ WIRE_OF = {
     "codex": Wire.RESPONSES,
     "pi": Wire.CHAT,
     "claude-code-acp": Wire.ANTHROPIC,
+    "mini-swe-agent": Wire.CHAT,
 }
+NO_OWN_NUMBERS = {"claude-code-acp", "mini-swe-agent"}  # ACP carries no usage; mini: not parsed
 SENTINEL = "sk-sentinel-7e21d4a9c0"
 
 
-def test_claude_code_codex_pi_and_an_acp_agent_solve_every_offline_task_counted_to_the_token(
+def test_real_agents_solve_every_offline_task_counted_to_the_token(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
     store_path = tmp_path / "s.db"
@@ -45,7 +47,7 @@ def test_claude_code_codex_pi_and_an_acp_agent_solve_every_offline_task_counted_
         per_call = scripted_usage(WIRE_OF[trial.harness]).total_tokens
         assert trial.tokens == 2 * per_call, trial.item_id  # a tool call, then the final message
         own = trial.own_report
-        if trial.harness == "claude-code-acp":  # ACP carries no usage: the gateway's count only
+        if trial.harness in NO_OWN_NUMBERS:  # the gateway's count only
             assert own is None
         else:
             assert own is not None, trial.item_id
@@ -62,9 +64,7 @@ def test_claude_code_codex_pi_and_an_acp_agent_solve_every_offline_task_counted_
         trajectory = json.loads((Path(trial.trial_dir or "") / "trajectory.json").read_text())
         tools = [c["name"] for m in trajectory["messages"] for c in m.get("tool_calls", [])]
         assert len(tools) == 1 and trajectory["messages"][-1]["role"] == "assistant", tools
-    result.stdout.fnmatch_lines(
-        ["claude-code*6/6*6*", "codex*6/6*6*", "pi*6/6*6*", "claude-code-acp*6/6*6*"]
-    )
+    result.stdout.fnmatch_lines([f"{name}*6/6*6*" for name in WIRE_OF])
 
 
 def test_installs_are_cached_by_harness_digest(pytester: pytest.Pytester) -> None:

@@ -81,8 +81,8 @@ CASES = {
     ),
     "harness-kind-not-yet": (
         'harnesses = ["mine"]\ndatasets = ["ds"]\n',
-        harness('kind = "acp"\ncommand = ["claude"]\n'),
-        "mine.toml: key 'kind': harness kind 'acp' is not supported yet",
+        harness('kind = "computer-use"\ncommand = ["x"]\n'),
+        "mine.toml: key 'kind': harness kind 'computer-use' is not supported yet",
     ),
     "harness-placeholder": (
         'harnesses = ["mine"]\ndatasets = ["ds"]\n',

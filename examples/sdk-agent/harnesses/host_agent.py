@@ -11,21 +11,34 @@ import json
 import urllib.request
 from typing import Any
 
-TOOLS = [{
-    "name": "bash",
-    "description": "Run a shell command in the task's working directory",
-    "input_schema": {"type": "object", "properties": {"command": {"type": "string"}},
-                     "required": ["command"]},
-}]
+TOOLS = [
+    {
+        "name": "bash",
+        "description": "Run a shell command in the task's working directory",
+        "input_schema": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    }
+]
 
 
 def ask(agent: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    body = {"model": agent.model or "hemra/scripted", "max_tokens": 2048, "tools": TOOLS,
-            "messages": messages}
+    body = {
+        "model": agent.model or "hemra/scripted",
+        "max_tokens": 2048,
+        "tools": TOOLS,
+        "messages": messages,
+    }
     request = urllib.request.Request(
-        agent.base_url + "/v1/messages", data=json.dumps(body).encode(),
-        headers={"content-type": "application/json", "x-api-key": agent.api_key,
-                 "anthropic-version": "2023-06-01"},
+        agent.base_url + "/v1/messages",
+        data=json.dumps(body).encode(),
+        headers={
+            "content-type": "application/json",
+            "x-api-key": agent.api_key,
+            "anthropic-version": "2023-06-01",
+        },
     )
     with urllib.request.urlopen(request, timeout=max(agent.seconds_left, 1)) as response:
         return dict(json.load(response))
