@@ -16,13 +16,10 @@ import pytest
 from tabulate import tabulate
 
 from pytest_hemra.errors import HemraError, SpecError
-from pytest_hemra.plugin import DEFAULT_STORE, SESSION
+from pytest_hemra.plugin import DEFAULT_STORE
 from pytest_hemra.report import render_run
 from pytest_hemra.spec import Overrides, load_run_spec
 from pytest_hemra.store import Store
-from pytest_hemra.trial import SCORED_OUTCOMES
-
-UNFINISHED_EXIT = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +40,30 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--verifier-env", action="append", default=[], help="env name (adds)")
     run.add_argument("--judge", action="append", default=[], help="judge (adds)")
     run.add_argument("--store", help="SQLite store (default .hemra/hemra.db beside the run file)")
+    run.add_argument(
+        "--detach", action="store_true", help="record and queue the run for `hemra serve`; return"
+    )
+    run.add_argument("--resume", metavar="RUN_ID", help="finish a recorded run")
+    run.add_argument(
+        "--resume-cancelled", action="store_true", help="with --resume, run cancelled trials too"
+    )
+    run.add_argument(
+        "--fail-on",
+        action="append",
+        default=[],
+        metavar="GATE",
+        help="also exit 1 on: failure, score<X, HARNESS:score<X (unfinished always counts)",
+    )
+
+    serve = commands.add_parser("serve", help="work the queue of detached runs")
+    serve.add_argument("--store", default=str(DEFAULT_STORE))
+    serve.add_argument("--concurrency", type=int, default=1, help="trials at once per run")
+    serve.add_argument("--once", action="store_true", help="exit when the queue is empty")
+
+    cancel = commands.add_parser("cancel", help="cancel a run's queued and running trials")
+    cancel.add_argument("run_id")
+    cancel.add_argument("--store", default=str(DEFAULT_STORE))
+    cancel.add_argument("--wait", type=float, default=10.0, help="seconds to wait for runners")
 
     report = commands.add_parser("report", help="print a run's tables from the store")
     report.add_argument("run_id", nargs="?", help="run id (default: the latest run)")
@@ -88,7 +109,12 @@ def pytest_argv(args: argparse.Namespace) -> list[str]:
     ):
         for value in values:
             argv += [flag, value]
+    for gate in ["unfinished", *args.fail_on]:
+        argv += ["--hemra-fail-on", gate]
+    if args.resume_cancelled:
+        argv += ["--hemra-resume-cancelled"]
     for flag, value in (
+        ("--hemra-resume", args.resume),
         ("--hemra-attempts", args.attempts),
         ("--hemra-baseline", args.baseline),
         ("--hemra-sandbox", args.sandbox),
@@ -101,36 +127,45 @@ def pytest_argv(args: argparse.Namespace) -> list[str]:
     return ["-p", "no:cacheprovider", *argv, *args.pytest_args]
 
 
-class _RunCapture:
-    """Remembers which run and store the pytest session used, for the exit status."""
-
-    run_id: str | None = None
-    store_path: Path | None = None
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        hemra = session.config.stash.get(SESSION, None)
-        if hemra is not None and hemra.run is not None and hemra.store is not None:
-            self.run_id, self.store_path = hemra.run.id, hemra.store.path
-
-
 def run_command(args: argparse.Namespace) -> int:
-    if not (args.run_file or args.harness or args.dataset):
+    """A pytest session; its exit status is the gates': 0 when every trial has a result."""
+    if not (args.run_file or args.harness or args.dataset or args.resume):
         print("hemra run: name a run file, or harnesses (-H) and datasets (-d)", file=sys.stderr)
         return 4
+    if args.detach:
+        return detach_command(args)
     if args.concurrency is None and args.run_file:
         args.concurrency = _file_concurrency(Path(args.run_file))
-    capture = _RunCapture()
-    code = int(pytest.main(pytest_argv(args), plugins=[capture]))
-    if code in (2, 3, 4) or capture.run_id is None or capture.store_path is None:
-        return code
-    store = Store(capture.store_path)
-    unfinished = [
-        t
-        for t in store.trials(capture.run_id)
-        if t.status != "deselected" and (not t.is_finished or t.outcome not in SCORED_OUTCOMES)
-    ]
-    return UNFINISHED_EXIT if unfinished else 0
+    return int(pytest.main(pytest_argv(args)))
+
+
+def detach_command(args: argparse.Namespace) -> int:
+    """Resolve and record the run with its jobs queued, print its id, and return."""
+    from pytest_hemra.plan import record_plan, resolve_plan
+    from pytest_hemra.sandbox.docker import DockerProvider
+
+    overrides = Overrides(
+        harnesses=args.harness,
+        datasets=args.dataset,
+        attempts=args.attempts,
+        tasks=args.task,
+        exclude=args.exclude,
+        baseline=args.baseline,
+        sandbox=args.sandbox,
+        require=args.require,
+        verifier_env=args.verifier_env,
+        judges=args.judge,
+    )
+    run_file = Path(args.run_file) if args.run_file else None
+    plan = resolve_plan(run_file, overrides, Path.cwd(), {"docker": DockerProvider})
+    store = Store(Path(args.store) if args.store else plan.base_dir / DEFAULT_STORE)
+    run_id = record_plan(plan, store, status="queued")
+    print(run_id)
+    print(
+        f"queued {len(plan.trials)} trials in {store.path}; `hemra serve` runs them",
+        file=sys.stderr,
+    )
+    return 0
 
 
 def _file_concurrency(run_file: Path) -> int | None:
@@ -139,6 +174,40 @@ def _file_concurrency(run_file: Path) -> int | None:
         return load_run_spec(run_file, Overrides()).concurrency
     except SpecError:
         return None
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    from pytest_hemra.sandbox.docker import DockerProvider
+    from pytest_hemra.supervisor import Supervisor
+
+    store = _open_store(args.store)
+    return Supervisor(store.path, args.concurrency, DockerProvider()).serve(once=args.once)
+
+
+def cancel_command(args: argparse.Namespace) -> int:
+    """Cancel queued trials now; ask running ones to stop and remove their sandboxes."""
+    import time
+
+    from pytest_hemra.lease import is_alive
+    from pytest_hemra.sandbox.docker import DockerProvider
+
+    store = _open_store(args.store)
+    cancelled, asked = store.cancel_run(args.run_id, is_alive)
+    removed = DockerProvider().remove_sandboxes({"hemra.run": args.run_id})
+    deadline = time.monotonic() + args.wait
+    while store.job_counts(args.run_id).get("cancelling") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stuck = [
+        t.id
+        for t in store.trials(args.run_id)
+        if t.status == "running" and store.job_state(t.id) == "cancelling"
+    ]
+    cancelled += store.cancel_trials(stuck, "cancelled by hemra cancel (runner did not answer)")
+    print(
+        f"run {args.run_id}: {cancelled + asked - len(stuck)} trials cancelled,"
+        f" {removed} sandboxes removed"
+    )
+    return 0
 
 
 def report_command(args: argparse.Namespace) -> int:
@@ -153,18 +222,24 @@ def runs_command(args: argparse.Namespace) -> int:
     rows = []
     for run in store.runs():
         trials = store.trials(run.id)
-        finished = sum(1 for t in trials if t.is_finished)
+        counted = [t for t in trials if t.status != "deselected"]
+        done = sum(1 for t in counted if t.is_finished)
+        states = store.job_counts(run.id)
         rows.append(
             [
                 run.id,
                 run.name,
                 run.status,
-                f"{finished}/{len(trials)}",
+                f"{done}/{len(counted)}",
+                states.get("leased", 0) + states.get("cancelling", 0),
+                states.get("queued", 0),
+                sum(1 for t in counted if t.outcome == "cancelled"),
                 ", ".join(run.spec["spec"]["harnesses"]),
                 ", ".join(run.spec["datasets"]),
             ]
         )
-    print(tabulate(rows, headers=["run", "name", "status", "finished", "harnesses", "datasets"]))
+    headers = ["run", "name", "status", "done", "running", "queued", "cancelled"]
+    print(tabulate(rows, headers=[*headers, "harnesses", "datasets"]))
     return 0
 
 
@@ -211,6 +286,8 @@ COMMANDS: dict[str, Any] = {
     "run": run_command,
     "report": report_command,
     "runs": runs_command,
+    "serve": serve_command,
+    "cancel": cancel_command,
     "image": image_command,
     "harness": harness_command,
 }

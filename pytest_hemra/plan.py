@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import secrets
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,6 +199,18 @@ class RecordedRun:
 
     def task(self, trial: TrialRecord) -> Task:
         return load_task(self.dataset_paths[trial.dataset] / trial.task)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def record_plan(plan: Plan, store: Store, status: str = "recorded") -> str:
+    """Phase 2: the run, its spec and every trial and job in one transaction; the run's id."""
+    run_id = new_run_id()
+    trials_dir = store.path.parent / "runs" / run_id
+    store.record_plan(run_id, plan.spec.name, plan.record(), trials_dir, plan.trials, status)
+    return run_id
 
 
 def load_recorded(store: Store, run_id: str) -> RecordedRun:

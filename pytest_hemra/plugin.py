@@ -6,29 +6,34 @@ The controller resolves and records the plan once; xdist workers get the run id 
 
 from __future__ import annotations
 
-import os
-import secrets
-import socket
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _pytest.runner import runtestprotocol
 
 from pytest_hemra import hookspecs
 from pytest_hemra.errors import HemraError
+from pytest_hemra.gates import Gate, parse_gate, tripped
 from pytest_hemra.gateway.ledger import RunBudget
 from pytest_hemra.gateway.providers import configured_providers
 from pytest_hemra.gateway.server import Gateway
-from pytest_hemra.plan import ProviderFactory, RecordedRun, load_recorded, resolve_plan
+from pytest_hemra.lease import LEASE_SECS, Heartbeat, is_alive, owner_name
+from pytest_hemra.plan import (
+    ProviderFactory,
+    RecordedRun,
+    load_recorded,
+    record_plan,
+    resolve_plan,
+)
 from pytest_hemra.records import PlannedTrial, TrialRecord
 from pytest_hemra.report import render_run
 from pytest_hemra.sandbox import SandboxProvider
 from pytest_hemra.sandbox.docker import DockerProvider
 from pytest_hemra.spec import Overrides
 from pytest_hemra.store import Store
-from pytest_hemra.trial import TrialContext, TrialResult, run_trial
+from pytest_hemra.trial import TrialContext, run_trial
 
 DEFAULT_STORE = Path(".hemra") / "hemra.db"
 FAILED_OUTCOMES = frozenset({"fail", "timeout", "harness_error"})
@@ -48,6 +53,8 @@ class HemraSession:
     gateway: Gateway | None = None
     gateway_host: str = "127.0.0.1"
     budget: RunBudget | None = None
+    gates: tuple[Gate, ...] = ()
+    gate_reasons: list[str] = field(default_factory=list)
 
     def started_gateway(self) -> Gateway:
         """This process's gateway, started on first use: loopback plus where sandboxes reach."""
@@ -127,6 +134,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="environment variable passed to verifiers (adds to verifier.env)",
     )
     group.addoption(
+        "--hemra-resume",
+        metavar="RUN_ID",
+        help="finish a recorded run: report finished trials from the store, run the rest",
+    )
+    group.addoption(
+        "--hemra-resume-cancelled",
+        action="store_true",
+        help="with --hemra-resume, also run the trials that were cancelled",
+    )
+    group.addoption(
+        "--hemra-fail-on",
+        action="append",
+        default=[],
+        metavar="GATE",
+        help="exit 1 when the run trips a gate: unfinished, failure, score<X, HARNESS:score<X",
+    )
+    group.addoption(
         "--hemra-judge",
         action="append",
         default=[],
@@ -140,6 +164,7 @@ def is_active(config: pytest.Config) -> bool:
         config.getoption("hemra_run")
         or config.getoption("hemra_harness")
         or config.getoption("hemra_dataset")
+        or config.getoption("hemra_resume")
         or (hasattr(config, "workerinput") and "hemra_run_id" in config.workerinput)
     )
 
@@ -167,20 +192,13 @@ def providers(config: pytest.Config) -> dict[str, ProviderFactory]:
     return found
 
 
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-
-
-def worker_name() -> str:
-    return f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}@{socket.gethostname()}:{os.getpid()}"
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     if not is_active(config):
         return
     try:
-        config.stash[SESSION] = _open_session(config)
+        gates = tuple(parse_gate(text) for text in config.getoption("hemra_fail_on"))
+        config.stash[SESSION] = replace(_open_session(config), gates=gates)
     except HemraError as error:
         raise pytest.UsageError(str(error)) from None
 
@@ -193,8 +211,10 @@ def _open_session(config: pytest.Config) -> HemraSession:
         store = Store(Path(config.workerinput["hemra_store"]))
         run = load_recorded(store, config.workerinput["hemra_run_id"])
         return HemraSession(
-            store, run, (), run.dataset_paths, found[run.spec.sandbox.provider](), worker_name()
+            store, run, (), run.dataset_paths, found[run.spec.sandbox.provider](), owner_name()
         )
+    if config.getoption("hemra_resume"):
+        return _resume_session(config, found)
     run_option = config.getoption("hemra_run")
     run_file = Path(run_option) if run_option else None
     collect_only = bool(config.getoption("collectonly"))
@@ -204,15 +224,36 @@ def _open_session(config: pytest.Config) -> HemraSession:
     provider = found[plan.spec.sandbox.provider]()
     paths = {dataset.name: dataset.path for dataset in plan.datasets}
     if collect_only:
-        return HemraSession(None, None, plan.trials, paths, provider, worker_name())
+        return HemraSession(None, None, plan.trials, paths, provider, owner_name())
     store_option = config.getoption("hemra_store")
     store = Store(Path(store_option) if store_option else plan.base_dir / DEFAULT_STORE)
-    run_id = new_run_id()
-    trials_dir = store.path.parent / "runs" / run_id
-    store.record_plan(run_id, plan.spec.name, plan.record(), trials_dir, plan.trials)
+    run_id = record_plan(plan, store)
     return HemraSession(
-        store, load_recorded(store, run_id), plan.trials, paths, provider, worker_name()
+        store, load_recorded(store, run_id), plan.trials, paths, provider, owner_name()
     )
+
+
+def _resume_session(config: pytest.Config, found: dict[str, ProviderFactory]) -> HemraSession:
+    """Finish a recorded run: trials whose runner is gone, that hit an infrastructure error
+    (or were cancelled, if asked) run again under new rows; finished ones are reported."""
+    store_option = config.getoption("hemra_store")
+    store_path = Path(store_option) if store_option else Path.cwd() / DEFAULT_STORE
+    if not store_path.is_file():
+        raise HemraError(f"{store_path}: no store here (pass --hemra-store PATH)")
+    store = Store(store_path)
+    run_id = config.getoption("hemra_resume")
+    run = load_recorded(store, run_id)
+    provider = found[run.spec.sandbox.provider]()
+    again = set(store.stale_trials(run_id, is_alive))
+    again |= {t.id for t in run.trials if t.outcome == "infra_error"}
+    if config.getoption("hemra_resume_cancelled"):
+        again |= {t.id for t in run.trials if t.outcome == "cancelled"}
+        store.reopen_run(run_id)
+    for trial in sorted(again):
+        provider.remove_sandboxes({"hemra.trial": trial})
+        store.replace_trial(trial, retry=False)
+    run = load_recorded(store, run_id)
+    return HemraSession(store, run, (), run.dataset_paths, provider, owner_name())
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -286,12 +327,15 @@ class DatasetCollector(pytest.Collector):
 
 class TrialItem(pytest.Item):
     """One trial: the sandbox work happens in setup (so infrastructure faults are errors),
-    the verdict in the call phase (so a failing harness is a failed test)."""
+    the verdict in the call phase (so a failing harness is a failed test).
+
+    The verdict always comes from the trial's row in the store, written before it is reported:
+    a trial finished by an earlier session (`--hemra-resume`) is reported without running."""
 
     def __init__(self, *, trial: PlannedTrial | TrialRecord, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.trial = trial
-        self.result: TrialResult | None = None
+        self.record: TrialRecord | None = None
         self.extra_keyword_matches.update({trial.task, trial.harness, trial.dataset})
 
     def setup(self) -> None:
@@ -299,10 +343,24 @@ class TrialItem(pytest.Item):
         trial = self.trial
         if hemra.run is None or hemra.store is None or not isinstance(trial, TrialRecord):
             pytest.fail("hemra: this session recorded no run", pytrace=False)
-        if trial.is_finished:
-            pytest.skip(f"already finished: {trial.outcome}")
-        run = hemra.run
-        hemra.store.start_trial(trial.id, hemra.worker)
+        self.user_properties.clear()
+        self.record = None
+        store = hemra.store
+        if not trial.is_finished:
+            state = store.claim(trial.id, hemra.worker, LEASE_SECS)
+            if state == "leased":
+                self._run(hemra, trial)
+            elif state in ("taken", "cancelling"):
+                pytest.skip(f"hemra: {trial.id} is running in another runner")
+            elif state in ("replaced", "deselected"):
+                pytest.skip(f"hemra: {trial.id} was {state} by another runner")
+        record = store.trial(trial.id)
+        self.record = record
+        self._report(record)
+
+    def _run(self, hemra: HemraSession, trial: TrialRecord) -> None:
+        run, store = hemra.run, hemra.store
+        assert run is not None and store is not None
         context = TrialContext(
             run_id=run.id,
             trial_id=trial.id,
@@ -313,46 +371,132 @@ class TrialItem(pytest.Item):
             gateway=hemra.started_gateway(),
             gateway_host=hemra.gateway_host,
             budget=hemra.budget,
-            trial_dir=run.trials_dir
-            / trial.dataset
-            / trial.task
-            / f"{trial.harness}-{trial.attempt}",
+            trial_dir=run.trials_dir / trial.dataset / trial.task / _folder_name(trial),
         )
-        result = run_trial(context)
-        hemra.store.finish_trial(trial.id, asdict(result))
-        self.result = result
+
+        def stop_sandbox() -> None:
+            hemra.provider.remove_sandboxes({"hemra.trial": trial.id})
+
+        with Heartbeat(store.path, trial.id, hemra.worker, stop_sandbox) as beat:
+            try:
+                result = run_trial(context)
+            except KeyboardInterrupt:
+                store.cancel_trials([trial.id], "interrupted (Ctrl-C)")
+                raise
+        if beat.cancelled.is_set() or store.job_state(trial.id) == "cancelling":
+            result = replace(
+                result, outcome="cancelled", reward=None, error="cancelled by hemra cancel"
+            )
+        store.finish_trial(trial.id, asdict(result))
+
+    def _report(self, record: TrialRecord) -> None:
+        own = record.own_report
         self.user_properties.extend(
             [
-                ("outcome", result.outcome),
-                ("reward", "" if result.reward is None else f"{result.reward:g}"),
-                ("duration", f"{result.duration:.3f}"),
-                ("tokens", str(result.usage.total_tokens)),
-                ("cost", "unknown" if result.usage.cost is None else f"{result.usage.cost:.6f}"),
-                ("stopped_by", result.usage.stopped_by or ""),
-                (
-                    "own_tokens",
-                    "" if result.own_report is None else str(result.own_report.total_tokens),
-                ),
-                ("trial", trial.id),
-                ("trial_dir", result.trial_dir),
+                ("outcome", record.outcome or record.status),
+                ("reward", "" if record.reward is None else f"{record.reward:g}"),
+                ("duration", "" if record.duration is None else f"{record.duration:.3f}"),
+                ("tokens", str(record.tokens)),
+                ("cost", "unknown" if record.cost is None else f"{record.cost:.6f}"),
+                ("retries", str(record.retries)),
+                ("stopped_by", record.stopped_by or ""),
+                ("own_tokens", "" if own is None else str(_own_total(own))),
+                ("trial", record.id),
+                ("trial_dir", record.trial_dir or ""),
             ]
         )
-        if result.outcome in ERROR_OUTCOMES:
-            pytest.fail(self._verdict(result), pytrace=False)
+        if record.outcome == "cancelled":
+            pytest.skip(f"cancelled: {record.error or ''}".rstrip(": "))
+        if record.outcome in ERROR_OUTCOMES:
+            pytest.fail(self._verdict(record), pytrace=False)
 
     def runtest(self) -> None:
-        result = self.result
-        if result is not None and result.outcome in FAILED_OUTCOMES:
-            pytest.fail(self._verdict(result), pytrace=False)
+        record = self.record
+        if record is not None and record.outcome in FAILED_OUTCOMES:
+            pytest.fail(self._verdict(record), pytrace=False)
 
-    def _verdict(self, result: TrialResult) -> str:
-        reward = "no reward" if result.reward is None else f"reward {result.reward:g}"
-        detail = f": {result.error}" if result.error else ""
-        exit_code = "" if result.exit_code in (0, None) else f", exit code {result.exit_code}"
-        return f"{result.outcome} ({reward}{exit_code}){detail} - see {result.trial_dir}"
+    def should_retry(self) -> bool:
+        """An infrastructure error with retries left runs again, as a new attempt row."""
+        hemra = self.config.stash[SESSION]
+        record = self.record
+        return (
+            record is not None
+            and hemra.run is not None
+            and record.outcome == "infra_error"
+            and record.retries < hemra.run.spec.max_infra_retries
+        )
+
+    def _verdict(self, record: TrialRecord) -> str:
+        reward = "no reward" if record.reward is None else f"reward {record.reward:g}"
+        detail = f": {record.error}" if record.error else ""
+        exit_code = "" if record.exit_code in (0, None) else f", exit code {record.exit_code}"
+        return f"{record.outcome} ({reward}{exit_code}){detail} - see {record.trial_dir}"
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, self.name
+
+
+def _folder_name(trial: TrialRecord) -> str:
+    """`harness-attempt`; a row that ran a trial again (a retry, a resume) adds its seq."""
+    name = f"{trial.harness}-{trial.attempt}"
+    return f"{name}.{trial.seq}" if trial.replaces else name
+
+
+def _own_total(own: dict[str, Any]) -> int:
+    keys = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+    return sum(int(own.get(key) or 0) for key in keys)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """Run a trial, and again after an infrastructure error while retries are left: each
+    retry is a new attempt row, its predecessor reported as `rerun`, and the trial is one
+    test case (one JUnit testcase) whatever the retries."""
+    if not isinstance(item, TrialItem):
+        return None
+    hook = item.ihook
+    hook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    while True:
+        reports = runtestprotocol(item, nextitem=nextitem, log=False)
+        hemra = item.config.stash[SESSION]
+        if item.should_retry() and item.record is not None and hemra.store is not None:
+            for report in reports:
+                if report.when == "setup":
+                    report.outcome = "rerun"  # type: ignore[assignment]
+                    hook.pytest_runtest_logreport(report=report)
+            item.trial = hemra.store.replace_trial(item.record.id, retry=True)
+            continue
+        for report in reports:
+            hook.pytest_runtest_logreport(report=report)
+        break
+    hook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, str] | None:
+    if report.outcome == "rerun":  # type: ignore[comparison-overlap]
+        return "rerun", "R", "RERUN"
+    return None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    hemra = session.config.stash.get(SESSION, None)
+    if hemra is None or hemra.run is None or hemra.store is None:
+        return
+    if hasattr(session.config, "workerinput"):
+        return
+    store, run_id = hemra.store, hemra.run.id
+    if exitstatus == pytest.ExitCode.INTERRUPTED:
+        # Ctrl-C: what did not finish is cancelled (never failed), its sandboxes removed
+        left = [t.id for t in store.trials(run_id) if t.status in ("planned", "running")]
+        store.cancel_trials(left, "interrupted (Ctrl-C)")
+        hemra.provider.remove_sandboxes({"hemra.run": run_id})
+    if hemra.gates:
+        hemra.gate_reasons = tripped(hemra.gates, store.trials(run_id))
+        if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+            failed = bool(hemra.gate_reasons)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED if failed else pytest.ExitCode.OK
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -379,3 +523,5 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         return
     terminalreporter.write_sep("=", "HEMRA")
     terminalreporter.write_line(render_run(hemra.store, hemra.run.id))
+    for reason in hemra.gate_reasons:
+        terminalreporter.write_line(f"hemra: fail-on gate tripped: {reason}", red=True)

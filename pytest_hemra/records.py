@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 FINISHED = "finished"
+CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,11 @@ class TrialRecord:
     other_model_tokens: int = 0
     stopped_by: str | None = None
     own_report: dict[str, Any] | None = None  # the harness's own numbers (output.SelfReport)
+    replaces: str | None = None  # the row this one ran again (a retry or a resume)
+    retries: int = 0  # infrastructure retries before this row
+    exit_code: int | None = None
 
     @property
     def is_finished(self) -> bool:
-        return self.status == FINISHED
+        """It has an outcome: a result, or cancelled."""
+        return self.status in (FINISHED, CANCELLED)

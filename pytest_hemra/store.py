@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
@@ -20,7 +20,7 @@ import sqlite_utils
 from pytest_hemra.errors import StoreError
 from pytest_hemra.records import CallRow, PlannedTrial, RunRecord, TrialRecord
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 EMPTY_USAGE: dict[str, Any] = {
     "calls": 0,
     "input_tokens": 0,
@@ -56,6 +56,7 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
             "harness": str,
             "attempt": int,
             "replaces": str,
+            "retries": int,
             "status": str,
             "outcome": str,
             "reward": float,
@@ -129,6 +130,18 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
     ),
 }
 INDEXES = (("trials", ["run_id", "seq"]), ("jobs", ["run_id", "state"]), ("calls", ["trial_id"]))
+# A trial row's status. `replaced`: a retry or a resume ran it again under a new row (`replaces`).
+CURRENT = "status != 'replaced'"
+UNFINISHED = ("planned", "running")
+TRIAL_COLUMNS = (
+    "id, run_id, seq, item_id, dataset, task, harness, attempt, status, outcome,"
+    " reward, rewards, error, duration, trial_dir,"
+    " coalesce(input_tokens, 0) + coalesce(output_tokens, 0)"
+    " + coalesce(cache_read_tokens, 0) + coalesce(cache_write_tokens, 0),"
+    " CASE WHEN cost_known = 0 THEN NULL ELSE coalesce(cost, 0) END, models,"
+    " coalesce(other_model_tokens, 0), stopped_by, own_report, replaces, coalesce(retries, 0),"
+    " exit_code"
+)
 
 
 class Store:
@@ -179,17 +192,21 @@ class Store:
         spec: dict[str, Any],
         trials_dir: Path,
         trials: Sequence[PlannedTrial],
+        status: str = "recorded",
     ) -> None:
-        """Write the run, its resolved spec, every trial and its job, all or nothing."""
+        """Write the run, its resolved spec, every trial and its job, all or nothing.
+
+        `status` is `queued` for a detached run, left for `hemra serve` to work."""
         now = time.time()
         with self._transaction() as tx:
             tx.execute(
                 "INSERT INTO runs (id, name, created_at, status, spec, trials_dir, schema_version)"
-                " VALUES (?, ?, ?, 'recorded', ?, ?, ?)",
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
                     run_id,
                     name,
                     now,
+                    status,
                     json.dumps(spec, sort_keys=True),
                     str(trials_dir),
                     SCHEMA_VERSION,
@@ -235,73 +252,79 @@ class Store:
         ids = [r[0] for r in self.db.execute("SELECT id FROM runs ORDER BY created_at")]
         return [self.run(run_id) for run_id in ids]
 
-    def trials(self, run_id: str) -> list[TrialRecord]:
+    def trials(self, run_id: str, *, history: bool = False) -> list[TrialRecord]:
+        """A run's trials in plan order; with `history`, also the rows retries replaced."""
+        where = "run_id = ?" if history else f"run_id = ? AND {CURRENT}"
         rows = self.db.execute(
-            "SELECT id, run_id, seq, item_id, dataset, task, harness, attempt, status, outcome,"
-            " reward, rewards, error, duration, trial_dir,"
-            " coalesce(input_tokens, 0) + coalesce(output_tokens, 0)"
-            " + coalesce(cache_read_tokens, 0) + coalesce(cache_write_tokens, 0),"
-            " CASE WHEN cost_known = 0 THEN NULL ELSE coalesce(cost, 0) END, models,"
-            " coalesce(other_model_tokens, 0), stopped_by, own_report"
-            " FROM trials WHERE run_id = ?"
-            " ORDER BY seq",
-            [run_id],
+            f"SELECT {TRIAL_COLUMNS} FROM trials WHERE {where} ORDER BY seq", [run_id]
         ).fetchall()
-        return [
-            TrialRecord(
-                id=row[0],
-                run_id=row[1],
-                seq=row[2],
-                item_id=row[3],
-                dataset=row[4],
-                task=row[5],
-                harness=row[6],
-                attempt=row[7],
-                status=row[8],
-                outcome=row[9],
-                reward=row[10],
-                rewards=json.loads(row[11]) if row[11] else {},
-                error=row[12],
-                duration=row[13],
-                trial_dir=row[14],
-                tokens=row[15],
-                cost=row[16],
-                models=tuple(json.loads(row[17])) if row[17] else (),
-                other_model_tokens=row[18],
-                stopped_by=row[19],
-                own_report=json.loads(row[20]) if row[20] else None,
-            )
-            for row in rows
-        ]
+        return [_trial_record(row) for row in rows]
 
-    def start_trial(self, trial: str, worker: str) -> None:
+    def trial(self, trial: str) -> TrialRecord:
+        query = f"SELECT {TRIAL_COLUMNS} FROM trials WHERE id = ?"
+        row = self.db.execute(query, [trial]).fetchone()
+        if row is None:
+            raise StoreError(f"{self.path}: no trial {trial!r}")
+        return _trial_record(row)
+
+    def claim(self, trial: str, worker: str, lease_secs: float) -> str:
+        """Lease a trial's job to `worker` if it is queued; return the job's state after.
+
+        `leased` by `worker` means it is this worker's to run; anything else (`cancelled`,
+        `done`, `leased` by another live runner) means it is not."""
+        now = time.time()
+        with self._transaction() as tx:
+            claimed = tx.execute(
+                "UPDATE jobs SET state = 'leased', lease_owner = ?, lease_expires = ?,"
+                " heartbeat_at = ? WHERE id = ? AND state = 'queued'",
+                [worker, now + lease_secs, now, trial],
+            ).rowcount
+            if claimed:
+                tx.execute(
+                    "UPDATE trials SET status = 'running', started_at = ?, worker = ? WHERE id = ?",
+                    [now, worker, trial],
+                )
+                tx.execute(
+                    "UPDATE runs SET status = 'running' WHERE id ="
+                    " (SELECT run_id FROM trials WHERE id = ?) AND status != 'cancelled'",
+                    [trial],
+                )
+                return "leased"
+            found = tx.execute(
+                "SELECT state, lease_owner FROM jobs WHERE id = ?", [trial]
+            ).fetchone()
+        if found is None:
+            raise StoreError(f"{self.path}: no job for trial {trial!r}")
+        return "taken" if found[0] == "leased" else str(found[0])
+
+    def heartbeat(self, trial: str, worker: str, lease_secs: float) -> str | None:
+        """Renew `worker`'s lease on a running trial; return the job's state (`cancelling`
+        when `hemra cancel` asked it to stop), None when the lease is no longer this worker's."""
         now = time.time()
         with self._transaction() as tx:
             tx.execute(
-                "UPDATE trials SET status = 'running', started_at = ?, worker = ? WHERE id = ?",
-                [now, worker, trial],
+                "UPDATE jobs SET lease_expires = ?, heartbeat_at = ?"
+                " WHERE id = ? AND lease_owner = ? AND state IN ('leased', 'cancelling')",
+                [now + lease_secs, now, trial, worker],
             )
-            tx.execute(
-                "UPDATE jobs SET state = 'leased', lease_owner = ?, heartbeat_at = ? WHERE id = ?",
-                [worker, now, trial],
-            )
-            tx.execute(
-                "UPDATE runs SET status = 'running' WHERE id = "
-                "(SELECT run_id FROM trials WHERE id = ?)",
-                [trial],
-            )
+            found = tx.execute(
+                "SELECT state FROM jobs WHERE id = ? AND lease_owner = ?", [trial, worker]
+            ).fetchone()
+        return None if found is None else str(found[0])
 
     def finish_trial(self, trial: str, result: dict[str, Any]) -> None:
         """Store a trial's result and close its job, before pytest reports the item."""
         usage = result.get("usage") or EMPTY_USAGE
+        status = "cancelled" if result["outcome"] == "cancelled" else "finished"
         with self._transaction() as tx:
             tx.execute(
-                "UPDATE trials SET status = 'finished', outcome = ?, reward = ?, rewards = ?,"
+                "UPDATE trials SET status = ?, outcome = ?, reward = ?, rewards = ?,"
                 " exit_code = ?, error = ?, finished_at = ?, duration = ?, phases = ?,"
                 " trial_dir = ?, calls = ?, input_tokens = ?, output_tokens = ?,"
                 " cache_read_tokens = ?, cache_write_tokens = ?, cost = ?, cost_known = ?,"
                 " models = ?, other_model_tokens = ?, stopped_by = ?, own_report = ? WHERE id = ?",
                 [
+                    status,
                     result["outcome"],
                     result["reward"],
                     json.dumps(result["rewards"]),
@@ -325,14 +348,160 @@ class Store:
                     trial,
                 ],
             )
-            tx.execute("UPDATE jobs SET state = 'done', lease_owner = NULL WHERE id = ?", [trial])
+            tx.execute(
+                "UPDATE jobs SET state = ?, lease_owner = NULL WHERE id = ?",
+                ["cancelled" if status == "cancelled" else "done", trial],
+            )
             run_id = tx.execute("SELECT run_id FROM trials WHERE id = ?", [trial]).fetchone()[0]
             self._event(tx, run_id, trial, "finished", {"outcome": result["outcome"]})
-            tx.execute(
-                "UPDATE runs SET status = 'finished' WHERE id = ? AND NOT EXISTS"
-                " (SELECT 1 FROM trials WHERE run_id = ? AND status IN ('planned', 'running'))",
-                [run_id, run_id],
+            self._close_run(tx, run_id)
+
+    def _close_run(self, tx: sqlite3.Connection, run_id: str) -> None:
+        """A run with no unfinished trial left is `finished` (or stays `cancelled`)."""
+        tx.execute(
+            "UPDATE runs SET status = 'finished' WHERE id = ? AND status != 'cancelled'"
+            f" AND NOT EXISTS (SELECT 1 FROM trials WHERE run_id = ? AND {CURRENT}"
+            " AND status IN ('planned', 'running'))",
+            [run_id, run_id],
+        )
+
+    def cancel_trials(self, trials: Sequence[str], reason: str) -> int:
+        """Record unfinished trials cancelled (never failed); finished ones are left alone."""
+        now = time.time()
+        cancelled = 0
+        with self._transaction() as tx:
+            for trial in trials:
+                cancelled += tx.execute(
+                    "UPDATE trials SET status = 'cancelled', outcome = 'cancelled', error = ?,"
+                    " finished_at = ? WHERE id = ? AND status IN ('planned', 'running')",
+                    [reason, now, trial],
+                ).rowcount
+                tx.execute(
+                    "UPDATE jobs SET state = 'cancelled', lease_owner = NULL"
+                    " WHERE id = ? AND state IN ('queued', 'leased', 'cancelling')",
+                    [trial],
+                )
+            for (run_id,) in tx.execute(
+                "SELECT DISTINCT run_id FROM trials WHERE id IN (SELECT value FROM json_each(?))",
+                [json.dumps(list(trials))],
+            ).fetchall():
+                self._close_run(tx, run_id)
+        return cancelled
+
+    def cancel_run(self, run_id: str, is_alive: Callable[[str], bool]) -> tuple[int, int]:
+        """`hemra cancel`: queued jobs are cancelled now; running ones are asked to stop
+        (`cancelling`, seen by their runner's heartbeat), or cancelled now if their runner is
+        gone. Returns (cancelled now, asked to stop)."""
+        self.run(run_id)
+        now = time.time()
+        with self._transaction() as tx:
+            tx.execute("UPDATE runs SET status = 'cancelled' WHERE id = ?", [run_id])
+            leased = tx.execute(
+                "SELECT id, lease_owner, lease_expires FROM jobs WHERE run_id = ?"
+                " AND state IN ('leased', 'cancelling')",
+                [run_id],
+            ).fetchall()
+            live = [job for job, owner, expires in leased if is_alive(owner) and expires > now]
+            tx.executemany(
+                "UPDATE jobs SET state = 'cancelling' WHERE id = ?", [(job,) for job in live]
             )
+            self._event(tx, run_id, None, "cancel", {"running": len(live)})
+        dead = [job for job, *_ in leased if job not in live]
+        queued = [
+            r[0]
+            for r in self.db.execute(
+                "SELECT id FROM jobs WHERE run_id = ? AND state = 'queued'", [run_id]
+            )
+        ]
+        return self.cancel_trials(queued + dead, "cancelled by hemra cancel"), len(live)
+
+    def replace_trial(self, trial: str, *, retry: bool) -> TrialRecord:
+        """Run a trial again under a new row linked to it (`replaces`): an infrastructure
+        retry (`retry`), or a resume of a trial whose runner died or that was cancelled."""
+        with self._transaction() as tx:
+            old = tx.execute(
+                "SELECT run_id, item_id, dataset, task, harness, attempt, coalesce(retries, 0)"
+                " FROM trials WHERE id = ?",
+                [trial],
+            ).fetchone()
+            if old is None:
+                raise StoreError(f"{self.path}: no trial {trial!r}")
+            run_id = old[0]
+            seq = tx.execute("SELECT max(seq) + 1 FROM trials WHERE run_id = ?", [run_id])
+            new_id = trial_id(run_id, seq.fetchone()[0])
+            tx.execute("UPDATE trials SET status = 'replaced' WHERE id = ?", [trial])
+            tx.execute(
+                "UPDATE jobs SET state = 'replaced', lease_owner = NULL WHERE id = ?", [trial]
+            )
+            tx.execute(
+                "INSERT INTO trials (id, run_id, seq, item_id, dataset, task, harness, attempt,"
+                " replaces, retries, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'planned')",
+                [
+                    new_id,
+                    run_id,
+                    int(new_id.rsplit(".", 1)[1]),
+                    *old[1:6],
+                    trial,
+                    old[6] + int(retry),
+                ],
+            )
+            tx.execute(
+                "INSERT INTO jobs (id, run_id, trial_id, state, created_at)"
+                " VALUES (?, ?, ?, 'queued', ?)",
+                [new_id, run_id, new_id, time.time()],
+            )
+            tx.execute(
+                "UPDATE runs SET status = 'running' WHERE id = ? AND status = 'finished'",
+                [run_id],
+            )
+            self._event(tx, run_id, new_id, "retry" if retry else "resume", {"replaces": trial})
+        return self.trial(new_id)
+
+    def stale_trials(self, run_id: str, is_alive: Callable[[str], bool]) -> list[str]:
+        """Running trials whose runner is gone: its lease expired, or its process is dead."""
+        now = time.time()
+        rows = self.db.execute(
+            "SELECT id, lease_owner, lease_expires FROM jobs WHERE run_id = ?"
+            " AND state IN ('leased', 'cancelling')",
+            [run_id],
+        ).fetchall()
+        return [job for job, owner, expires in rows if (expires or 0) < now or not is_alive(owner)]
+
+    def runnable_runs(self, is_alive: Callable[[str], bool]) -> list[str]:
+        """Runs `hemra serve` should work: queued jobs, or running ones whose runner is gone."""
+        ids = [
+            r[0]
+            for r in self.db.execute(
+                "SELECT id FROM runs WHERE status NOT IN ('cancelled', 'finished')"
+                " ORDER BY created_at"
+            )
+        ]
+        return [
+            run_id
+            for run_id in ids
+            if self.db.execute(
+                "SELECT 1 FROM jobs WHERE run_id = ? AND state = 'queued' LIMIT 1", [run_id]
+            ).fetchone()
+            or self.stale_trials(run_id, is_alive)
+        ]
+
+    def job_state(self, trial: str) -> str | None:
+        found = self.db.execute("SELECT state FROM jobs WHERE id = ?", [trial]).fetchone()
+        return None if found is None else str(found[0])
+
+    def reopen_run(self, run_id: str) -> None:
+        """A cancelled run asked to finish after all (`--hemra-resume-cancelled`)."""
+        with self._transaction() as tx:
+            tx.execute(
+                "UPDATE runs SET status = 'running' WHERE id = ? AND status = 'cancelled'",
+                [run_id],
+            )
+
+    def job_counts(self, run_id: str) -> dict[str, int]:
+        rows = self.db.execute(
+            "SELECT state, count(*) FROM jobs WHERE run_id = ? GROUP BY state", [run_id]
+        )
+        return {state: count for state, count in rows}
 
     def deselect_trials(self, run_id: str, item_ids: Sequence[str]) -> None:
         """Trials left out by pytest's -k or -m: never run in this session, never scored."""
@@ -343,8 +512,10 @@ class Store:
                 [(run_id, item) for item in item_ids],
             )
             tx.executemany(
-                "UPDATE jobs SET state = 'deselected' WHERE trial_id ="
-                " (SELECT id FROM trials WHERE run_id = ? AND item_id = ?) AND state = 'queued'",
+                "UPDATE jobs SET state = 'deselected' WHERE trial_id IN"
+                " (SELECT id FROM trials WHERE run_id = ? AND item_id = ?"
+                " AND status = 'deselected')"
+                " AND state = 'queued'",
                 [(run_id, item) for item in item_ids],
             )
 
@@ -432,3 +603,32 @@ class Store:
 
 def trial_id(run_id: str, seq: int) -> str:
     return f"{run_id}.{seq:05d}"
+
+
+def _trial_record(row: Sequence[Any]) -> TrialRecord:
+    return TrialRecord(
+        id=row[0],
+        run_id=row[1],
+        seq=row[2],
+        item_id=row[3],
+        dataset=row[4],
+        task=row[5],
+        harness=row[6],
+        attempt=row[7],
+        status=row[8],
+        outcome=row[9],
+        reward=row[10],
+        rewards=json.loads(row[11]) if row[11] else {},
+        error=row[12],
+        duration=row[13],
+        trial_dir=row[14],
+        tokens=row[15],
+        cost=row[16],
+        models=tuple(json.loads(row[17])) if row[17] else (),
+        other_model_tokens=row[18],
+        stopped_by=row[19],
+        own_report=json.loads(row[20]) if row[20] else None,
+        replaces=row[21],
+        retries=row[22],
+        exit_code=row[23],
+    )

@@ -35,7 +35,7 @@ def test_finished_trial_closes_its_job_and_the_run(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.db")
     store.record_plan("r1", "run", {}, tmp_path, PLAN[:1])
     (trial,) = store.trials("r1")
-    store.start_trial(trial.id, "w")
+    assert store.claim(trial.id, "w", 30) == "leased"
     assert store.run("r1").status == "running"
     store.finish_trial(
         trial.id,
@@ -55,3 +55,66 @@ def test_finished_trial_closes_its_job_and_the_run(tmp_path: Path) -> None:
     assert done.is_finished and done.outcome == "pass" and done.rewards == {"reward": 1.0}
     assert store.run("r1").status == "finished"
     assert store.db.execute("SELECT state FROM jobs").fetchone()[0] == "done"
+
+
+def test_a_job_is_leased_once_and_its_lease_is_renewed_by_its_owner_only(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    store.record_plan("r1", "run", {}, tmp_path, PLAN[:1])
+    (trial,) = store.trials("r1")
+    assert store.claim(trial.id, "gw0@elsewhere:1", 30) == "leased"
+    assert store.claim(trial.id, "gw1@elsewhere:2", 30) == "taken"
+    assert store.heartbeat(trial.id, "gw0@elsewhere:1", 30) == "leased"
+    assert store.heartbeat(trial.id, "gw1@elsewhere:2", 30) is None
+    assert store.stale_trials("r1", lambda owner: True) == []
+    assert store.stale_trials("r1", lambda owner: False) == [trial.id]  # its runner died
+
+
+def test_an_expired_lease_is_stale_even_if_its_owner_may_live(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    store.record_plan("r1", "run", {}, tmp_path, PLAN[:1])
+    (trial,) = store.trials("r1")
+    store.claim(trial.id, "gw0@elsewhere:1", -1)
+    assert store.stale_trials("r1", lambda owner: True) == [trial.id]
+    assert store.runnable_runs(lambda owner: True) == ["r1"]
+
+
+def test_replacing_a_trial_links_a_new_attempt_row_and_queues_its_job(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    store.record_plan("r1", "run", {}, tmp_path, PLAN)
+    first, second = store.trials("r1")
+    store.claim(first.id, "w", 30)
+    again = store.replace_trial(first.id, retry=True)
+    assert (again.replaces, again.retries, again.item_id) == (first.id, 1, first.item_id)
+    assert again.seq == 2 and again.status == "planned"
+    assert [t.id for t in store.trials("r1")] == [second.id, again.id]
+    assert [t.status for t in store.trials("r1", history=True)] == [
+        "replaced",
+        "planned",
+        "planned",
+    ]
+    assert store.job_state(again.id) == "queued" and store.job_state(first.id) == "replaced"
+    assert store.replace_trial(again.id, retry=False).retries == 1  # a resume is no retry
+
+
+def test_cancel_run_cancels_queued_now_and_asks_live_runners(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    store.record_plan("r1", "run", {}, tmp_path, PLAN)
+    running, queued = store.trials("r1")
+    store.claim(running.id, "w", 30)
+    assert store.cancel_run("r1", lambda owner: True) == (1, 1)
+    assert store.job_state(running.id) == "cancelling"
+    assert store.heartbeat(running.id, "w", 30) == "cancelling"
+    assert store.trial(queued.id).outcome == "cancelled"
+    assert store.trial(queued.id).is_finished
+    assert store.cancel_trials([running.id], "stopped") == 1
+    assert store.run("r1").status == "cancelled"
+    assert store.runnable_runs(lambda owner: True) == []
+
+
+def test_a_dead_runners_trials_are_cancelled_at_once(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    store.record_plan("r1", "run", {}, tmp_path, PLAN[:1])
+    (trial,) = store.trials("r1")
+    store.claim(trial.id, "w", 30)
+    assert store.cancel_run("r1", lambda owner: False) == (1, 0)
+    assert store.trial(trial.id).status == "cancelled"

@@ -97,3 +97,7 @@ class SandboxProvider(Protocol):
 
     def gateway_host(self) -> str | None:
         """The runner's address as sandboxes see it, where the gateway listens for them."""
+
+    def remove_sandboxes(self, labels: Mapping[str, str]) -> int:
+        """Remove at once every sandbox carrying all `labels` (a cancelled or abandoned trial's,
+        a run's); return how many there were."""

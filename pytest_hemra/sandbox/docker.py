@@ -144,6 +144,16 @@ class DockerProvider:
                 return str(next(network.hosts()))
         return None
 
+    def remove_sandboxes(self, labels: Mapping[str, str]) -> int:
+        filters = {"label": ["hemra=1", *(f"{key}={value}" for key, value in labels.items())]}
+        try:
+            found = self.client.containers.list(all=True, filters=filters)
+            for container in found:
+                remove_container(container)
+        except DOCKER_ERRORS as error:
+            raise InfraError(f"docker: cannot remove sandboxes {dict(labels)} ({error})") from error
+        return len(found)
+
     @contextmanager
     def open(self, request: SandboxRequest) -> Iterator[DockerSandbox]:
         limits = request.limits
@@ -184,8 +194,14 @@ class DockerProvider:
 
 
 def remove_container(container: Any) -> None:
-    with contextlib.suppress(docker.errors.NotFound):
+    """Remove with force; one already gone (or going: `hemra cancel` removed it) is fine."""
+    try:
         container.remove(force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as error:
+        if error.status_code != 409:  # 409: its removal is already in progress
+            raise
 
 
 class DockerSandbox:

@@ -1,0 +1,75 @@
+"""A runner's lease on a trial's job: renewed by a heartbeat while the trial runs.
+
+A lease names its owner (`worker@host:pid`). A runner that dies stops renewing: its lease
+expires and another runner reclaims the trial; on the same host a dead owner's process is seen
+gone at once. The heartbeat is also how a running trial hears `hemra cancel`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from pytest_hemra.store import Store
+
+LEASE_SECS = float(os.environ.get("HEMRA_LEASE_SECS", "30"))
+HEARTBEAT_SECS = 1.0  # also how soon a running trial hears `hemra cancel`
+
+
+def owner_name() -> str:
+    """This process as a lease owner: the xdist worker (or `main`), host and pid."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    return f"{worker}@{socket.gethostname()}:{os.getpid()}"
+
+
+def is_alive(owner: str | None) -> bool:
+    """Whether a lease owner may still be running: its process exists, if it is on this host."""
+    if not owner or "@" not in owner or ":" not in owner:
+        return False
+    host, _, pid = owner.rpartition("@")[2].rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True  # another machine: only the lease's expiry tells
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Heartbeat:
+    """Renews one trial's lease in a thread; calls `on_cancel` once if the job is cancelled."""
+
+    def __init__(
+        self, store_path: Path, trial: str, owner: str, on_cancel: Callable[[], None]
+    ) -> None:
+        self.store_path = store_path
+        self.trial = trial
+        self.owner = owner
+        self.on_cancel = on_cancel
+        self.cancelled = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"hemra-lease-{trial}", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        store = Store(Path(self.store_path))
+        try:
+            while not self._stop.wait(HEARTBEAT_SECS):
+                state = store.heartbeat(self.trial, self.owner, LEASE_SECS)
+                if state == "cancelling" and not self.cancelled.is_set():
+                    self.cancelled.set()
+                    self.on_cancel()
+        finally:
+            store.close()
