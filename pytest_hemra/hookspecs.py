@@ -1,4 +1,7 @@
-"""Hooks third-party plugins implement to extend HEMRA (registered on pytest's plugin manager)."""
+"""Hooks third-party plugins implement to extend HEMRA (registered on pytest's plugin manager).
+
+pytest only takes hook implementations whose names start with `pytest_`, so ours do too.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,6 @@ hookspec = pluggy.HookspecMarker("pytest")
 
 
 @hookspec
-def hemra_sandbox_providers() -> dict[str, Any]:
+def pytest_hemra_sandbox_providers() -> dict[str, Any]:
     """Return {name: factory} of sandbox providers; a factory returns a SandboxProvider."""
     raise NotImplementedError

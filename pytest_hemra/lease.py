@@ -33,12 +33,13 @@ def is_alive(owner: str | None) -> bool:
     if host != socket.gethostname() or not pid.isdigit():
         return True  # another machine: only the lease's expiry tells
     try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return False
-    except PermissionError:
+    except OSError:
         return True
-    return True
+    state = stat.rpartition(")")[2].split()[0]
+    return state not in ("Z", "X")  # a zombie is dead: its parent just has not reaped it yet
 
 
 class Heartbeat:

@@ -187,7 +187,7 @@ def overrides_from(config: pytest.Config) -> Overrides:
 
 def providers(config: pytest.Config) -> dict[str, ProviderFactory]:
     found: dict[str, ProviderFactory] = {"docker": DockerProvider}
-    for extra in config.hook.hemra_sandbox_providers():
+    for extra in config.hook.pytest_hemra_sandbox_providers():
         found.update(extra)
     return found
 

@@ -36,11 +36,13 @@ def summarize(trials: list[TrialRecord], harnesses: list[str]) -> list[HarnessRo
     rows = []
     for harness in harnesses:
         mine = [t for t in by_harness[harness] if t.status != "deselected"]
-        finished = [t for t in mine if t.is_finished]
+        finished = [t for t in mine if t.status == "finished"]  # cancelled ones are not
         scored = [t for t in finished if t.outcome in SCORED_OUTCOMES and t.reward is not None]
+        durations = [t.duration for t in finished if t.duration is not None]
         outcomes: dict[str, int] = defaultdict(int)
-        for trial in finished:
-            outcomes[str(trial.outcome)] += 1
+        for trial in mine:
+            if trial.outcome:
+                outcomes[trial.outcome] += 1
         rows.append(
             HarnessRow(
                 harness=harness,
@@ -51,9 +53,7 @@ def summarize(trials: list[TrialRecord], harnesses: list[str]) -> list[HarnessRo
                 mean_reward=mean(t.reward for t in scored if t.reward is not None)
                 if scored
                 else None,
-                mean_duration=mean(t.duration for t in finished if t.duration is not None)
-                if finished
-                else None,
+                mean_duration=mean(durations) if durations else None,
                 outcomes=dict(outcomes),
                 tokens=sum(t.tokens for t in finished),
                 own_tokens=sum(

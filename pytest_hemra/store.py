@@ -50,6 +50,7 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
             "id": str,
             "run_id": str,
             "seq": int,
+            "plan_seq": int,
             "item_id": str,
             "dataset": str,
             "task": str,
@@ -129,7 +130,11 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
         "id",
     ),
 }
-INDEXES = (("trials", ["run_id", "seq"]), ("jobs", ["run_id", "state"]), ("calls", ["trial_id"]))
+INDEXES = (
+    ("trials", ["run_id", "plan_seq", "seq"]),
+    ("jobs", ["run_id", "state"]),
+    ("calls", ["trial_id"]),
+)
 # A trial row's status. `replaced`: a retry or a resume ran it again under a new row (`replaces`).
 CURRENT = "status != 'replaced'"
 UNFINISHED = ("planned", "running")
@@ -156,20 +161,29 @@ class Store:
         self._create_schema()
 
     def _create_schema(self) -> None:
-        with self.db.conn:
-            for name, (columns, pk) in SCHEMA.items():
-                self.db.table(name).create(columns, pk=pk, if_not_exists=True)
-            for table, indexed in INDEXES:
-                self.db.table(table).create_index(indexed, if_not_exists=True)
-            self.db.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-                [str(SCHEMA_VERSION)],
-            )
-        found = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if found is None or int(found[0]) != SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path}: store schema {found and found[0]}, expected {SCHEMA_VERSION}"
-            )
+        """Create the tables once, in a write transaction taken up front: a reader that
+        upgraded to a writer while runners write would fail at once with 'database is locked'."""
+        found = self._schema_version()
+        if found is None:
+            with self._transaction():
+                for name, (columns, pk) in SCHEMA.items():
+                    self.db.table(name).create(columns, pk=pk, if_not_exists=True)
+                for table, indexed in INDEXES:
+                    self.db.table(table).create_index(indexed, if_not_exists=True)
+                self.db.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                    [str(SCHEMA_VERSION)],
+                )
+            found = self._schema_version()
+        if found != str(SCHEMA_VERSION):
+            raise StoreError(f"{self.path}: store schema {found}, expected {SCHEMA_VERSION}")
+
+    def _schema_version(self) -> str | None:
+        try:
+            row = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        except sqlite3.OperationalError:  # no meta table yet
+            return None
+        return None if row is None else str(row[0])
 
     def close(self) -> None:
         self.db.conn.close()
@@ -213,12 +227,13 @@ class Store:
                 ],
             )
             tx.executemany(
-                "INSERT INTO trials (id, run_id, seq, item_id, dataset, task, harness, attempt,"
-                " status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'planned')",
+                "INSERT INTO trials (id, run_id, seq, plan_seq, item_id, dataset, task, harness,"
+                " attempt, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'planned')",
                 [
                     (
                         trial_id(run_id, seq),
                         run_id,
+                        seq,
                         seq,
                         t.item_id,
                         t.dataset,
@@ -253,10 +268,11 @@ class Store:
         return [self.run(run_id) for run_id in ids]
 
     def trials(self, run_id: str, *, history: bool = False) -> list[TrialRecord]:
-        """A run's trials in plan order; with `history`, also the rows retries replaced."""
+        """A run's trials in plan order (a retry takes its trial's place); with `history`, also
+        the rows retries and resumes replaced."""
         where = "run_id = ?" if history else f"run_id = ? AND {CURRENT}"
         rows = self.db.execute(
-            f"SELECT {TRIAL_COLUMNS} FROM trials WHERE {where} ORDER BY seq", [run_id]
+            f"SELECT {TRIAL_COLUMNS} FROM trials WHERE {where} ORDER BY plan_seq, seq", [run_id]
         ).fetchall()
         return [_trial_record(row) for row in rows]
 
@@ -420,8 +436,8 @@ class Store:
         retry (`retry`), or a resume of a trial whose runner died or that was cancelled."""
         with self._transaction() as tx:
             old = tx.execute(
-                "SELECT run_id, item_id, dataset, task, harness, attempt, coalesce(retries, 0)"
-                " FROM trials WHERE id = ?",
+                "SELECT run_id, item_id, dataset, task, harness, attempt, coalesce(retries, 0),"
+                " plan_seq FROM trials WHERE id = ?",
                 [trial],
             ).fetchone()
             if old is None:
@@ -434,12 +450,14 @@ class Store:
                 "UPDATE jobs SET state = 'replaced', lease_owner = NULL WHERE id = ?", [trial]
             )
             tx.execute(
-                "INSERT INTO trials (id, run_id, seq, item_id, dataset, task, harness, attempt,"
-                " replaces, retries, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'planned')",
+                "INSERT INTO trials (id, run_id, seq, plan_seq, item_id, dataset, task, harness,"
+                " attempt, replaces, retries, status)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'planned')",
                 [
                     new_id,
                     run_id,
                     int(new_id.rsplit(".", 1)[1]),
+                    old[7],
                     *old[1:6],
                     trial,
                     old[6] + int(retry),

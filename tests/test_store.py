@@ -86,12 +86,13 @@ def test_replacing_a_trial_links_a_new_attempt_row_and_queues_its_job(tmp_path: 
     again = store.replace_trial(first.id, retry=True)
     assert (again.replaces, again.retries, again.item_id) == (first.id, 1, first.item_id)
     assert again.seq == 2 and again.status == "planned"
-    assert [t.id for t in store.trials("r1")] == [second.id, again.id]
+    assert [t.id for t in store.trials("r1")] == [again.id, second.id]  # in its trial's place
     assert [t.status for t in store.trials("r1", history=True)] == [
         "replaced",
         "planned",
         "planned",
     ]
+    assert [t.id for t in store.trials("r1", history=True)] == [first.id, again.id, second.id]
     assert store.job_state(again.id) == "queued" and store.job_state(first.id) == "replaced"
     assert store.replace_trial(again.id, retry=False).retries == 1  # a resume is no retry
 

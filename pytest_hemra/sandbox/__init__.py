@@ -1,6 +1,7 @@
 """The Sandbox protocol: what a trial needs from wherever its task runs.
 
-The docker provider is the default; others plug in through the `hemra_sandbox_providers` hook.
+The docker provider is the default; others plug in through the
+`pytest_hemra_sandbox_providers` hook.
 A provider declares its capabilities; a run that `require`s one it lacks is refused at resolve.
 """
 
