@@ -108,8 +108,9 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
             child.wait()
 
 
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
 def test_infra_errors_are_retried_as_linked_attempts_and_junit_has_one_case_per_trial(
-    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker, xdist: list[str]
 ) -> None:
     pytester.makeconftest(FLAKY_CONFTEST)
     for name in ("one", "two", "three"):
@@ -121,7 +122,7 @@ def test_infra_errors_are_retried_as_linked_attempts_and_junit_has_one_case_per_
     )
     junit = tmp_path / "junit.xml"
 
-    result = pytester.runpytest("--hemra-run", str(run_file), f"--junitxml={junit}")
+    result = pytester.runpytest("--hemra-run", str(run_file), f"--junitxml={junit}", *xdist)
 
     result.assert_outcomes(passed=3)
     assert result.parseoutcomes()["rerun"] == 3  # each trial's first start fails, its retry runs
@@ -213,7 +214,9 @@ def test_a_runner_killed_mid_run_is_resumed_with_every_trial_finished_exactly_on
     assert hemra_containers(docker_client, run.id) == []
 
 
+@pytest.mark.parametrize("xdist", [[], ["--concurrency", "2"]], ids=["serial", "xdist"])
 def test_ctrl_c_cancels_what_did_not_finish_and_removes_its_containers(
+    xdist: list[str],
     tmp_path: Path,
     make_task: TaskMaker,
     sleeper: Callable[[float], None],
@@ -226,7 +229,7 @@ def test_ctrl_c_cancels_what_did_not_finish_and_removes_its_containers(
     run_file = tmp_path / "run.toml"
     run_file.write_text('harnesses = ["sleeper"]\ndatasets = ["ds"]\n')
     store_path = tmp_path / ".hemra" / "hemra.db"
-    runner = spawn("hemra", "run", str(run_file), "--store", str(store_path))
+    runner = spawn("hemra", "run", str(run_file), "--store", str(store_path), *xdist)
     wait_for(lambda: "running" in statuses(store_path), 60, "a running trial")
     time.sleep(1.0)  # its container is up
     os.killpg(runner.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
