@@ -301,3 +301,70 @@ def test_exit_gates_for_ci(pytester: pytest.Pytester, tmp_path: Path, make_task:
     gated.stdout.fnmatch_lines(["*gate tripped: nop: mean reward 0.000 < 0.5*"])
     bad = pytester.run(*base, "--store", store, "--fail-on", "score>1")
     assert bad.ret == 4 and "expected 'unfinished', 'failure'" in bad.stderr.str()
+
+
+def test_a_stopped_server_leaves_its_run_to_the_next_one(
+    tmp_path: Path,
+    make_task: TaskMaker,
+    sleeper: Callable[[float], None],
+    spawn: Callable[..., subprocess.Popen[bytes]],
+    docker_client: Any,
+) -> None:
+    for name in ("one", "two", "three", "four"):
+        make_task(name)
+    sleeper(3)
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["sleeper"]\ndatasets = ["ds"]\n')
+    store_path = tmp_path / ".hemra" / "hemra.db"
+    detached = subprocess.run(
+        ["hemra", "run", str(run_file), "--detach", "--store", str(store_path)],
+        capture_output=True, text=True, check=True, cwd=tmp_path,
+    )  # fmt: skip
+    run_id = detached.stdout.strip()
+    server = spawn("hemra", "serve", "--store", str(store_path), "--concurrency", "2")
+    wait_for(lambda: statuses(store_path).count("running") == 2, 120, "two running trials")
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=30)
+    assert hemra_containers(docker_client, run_id) == []  # the server removed its sandboxes
+
+    again = subprocess.run(
+        ["hemra", "serve", "--store", str(store_path), "--once"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    store = Store(store_path)
+    trials = store.trials(run_id)
+    assert len(trials) == 4 and all(t.outcome == "pass" for t in trials)
+    history = store.trials(run_id, history=True)
+    assert len(history) - len(trials) == 2  # the two the stopped server left, run again
+    assert store.run(run_id).status == "finished"
+
+
+def test_a_cancelled_run_resumes_only_when_asked(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
+    make_task("one")
+    make_task("two")
+    store = str(tmp_path / "s.db")
+    detached = pytester.run(
+        "hemra", "run", "-H", "oracle", "-d", str(tmp_path / "datasets" / "ds"),
+        "--store", store, "--detach",
+    )  # fmt: skip
+    run_id = detached.outlines[0].strip()
+    cancelled = pytester.run("hemra", "cancel", run_id, "--store", store)
+    cancelled.stdout.fnmatch_lines([f"run {run_id}: 2 trials cancelled, 0 sandboxes removed"])
+
+    resumed = pytester.run("hemra", "run", "--resume", run_id, "--store", store)
+    assert resumed.ret == 1  # cancelled cells did not finish
+    resumed.stdout.fnmatch_lines(["*2 skipped*"])
+
+    finished = pytester.run(
+        "hemra", "run", "--resume", run_id, "--resume-cancelled", "--store", store
+    )
+    assert finished.ret == 0
+    finished.stdout.fnmatch_lines(["*2 passed*"])
+    again = pytester.run("hemra", "run", "--resume", run_id, "--store", store, "--", "-rA")
+    assert again.ret == 0  # reported from the store, not run again
+    again.stdout.fnmatch_lines(["*2 passed*"])
+    trials = Store(Path(store)).trials(run_id, history=True)
+    assert [t.status for t in trials] == ["replaced", "finished", "replaced", "finished"]
