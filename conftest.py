@@ -36,10 +36,30 @@ def docker_client() -> Any:
 
 
 @pytest.fixture
-def no_leftover_containers(docker_client: Any) -> Iterator[None]:
+def no_leftover_containers(docker_client: Any, tmp_path: Path) -> Iterator[None]:
+    """No sandbox outlives its test. Under CI every HEMRA container counts; on a developer's
+    machine, where other sessions may be running, those of the runs in this test's stores."""
     yield
     left = docker_client.containers.list(all=True, filters={"label": "hemra"})
+    if not os.environ.get("CI"):
+        mine = _run_ids(tmp_path)
+        left = [c for c in left if c.labels.get("hemra.run") in mine]
     assert left == [], f"containers left behind: {[c.name for c in left]}"
+
+
+def _run_ids(folder: Path) -> set[str]:
+    import sqlite3
+
+    found: set[str] = set()
+    for store in folder.rglob("*.db"):
+        connection = sqlite3.connect(store)
+        try:
+            found |= {row[0] for row in connection.execute("SELECT id FROM runs")}
+        except sqlite3.Error:
+            pass
+        finally:
+            connection.close()
+    return found
 
 
 @pytest.fixture

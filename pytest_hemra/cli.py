@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 from tabulate import tabulate
 
+from pytest_hemra.comparison import compare_runs, render_comparison
 from pytest_hemra.errors import HemraError, SpecError
+from pytest_hemra.formats import FORMATS, render
 from pytest_hemra.plugin import DEFAULT_STORE
-from pytest_hemra.report import render_run
+from pytest_hemra.report import build_report
 from pytest_hemra.spec import Overrides, load_run_spec
 from pytest_hemra.store import Store
 
@@ -65,9 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("--store", default=str(DEFAULT_STORE))
     cancel.add_argument("--wait", type=float, default=10.0, help="seconds to wait for runners")
 
-    report = commands.add_parser("report", help="print a run's tables from the store")
+    report = commands.add_parser("report", help="a run's tables from the store, or two runs'")
     report.add_argument("run_id", nargs="?", help="run id (default: the latest run)")
+    report.add_argument("other_run", nargs="?", help="a second run: compare each harness in it")
     report.add_argument("--store", default=str(DEFAULT_STORE))
+    report.add_argument("--format", choices=FORMATS, default="text")
+    report.add_argument("-o", "--output", help="write to this file (default: stdout)")
 
     runs = commands.add_parser("runs", help="list the runs in a store")
     runs.add_argument("--store", default=str(DEFAULT_STORE))
@@ -213,7 +218,15 @@ def cancel_command(args: argparse.Namespace) -> int:
 def report_command(args: argparse.Namespace) -> int:
     store = _open_store(args.store)
     run_id = args.run_id or _latest_run(store)
-    print(render_run(store, run_id))
+    if args.other_run:
+        text = render_comparison(compare_runs(store, run_id, args.other_run), args.format)
+    else:
+        text = render(build_report(store, run_id), args.format)
+    if args.output:
+        Path(args.output).write_text(text if text.endswith("\n") else text + "\n")
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        print(text)
     return 0
 
 

@@ -2,7 +2,8 @@
 
 `unfinished`: a cell without a result (infra or verifier error, cancelled, never run).
 `failure`: any scored trial short of a pass. `score<X` / `HARNESS:score<X`: a harness's mean
-reward over its scored trials below X.
+reward over its scored trials below X. `regression`: a harness significantly worse than the
+baseline (paired over tasks, p < 0.05), or than itself in the run given by `--hemra-compare`.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pytest_hemra.comparison import RunComparison
 from pytest_hemra.errors import SpecError
 from pytest_hemra.records import TrialRecord
+from pytest_hemra.report import RunReport
 from pytest_hemra.trial import SCORED_OUTCOMES
 
 SCORE = re.compile(r"^(?:(?P<harness>[A-Za-z0-9_.-]+):)?score<(?P<threshold>[0-9.]+)$")
-KINDS = ("unfinished", "failure")
+KINDS = ("unfinished", "failure", "regression")
 
 
 @dataclass(frozen=True)
@@ -37,16 +40,24 @@ def parse_gate(text: str, source: str = "--hemra-fail-on") -> Gate:
         except ValueError:
             pass
     raise SpecError(
-        f"{source}: expected 'unfinished', 'failure', 'score<X' or 'HARNESS:score<X', got {text!r}"
+        f"{source}: expected 'unfinished', 'failure', 'regression', 'score<X' or"
+        f" 'HARNESS:score<X', got {text!r}"
     )
 
 
-def tripped(gates: Sequence[Gate], trials: Sequence[TrialRecord]) -> list[str]:
+def tripped(
+    gates: Sequence[Gate],
+    trials: Sequence[TrialRecord],
+    report: RunReport | None = None,
+    comparison: RunComparison | None = None,
+) -> list[str]:
     """Why the run fails its gates: one line per tripped gate, empty when it passes."""
     counted = [t for t in trials if t.status != "deselected"]
     reasons: list[str] = []
     for gate in gates:
-        if gate.kind == "unfinished":
+        if gate.kind == "regression":
+            reasons += _regressions(report, comparison)
+        elif gate.kind == "unfinished":
             missing = [t for t in counted if not t.is_finished or t.outcome not in SCORED_OUTCOMES]
             if missing:
                 outcomes = sorted({t.outcome or t.status for t in missing})
@@ -69,4 +80,23 @@ def tripped(gates: Sequence[Gate], trials: Sequence[TrialRecord]) -> list[str]:
                     reasons.append(f"{harness}: mean reward {mean:.3f} < {gate.threshold:g}")
             if gate.harness is not None and gate.harness not in {t.harness for t in counted}:
                 reasons.append(f"{gate.harness}: no trials in this run")
+    return reasons
+
+
+def _regressions(report: RunReport | None, comparison: RunComparison | None) -> list[str]:
+    reasons = []
+    for dataset in report.datasets if report else []:
+        for row in dataset.harnesses:
+            versus = row.versus
+            if versus is not None and versus.diff < 0 and row.is_significant:
+                reasons.append(
+                    f"{row.harness} on {dataset.name}: {versus.diff:+.3f} vs the baseline"
+                    f" (p={versus.p_value:.3f})"
+                )
+    if comparison is not None:
+        for name, change in comparison.regressions:
+            reasons.append(
+                f"{change.harness} on {name}: {change.change.diff:+.3f} vs run"
+                f" {comparison.before} (p={change.change.p_value:.3f})"
+            )
     return reasons

@@ -6,6 +6,7 @@ The controller resolves and records the plan once; xdist workers get the run id 
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,14 @@ import pytest
 from _pytest.runner import runtestprotocol
 
 from pytest_hemra import hookspecs
+from pytest_hemra.comparison import (
+    RunComparison,
+    compare_runs,
+    comparison_dict,
+    render_comparison,
+)
 from pytest_hemra.errors import HemraError
+from pytest_hemra.formats import render_text
 from pytest_hemra.gates import Gate, parse_gate, tripped
 from pytest_hemra.gateway.ledger import RunBudget
 from pytest_hemra.gateway.providers import configured_providers
@@ -28,7 +36,7 @@ from pytest_hemra.plan import (
     resolve_plan,
 )
 from pytest_hemra.records import PlannedTrial, TrialRecord
-from pytest_hemra.report import render_run
+from pytest_hemra.report import RunReport, build_report, report_dict
 from pytest_hemra.sandbox import SandboxProvider
 from pytest_hemra.sandbox.docker import DockerProvider
 from pytest_hemra.spec import Overrides
@@ -55,6 +63,8 @@ class HemraSession:
     budget: RunBudget | None = None
     gates: tuple[Gate, ...] = ()
     gate_reasons: list[str] = field(default_factory=list)
+    report: RunReport | None = None
+    comparison: RunComparison | None = None
 
     def started_gateway(self) -> Gateway:
         """This process's gateway, started on first use: loopback plus where sandboxes reach."""
@@ -148,7 +158,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=[],
         metavar="GATE",
-        help="exit 1 when the run trips a gate: unfinished, failure, score<X, HARNESS:score<X",
+        help="exit 1 when the run trips a gate: unfinished, failure, regression, score<X,"
+        " HARNESS:score<X",
+    )
+    group.addoption(
+        "--hemra-summary",
+        metavar="PATH",
+        help="write the run's tables, flags and gates as JSON here, for CI",
+    )
+    group.addoption(
+        "--hemra-compare",
+        metavar="RUN_ID",
+        help="compare each harness with itself in an earlier run of the same store",
     )
     group.addoption(
         "--hemra-judge",
@@ -492,11 +513,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         left = [t.id for t in store.trials(run_id) if t.status in ("planned", "running")]
         store.cancel_trials(left, "interrupted (Ctrl-C)")
         hemra.provider.remove_sandboxes({"hemra.run": run_id})
+    hemra.report = build_report(store, run_id)
+    previous = session.config.getoption("hemra_compare")
+    hemra.comparison = compare_runs(store, previous, run_id) if previous else None
     if hemra.gates:
-        hemra.gate_reasons = tripped(hemra.gates, store.trials(run_id))
+        trials = store.trials(run_id)
+        hemra.gate_reasons = tripped(hemra.gates, trials, hemra.report, hemra.comparison)
         if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             failed = bool(hemra.gate_reasons)
             session.exitstatus = pytest.ExitCode.TESTS_FAILED if failed else pytest.ExitCode.OK
+    summary_path = session.config.getoption("hemra_summary")
+    if summary_path:
+        data = report_dict(hemra.report)
+        data["exit_status"] = int(session.exitstatus)
+        data["gates"] = {"tripped": hemra.gate_reasons}
+        if hemra.comparison is not None:
+            data["comparison"] = comparison_dict(hemra.comparison)
+        Path(summary_path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -522,6 +555,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if hasattr(config, "workerinput"):
         return
     terminalreporter.write_sep("=", "HEMRA")
-    terminalreporter.write_line(render_run(hemra.store, hemra.run.id))
+    report = hemra.report or build_report(hemra.store, hemra.run.id)
+    terminalreporter.write_line(render_text(report))
+    if hemra.comparison is not None:
+        terminalreporter.write_line("\n" + render_comparison(hemra.comparison))
     for reason in hemra.gate_reasons:
         terminalreporter.write_line(f"hemra: fail-on gate tripped: {reason}", red=True)

@@ -1,152 +1,192 @@
-"""Reports read only from the store: one table per dataset, every harness against the baseline."""
+"""Reports, read only from the store: per dataset, every harness against the baseline.
+
+`build_report` turns a run's stored trials into numbers (statistics from `stats.py`, flags from
+`fairness.py`); `formats.py` renders them as text, markdown, CSV, JSON or HTML. Only scored
+trials (pass, fail, timeout, harness_error) count in scores; a harness is compared with the
+baseline on the tasks both have scored trials for.
+"""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from dataclasses import dataclass
-from statistics import mean
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from tabulate import tabulate
-
-from pytest_hemra.output import SelfReport, disagrees
+from pytest_hemra.fairness import Flag, dataset_flags
+from pytest_hemra.output import SelfReport
 from pytest_hemra.records import TrialRecord
+from pytest_hemra.reward import is_pass
+from pytest_hemra.stats import (
+    Comparison,
+    Estimate,
+    Spread,
+    mean_ci,
+    mean_pass_at_k,
+    mean_pass_hat_k,
+    paired_difference,
+    summary,
+)
 from pytest_hemra.store import Store
 from pytest_hemra.trial import SCORED_OUTCOMES
 
+SIGNIFICANCE = 0.05
+
 
 @dataclass(frozen=True)
-class HarnessRow:
+class HarnessSummary:
     harness: str
-    planned: int
-    finished: int
+    is_baseline: bool
+    planned: int  # trials, deselected ones left out
+    finished: int  # trials with a result (scored or errored)
     scored: int
     passes: int
-    mean_reward: float | None
-    mean_duration: float | None
+    tasks: int  # tasks with at least one scored trial
+    reward: Estimate | None  # mean reward, 95% CI clustered by task
+    pass_rate: Estimate | None
+    versus: Comparison | None  # paired difference from the baseline's reward
+    pass_at_k: dict[int, float | None]
+    pass_hat_k: dict[int, float | None]
+    tokens: Spread
+    cost: Spread | None  # None: some trial's cost is unknown
+    duration: Spread
     outcomes: dict[str, int]
-    tokens: int
-    cost: float | None  # None: some call's model has no known price
     own_tokens: int | None  # what the harness itself reported, where it reports
+    judges: dict[str, Estimate | None] = field(default_factory=dict)
+
+    @property
+    def is_significant(self) -> bool:
+        return self.versus is not None and self.versus.p_value < SIGNIFICANCE
 
 
-def summarize(trials: list[TrialRecord], harnesses: list[str]) -> list[HarnessRow]:
-    by_harness: dict[str, list[TrialRecord]] = defaultdict(list)
+@dataclass(frozen=True)
+class DatasetReport:
+    name: str
+    digest: str
+    tasks: int
+    attempts: int
+    harnesses: list[HarnessSummary]
+    flags: list[Flag]
+
+
+@dataclass(frozen=True)
+class RunReport:
+    run_id: str
+    name: str
+    store: str
+    status: str
+    baseline: str
+    model: str | None
+    datasets: list[DatasetReport]
+
+
+def by_task(trials: Sequence[TrialRecord]) -> dict[str, list[float]]:
+    """Scored trials' rewards, grouped by task (attempts of a task stay together)."""
+    grouped: dict[str, list[float]] = defaultdict(list)
     for trial in trials:
-        by_harness[trial.harness].append(trial)
-    rows = []
-    for harness in harnesses:
-        mine = [t for t in by_harness[harness] if t.status != "deselected"]
-        finished = [t for t in mine if t.status == "finished"]  # cancelled ones are not
-        scored = [t for t in finished if t.outcome in SCORED_OUTCOMES and t.reward is not None]
-        durations = [t.duration for t in finished if t.duration is not None]
-        outcomes: dict[str, int] = defaultdict(int)
-        for trial in mine:
-            if trial.outcome:
-                outcomes[trial.outcome] += 1
-        rows.append(
-            HarnessRow(
-                harness=harness,
-                planned=len(mine),
-                finished=len(finished),
-                scored=len(scored),
-                passes=sum(1 for t in scored if t.outcome == "pass"),
-                mean_reward=mean(t.reward for t in scored if t.reward is not None)
-                if scored
-                else None,
-                mean_duration=mean(durations) if durations else None,
-                outcomes=dict(outcomes),
-                tokens=sum(t.tokens for t in finished),
-                own_tokens=sum(
-                    SelfReport(**t.own_report).total_tokens for t in finished if t.own_report
-                )
-                if any(t.own_report for t in finished)
-                else None,
-                cost=None
-                if any(t.cost is None for t in finished)
-                else sum(t.cost or 0.0 for t in finished),
-            )
-        )
-    return rows
+        if trial.outcome in SCORED_OUTCOMES:
+            grouped[trial.task].append(trial.reward or 0.0)
+    return dict(grouped)
 
 
-def render_run(store: Store, run_id: str) -> str:
-    """The terminal summary of a run: a table per dataset, the baseline first."""
+def summarize(
+    trials: Sequence[TrialRecord],
+    harness: str,
+    attempts: int,
+    baseline: dict[str, list[float]] | None,
+) -> HarnessSummary:
+    mine = [t for t in trials if t.harness == harness and t.status != "deselected"]
+    finished = [t for t in mine if t.status == "finished"]
+    rewards = by_task(mine)
+    passes = {task: [float(is_pass(r)) for r in values] for task, values in rewards.items()}
+    outcomes: dict[str, int] = defaultdict(int)
+    for trial in mine:
+        if trial.outcome:
+            outcomes[trial.outcome] += 1
+    own = [SelfReport(**t.own_report).total_tokens for t in finished if t.own_report]
+    judges: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for trial in finished:
+        for name, score in trial.rewards.items():
+            if name.startswith("judge:"):
+                judges[name.removeprefix("judge:")][trial.task].append(score)
+    bools = {task: [p == 1.0 for p in values] for task, values in passes.items()}
+    return HarnessSummary(
+        harness=harness,
+        is_baseline=baseline is None,
+        planned=len(mine),
+        finished=len(finished),
+        scored=sum(len(v) for v in rewards.values()),
+        passes=int(sum(sum(v) for v in passes.values())),
+        tasks=len(rewards),
+        reward=mean_ci(rewards) if rewards else None,
+        pass_rate=mean_ci(passes) if passes else None,
+        versus=paired_difference(rewards, baseline) if baseline is not None else None,
+        pass_at_k={k: mean_pass_at_k(bools, k) for k in range(1, attempts + 1)},
+        pass_hat_k={k: mean_pass_hat_k(bools, k) for k in range(1, attempts + 1)},
+        tokens=summary([float(t.tokens) for t in finished]),
+        cost=None
+        if any(t.cost is None for t in finished)
+        else summary([t.cost or 0.0 for t in finished]),
+        duration=summary([t.duration for t in finished if t.duration is not None]),
+        outcomes=dict(sorted(outcomes.items())),
+        own_tokens=sum(own) if own else None,
+        judges={name: mean_ci(scores) for name, scores in sorted(judges.items())},
+    )
+
+
+def build_report(store: Store, run_id: str) -> RunReport:
     run = store.run(run_id)
     spec = run.spec["spec"]
     harnesses: list[str] = spec["harnesses"]
     baseline = spec.get("baseline") or harnesses[0]
     ordered = [baseline, *(h for h in harnesses if h != baseline)]
     trials = store.trials(run_id)
-    sections = [f"HEMRA run {run.id} ({run.name}) - store {store.path}"]
-    for dataset, entry in run.spec["datasets"].items():
-        rows = summarize([t for t in trials if t.dataset == dataset], ordered)
-        base = rows[0].mean_reward
-        table = [
-            [
-                row.harness + (" (baseline)" if row.harness == baseline else ""),
-                f"{row.finished}/{row.planned}",
-                row.passes,
-                _number(row.mean_reward),
-                "" if row.harness == baseline else _delta(row.mean_reward, base),
-                _number(row.mean_duration, "s"),
-                row.tokens,
-                "-" if row.own_tokens is None else row.own_tokens,
-                "unknown" if row.cost is None else f"${row.cost:.4f}",
-                ", ".join(f"{k} {v}" for k, v in sorted(row.outcomes.items())),
-            ]
-            for row in rows
+    datasets = []
+    for name, entry in run.spec["datasets"].items():
+        mine = [t for t in trials if t.dataset == name]
+        attempts = max((t.attempt for t in mine), default=1)
+        base_rewards = by_task([t for t in mine if t.harness == baseline])
+        rows = [
+            summarize(mine, h, attempts, None if h == baseline else base_rewards) for h in ordered
         ]
-        flags = [
-            f"! {row.harness}: cost unknown: a model it called has no price in the table"
-            for row in rows
-            if row.cost is None
-        ]
-        flags += _model_flags([t for t in trials if t.dataset == dataset], spec.get("model"))
-        sections.append(
-            f"\n{dataset}@{entry['digest'][:12]} ({len(entry['tasks'])} tasks)\n"
-            + tabulate(
-                table,
-                headers=[
-                    "harness",
-                    "trials",
-                    "passes",
-                    "mean reward",
-                    "vs baseline",
-                    "mean duration",
-                    "tokens",
-                    "own tokens",
-                    "cost",
-                    "outcomes",
-                ],
-            )
-            + "".join(f"\n{flag}" for flag in flags)
+        flags = dataset_flags(mine, ordered, spec.get("model"))
+        flags += [flag for row in rows if (flag := too_few_tasks(row)) is not None]
+        datasets.append(
+            DatasetReport(name, entry["digest"], len(entry["tasks"]), attempts, rows, flags)
         )
-    return "\n".join(sections)
+    return RunReport(
+        run.id, run.name, str(store.path), run.status, baseline, spec.get("model"), datasets
+    )
 
 
-def _model_flags(trials: list[TrialRecord], model: str | None) -> list[str]:
-    """Trials that spent tokens on other models than the run's, or were stopped by a limit."""
-    flags = []
-    for trial in trials:
-        if model and trial.other_model_tokens and trial.tokens:
-            share = trial.other_model_tokens / trial.tokens
-            flags.append(
-                f"! {trial.item_id}: {share:.0%} of its tokens went to other models than {model}"
-            )
-        if trial.stopped_by:
-            flags.append(f"! {trial.item_id}: stopped by the {trial.stopped_by}")
-        own = trial.own_report
-        if own is not None and disagrees(SelfReport(**own), trial.tokens):
-            flags.append(
-                f"! {trial.item_id}: the harness reports {SelfReport(**own).total_tokens} tokens, "
-                f"the gateway counted {trial.tokens}"
-            )
-    return flags
+def too_few_tasks(row: HarnessSummary) -> Flag | None:
+    """A difference from the baseline whose CI includes zero: how many tasks would settle it."""
+    versus = row.versus
+    if versus is None or versus.n_tasks == 0 or versus.low > 0 or versus.high < 0:
+        return None
+    half_width = (versus.high - versus.low) / 2
+    if versus.diff == 0 or half_width == 0:
+        needed = ""
+    else:
+        more = math.ceil(versus.n_tasks * (half_width / abs(versus.diff)) ** 2)
+        needed = f"; about {more} tasks would resolve a difference this size"
+    return Flag(
+        "too_few_tasks",
+        row.harness,
+        f"its difference from the baseline ({versus.diff:+.3f}, 95% CI {versus.low:+.3f} to"
+        f" {versus.high:+.3f}, p={versus.p_value:.2f}) is not distinguishable from zero on"
+        f" {versus.n_tasks} shared tasks{needed}",
+    )
 
 
-def _number(value: float | None, unit: str = "") -> str:
-    return "-" if value is None else f"{value:.3f}{unit}" if not unit else f"{value:.2f}{unit}"
+def report_dict(report: RunReport) -> dict[str, Any]:
+    """The report as plain JSON-ready data (the `json` format and `--hemra-summary`)."""
+    from dataclasses import asdict
 
-
-def _delta(value: float | None, base: float | None) -> str:
-    return "-" if value is None or base is None else f"{value - base:+.3f}"
+    data = asdict(report)
+    for dataset, source in zip(data["datasets"], report.datasets, strict=True):
+        dataset["flags"] = [
+            {"kind": f.kind, "harness": f.harness, "message": f.message} for f in source.flags
+        ]
+    return data
