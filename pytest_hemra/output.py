@@ -2,12 +2,14 @@
 
 Kept beside the gateway's count, never instead of it: the report flags a trial where the two
 disagree. Claude Code reports totals in its `result` event; Codex per turn in `turn.completed`;
-pi per model call in each assistant `message_end`.
+pi per model call in each assistant `message_end`; aider per model call in a printed `Tokens:`
+line.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -131,10 +133,47 @@ def _pi(text: str) -> SelfReport | None:
     return report if seen else None
 
 
+# `Tokens: 1.2k sent, 20 cache write, 5 cache hit, 50 received.`: "sent" holds the cached and
+# cache-written input too. Past 999 aider rounds (`1.2k`, `12k`), so large counts are approximate.
+AIDER_TOKENS = re.compile(
+    r"^Tokens: (?P<sent>[\d.]+k?) sent"
+    r"(?:, (?P<write>[\d.]+k?) cache write)?(?:, (?P<hit>[\d.]+k?) cache hit)?"
+    r", (?P<received>[\d.]+k?) received\."
+)
+AIDER_COST = re.compile(r"Cost: \$[\d.]+ message, \$(?P<session>[\d.]+) session\.")
+
+
+def _aider_count(text: str | None) -> int:
+    if not text:
+        return 0
+    return round(float(text[:-1]) * 1000) if text.endswith("k") else int(text)
+
+
+def _aider(text: str) -> SelfReport | None:
+    """aider prints a `Tokens:` line per message it sends (and a `Cost:` one when it knows the
+    price). No final message: it prints replies re-wrapped, with diffs in place of files."""
+    report, seen = SelfReport(turns=0), False
+    for line in text.splitlines():
+        tokens, cost = AIDER_TOKENS.match(line), AIDER_COST.search(line)
+        if tokens:
+            seen = True
+            sent, hit = _aider_count(tokens["sent"]), _aider_count(tokens["hit"])
+            written = _aider_count(tokens["write"])
+            report.input_tokens += max(sent - hit - written, 0)
+            report.cache_read_tokens += hit
+            report.cache_write_tokens += written
+            report.output_tokens += _aider_count(tokens["received"])
+            report.turns = (report.turns or 0) + 1
+        if cost:
+            report.cost_usd = float(cost["session"])  # the session's running total
+    return report if seen else None
+
+
 PARSERS: dict[str, Callable[[str], SelfReport | None]] = {
     "claude-code": _claude_code,
     "codex": _codex,
     "pi": _pi,
+    "aider": _aider,
 }
 
 

@@ -39,6 +39,7 @@ PLACEHOLDERS = frozenset(
     }
 )
 PACKAGE_PATTERN = r"^(npm|pypi):[^\s]+$"
+ADDED_HARNESS_KEYS = ("edit_format",)  # harness keys left out of digests while unset
 
 
 def is_valid_name(name: str) -> bool:
@@ -180,6 +181,8 @@ class HarnessSpec(Strict):
     output: Literal["claude-code", "codex", "pi", "mini-swe-agent", "aider"] | None = None
     entry: str | None = Field(default=None, pattern=r"^[\w./-]+:[A-Za-z_]\w*$")
     finish_command: str | None = None  # how the agent declares it is done (scripted replays)
+    # no tools: the harness edits files from blocks in the model's text reply, in this format
+    edit_format: Literal["whole"] | None = None
 
     _env = field_validator("env")(_check_env_names)
 
@@ -199,8 +202,12 @@ class HarnessSpec(Strict):
         return table
 
     def digest(self) -> str:
-        """sha256 of the canonical content: the same file gives the same digest anywhere."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """sha256 of the canonical content: the same file gives the same digest anywhere. A key
+        added since digests were first recorded counts only when set, so adding one changes no
+        existing harness's digest (nor its install)."""
+        unset = {key for key in ADDED_HARNESS_KEYS if getattr(self, key) is None}
+        content = self.model_dump(mode="json", exclude=unset)
+        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -20,7 +20,14 @@ from pytest_hemra.acp import run_acp
 from pytest_hemra.datasets import Task
 from pytest_hemra.errors import HemraError, InfraError, VerifierError, outcome_of
 from pytest_hemra.gateway.ledger import CallPolicy, RunBudget, TrialUsage
-from pytest_hemra.gateway.scripted import Script, ShellStep, default_script, load_script
+from pytest_hemra.gateway.scripted import (
+    NO_EDITS,
+    Script,
+    ShellStep,
+    default_script,
+    load_edits,
+    load_script,
+)
 from pytest_hemra.gateway.server import Gateway
 from pytest_hemra.harnesses import Harness, render, render_argv
 from pytest_hemra.installs import HARNESS_DIR, Installed, ensure_installed
@@ -37,7 +44,7 @@ from pytest_hemra.sandbox import (
     SandboxRequest,
 )
 from pytest_hemra.sdk import run_sdk
-from pytest_hemra.spec import RunSpec
+from pytest_hemra.spec import HarnessSpec, RunSpec
 from pytest_hemra.trajectory import build_trajectory
 
 RESULT_SCHEMA_VERSION = 1
@@ -213,7 +220,7 @@ def _model_access(context: TrialContext, progress: _Progress) -> Iterator[dict[s
         context.run_id,
         provider=context.harness.spec.provider,
         keys=keys,
-        script=script_for(context.task, context.harness.spec.finish_command),
+        script=script_for(context.task, context.harness.spec),
         calls_dir=context.trial_dir / "calls",
         policy=CallPolicy(
             model=context.spec.model,
@@ -237,16 +244,23 @@ def _model_access(context: TrialContext, progress: _Progress) -> Iterator[dict[s
             (context.trial_dir / "trajectory.json").write_text(json.dumps(trajectory, indent=1))
 
 
-def script_for(task: Task, finish_command: str | None = None) -> Script:
+def script_for(task: Task, harness: HarnessSpec) -> Script:
     """What the scripted model plays for a task: `solution/scripted.toml`, else solve.sh, then
-    the harness's `finish_command` (for agents that end by a command, not by a message)."""
+    the harness's `finish_command` (for agents that end by a command, not by a message).
+
+    A harness with an `edit_format` has no tools to run either: it gets `solution/edits.toml`'s
+    files in one reply, or, for a task without one, a reply saying there are no edits."""
+    if harness.edit_format is not None:
+        edits = task.path / "solution" / "edits.toml"
+        return load_edits(edits) if edits.is_file() else (NO_EDITS,)
     transcript = task.path / "solution" / "scripted.toml"
     if transcript.is_file():
         return load_script(transcript)
     if not task.has_solution:
         return ()
     solve, final = default_script((task.path / "solution" / "solve.sh").read_text())
-    return (solve, ShellStep(finish_command), final) if finish_command else (solve, final)
+    finish = harness.finish_command
+    return (solve, ShellStep(finish), final) if finish else (solve, final)
 
 
 def _keep_agent_logs(sandbox: Sandbox, target: Path) -> None:

@@ -1,4 +1,4 @@
-"""Real coding-agent CLIs from npm, installed once, in real Docker sandboxes, offline."""
+"""Real coding-agent CLIs from npm and PyPI, installed once, in real Docker sandboxes, offline."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO, TaskMaker
 from pytest_hemra.datasets import bundled_dir
-from pytest_hemra.gateway.scripted import scripted_usage
+from pytest_hemra.gateway.scripted import EditsStep, load_edits, scripted_usage, whole_files
 from pytest_hemra.gateway.wire import Wire
 from pytest_hemra.harnesses import resolve_harness
 from pytest_hemra.installs import MARKER, install_dir, is_installed
@@ -24,7 +24,9 @@ WIRE_OF = {
     "pi": Wire.CHAT,
     "claude-code-acp": Wire.ANTHROPIC,
     "mini-swe-agent": Wire.CHAT,
+    "aider": Wire.CHAT,
 }
+EDIT_FORMAT = {"aider"}  # no tools: one reply holding the task's files whole, then it exits
 NO_OWN_NUMBERS = {"claude-code-acp", "mini-swe-agent"}  # ACP carries no usage; mini: not parsed
 SENTINEL = "sk-sentinel-7e21d4a9c0"
 
@@ -39,13 +41,15 @@ def test_real_agents_solve_every_offline_task_counted_to_the_token(
         "--hemra-store",
         str(store_path),
     )
-    tasks = len(list((bundled_dir("datasets") / "hemra-offline").glob("*/task.toml")))
+    dataset = bundled_dir("datasets") / "hemra-offline"
+    tasks = len(list(dataset.glob("*/task.toml")))
     result.assert_outcomes(passed=len(WIRE_OF) * tasks)
     store = Store(store_path)
     (run,) = store.runs()
     for trial in store.trials(run.id):
         per_call = scripted_usage(WIRE_OF[trial.harness]).total_tokens
-        assert trial.tokens == 2 * per_call, trial.item_id  # a tool call, then the final message
+        calls = 1 if trial.harness in EDIT_FORMAT else 2  # else a tool call, then a final message
+        assert trial.tokens == calls * per_call, trial.item_id
         own = trial.own_report
         if trial.harness in NO_OWN_NUMBERS:  # the gateway's count only
             assert own is None
@@ -63,19 +67,26 @@ def test_real_agents_solve_every_offline_task_counted_to_the_token(
             assert own_total == trial.tokens, trial.item_id
         trajectory = json.loads((Path(trial.trial_dir or "") / "trajectory.json").read_text())
         tools = [c["name"] for m in trajectory["messages"] for c in m.get("tool_calls", [])]
+        last = trajectory["messages"][-1]
+        assert last["role"] == "assistant", trial.item_id
+        if trial.harness in EDIT_FORMAT:  # the task's files, whole, in one text reply
+            (edits,) = load_edits(dataset / trial.task / "solution" / "edits.toml")
+            assert isinstance(edits, EditsStep)
+            assert not tools and last["text"] == whole_files(edits), trial.item_id
+            continue
         # the solution's one command, and mini-swe-agent's finish_command after it
         assert len(tools) == (2 if trial.harness == "mini-swe-agent" else 1), tools
-        assert trajectory["messages"][-1]["role"] == "assistant", trial.item_id
     result.stdout.fnmatch_lines([f"{name}*6/6*6*" for name in WIRE_OF])
 
 
-def test_installs_are_cached_by_harness_digest(pytester: pytest.Pytester) -> None:
-    harness = resolve_harness("pi", REPO, "test", None)
-    first = pytester.run("hemra", "harness", "install", "pi")
+@pytest.mark.parametrize("name", ["pi", "aider"])  # from npm, from PyPI
+def test_installs_are_cached_by_harness_digest(pytester: pytest.Pytester, name: str) -> None:
+    harness = resolve_harness(name, REPO, "test", None)
+    first = pytester.run("hemra", "harness", "install", name)
     assert first.ret == 0 and is_installed(harness)
     marker = (install_dir(harness) / MARKER).stat().st_mtime_ns
-    again = pytester.run("hemra", "harness", "install", "pi")
-    assert "pi: already installed" in again.stdout.str()
+    again = pytester.run("hemra", "harness", "install", name)
+    assert f"{name}: already installed" in again.stdout.str()
     assert (install_dir(harness) / MARKER).stat().st_mtime_ns == marker
 
 

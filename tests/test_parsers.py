@@ -1,16 +1,19 @@
-"""Pure parsers: rewards, apt mirrors, placeholders, harness digests."""
+"""Pure parsers: rewards, apt mirrors, placeholders, harness digests, harnesses' own numbers."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
 
-from pytest_hemra.errors import VerifierError
+from pytest_hemra.errors import SpecError, VerifierError
 from pytest_hemra.harnesses import render_argv
+from pytest_hemra.output import SelfReport, parse_output
 from pytest_hemra.reward import parse_reward
 from pytest_hemra.sandbox.base_image import apt_mirror
-from pytest_hemra.spec import HarnessSpec
+from pytest_hemra.spec import HarnessSpec, load_harness_spec
 from pytest_hemra.trial import tree_diff
 
 
@@ -88,6 +91,18 @@ def test_harness_digest_is_canonical() -> None:
     assert len(one.digest()) == 64
 
 
+def test_a_harness_key_added_later_moves_no_digest_of_a_file_without_it() -> None:
+    harness = HarnessSpec.model_validate({"kind": "cli", "command": ["a"]})
+    before = json.dumps(  # the canonical content before `edit_format` existed
+        harness.model_dump(mode="json", exclude={"edit_format"}),
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    assert harness.digest() == hashlib.sha256(before.encode()).hexdigest()
+    whole = HarnessSpec.model_validate({"kind": "cli", "command": ["a"], "edit_format": "whole"})
+    assert whole.digest() != harness.digest()
+
+
 def test_diff_names_binary_files_and_new_files() -> None:
     diff = tree_diff(
         {"a.txt": b"x\n", "bin": b"\xff\x00"}, {"a.txt": b"y", "bin": b"\xfe", "new.txt": b"n\n"}
@@ -95,3 +110,63 @@ def test_diff_names_binary_files_and_new_files() -> None:
     assert "-x\n+y\n" in diff
     assert "Binary files a/bin and b/bin differ" in diff
     assert "--- /dev/null\n+++ b/new.txt" in diff
+
+
+def test_an_edit_format_other_than_whole_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "aider.toml"
+    path.write_text('kind = "cli"\ncommand = ["aider"]\nedit_format = "diff"\n')
+    with pytest.raises(SpecError, match=r"aider\.toml: key 'edit_format': input should be 'whole'"):
+        load_harness_spec(path)
+
+
+# aider's stdout with --no-pretty: its banner, each reply as it printed it, then a Tokens line
+AIDER_STDOUT = """Aider v0.86.2
+Model: openai/hemra/scripted with whole edit format
+Git repo: none
+Repo-map: disabled
+
+I created hello.txt.
+
+
+
+hello.txt
+
+```
+hello, world
+
+```
+
+Tokens: 120 sent, 50 received.
+
+hello.txt
+Applied edit to hello.txt
+"""
+
+
+def test_aider_tokens_line_is_read_with_cached_input_out_of_sent() -> None:
+    assert parse_output("aider", AIDER_STDOUT) == SelfReport(
+        input_tokens=120, output_tokens=50, turns=1
+    )
+    own = parse_output("aider", "Tokens: 900 sent, 100 cache write, 300 cache hit, 40 received.")
+    assert own is not None
+    assert (own.input_tokens, own.cache_write_tokens, own.cache_read_tokens) == (500, 100, 300)
+    assert own.total_tokens == 940
+
+
+def test_aider_sums_its_calls_reads_k_counts_and_keeps_the_session_cost() -> None:
+    text = (
+        "First reply.\n"
+        "Tokens: 2.4k sent, 12 received. Cost: $0.01 message, $0.01 session.\n"
+        "Second reply.\n"
+        "Tokens: 12k sent, 1.5k cache write, 300 cache hit, 1.0k received.\n"
+        "Cost: $0.03 message, $0.04 session.\n"
+    )
+    own = parse_output("aider", text)
+    assert own is not None
+    assert (own.input_tokens, own.output_tokens) == (2400 + 12000 - 1500 - 300, 12 + 1000)
+    assert (own.cache_write_tokens, own.cache_read_tokens) == (1500, 300)
+    assert (own.turns, own.cost_usd, own.final_message) == (2, 0.04, None)
+
+
+def test_aider_output_without_a_tokens_line_reports_nothing() -> None:
+    assert parse_output("aider", "Aider v0.86.2\nlitellm.APIConnectionError: refused\n") is None

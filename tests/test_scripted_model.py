@@ -18,26 +18,37 @@ import openai
 import pytest
 from aiohttp import web
 
+from conftest import TaskMaker
+from pytest_hemra.datasets import bundled_dir, load_task, task_dirs
 from pytest_hemra.errors import SpecError
 from pytest_hemra.gateway.replies import respond
 from pytest_hemra.gateway.scripted import (
+    NO_EDITS,
     SCRIPTED_USAGE,
+    EditsStep,
     Script,
     ShellStep,
     TextStep,
     WriteStep,
     default_script,
+    load_edits,
     load_script,
     scripted_usage,
+    whole_files,
 )
 from pytest_hemra.gateway.usage import UsageReader, is_streaming
 from pytest_hemra.gateway.wire import Usage, Wire, wire_of
+from pytest_hemra.spec import HarnessSpec
+from pytest_hemra.trial import script_for
 
 COMMAND = "echo hi > hello.txt"
 SCRIPTS: dict[str, Script] = {
     "solve": default_script(COMMAND),
     "write": (WriteStep("notes/hello.txt", "hi\nthere 'quoted' $HOME\n"), TextStep("Wrote it.")),
     "refuse": (TextStep("I will not do that.", is_refusal=True),),
+    "edits": (
+        EditsStep((WriteStep("hello.txt", "hi\n"), WriteStep("pkg/empty.py", "")), "Two files."),
+    ),
 }
 USER = {"role": "user", "content": "Write hi to hello.txt."}
 
@@ -634,6 +645,112 @@ def test_other_paths_are_not_answered(server: str) -> None:
     status, _, raw = post(server, "/solve/v1/embeddings", {"input": "x"})
     assert status == 404
     assert "does not answer" in json.loads(raw)["error"]["message"]
+
+
+# ---- edit formats (aider) ----------------------------------------------------------------------
+
+# aider's whole-format prompt: a system message, then example exchanges, then the instruction
+AIDER_MESSAGES = [
+    {"role": "system", "content": "Act as an expert software developer."},
+    {"role": "user", "content": "Change the greeting to be more casual"},
+    {"role": "assistant", "content": "Ok, I will:\n\nshow_greeting.py\n```\nprint('Hey')\n```\n"},
+    {"role": "user", "content": "I switched to a new code base."},
+    {"role": "assistant", "content": "Ok."},
+    USER,
+]
+WHOLE_REPLY = "Two files.\n\nhello.txt\n```\nhi\n```\n\npkg/empty.py\n```\n```\n"
+
+
+def test_whole_files_is_the_text_then_each_path_and_its_content_fenced() -> None:
+    assert whole_files(SCRIPTS["edits"][0]) == WHOLE_REPLY  # type: ignore[arg-type]
+    assert whole_files(EditsStep((), "Nothing to change.")) == "Nothing to change.\n"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_plays_aider_every_edit_in_one_text_reply_despite_its_example_turns(
+    server: str, stream: bool
+) -> None:
+    client = gpt(server, "edits")
+    if stream:
+        with client.chat.completions.stream(model="m", messages=AIDER_MESSAGES) as events:
+            completion = events.get_final_completion()
+    else:
+        completion = client.chat.completions.create(model="m", messages=AIDER_MESSAGES)
+    assert completion.choices[0].message.content == WHOLE_REPLY
+    assert completion.choices[0].finish_reason == "stop"
+
+
+def test_once_the_edits_are_in_the_conversation_the_model_is_done(server: str) -> None:
+    history = [
+        *AIDER_MESSAGES,
+        {"role": "assistant", "content": WHOLE_REPLY},
+        {"role": "user", "content": "Fix the lint errors."},
+    ]
+    completion = gpt(server, "edits").chat.completions.create(model="m", messages=history)
+    assert completion.choices[0].message.content == "Done."
+
+
+def test_an_edits_file_becomes_one_step_with_every_write_and_the_text(tmp_path: Path) -> None:
+    path = tmp_path / "edits.toml"
+    path.write_text(
+        "[[step]]\nkind = 'write'\npath = 'a.py'\ncontent = \"x = 1\\n\"\n"
+        "[[step]]\nkind = 'text'\ntext = 'Set x.'\n"
+        "[[step]]\nkind = 'write'\npath = 'b/c.txt'\ncontent = ''\n"
+    )
+    assert load_edits(path) == (
+        EditsStep((WriteStep("a.py", "x = 1\n"), WriteStep("b/c.txt", "")), "Set x."),
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "[[step]]\nkind = 'shell'\ncommand = 'ls'\n",
+            "key 'step[0].kind': an edit-format harness runs no commands and refuses nothing "
+            "(expected 'write' or 'text', got 'shell')",
+        ),
+        ("[[step]]\nkind = 'refusal'\ntext = 'No.'\n", "got 'refusal'"),
+        (
+            "[[step]]\nkind = 'write'\npath = 'a'\ncontent = 'no newline'\n",
+            "key 'step[0].content': expected a final newline",
+        ),
+        (
+            "[[step]]\nkind = 'write'\npath = 'a.md'\ncontent = \"```\\nx\\n```\\n\"\n",
+            "key 'step[0].content': a line starts with ```",
+        ),
+    ],
+)
+def test_edits_a_whole_file_block_cannot_carry_are_refused(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "edits.toml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as raised:
+        load_edits(path)
+    assert str(raised.value).startswith(f"{path}: ")
+    assert message in str(raised.value)
+
+
+def test_an_edit_format_harness_gets_the_tasks_edits_or_a_reply_without_any(
+    make_task: TaskMaker,
+) -> None:
+    aider = HarnessSpec(kind="cli", command=["aider"], edit_format="whole")
+    shell = HarnessSpec(kind="cli", command=["pi"])
+    folder = make_task("with-edits")
+    (folder / "solution" / "edits.toml").write_text(
+        "[[step]]\nkind = 'write'\npath = 'out.txt'\ncontent = \"hi\\n\"\n"
+    )
+    task = load_task(folder)
+    assert script_for(task, aider) == (EditsStep((WriteStep("out.txt", "hi\n"),), ""),)
+    assert script_for(task, shell) == default_script("echo hi > /app/out.txt\n")
+    assert script_for(load_task(make_task("without")), aider) == (NO_EDITS,)
+
+
+def test_every_bundled_offline_task_has_edits_for_an_edit_format_harness() -> None:
+    for folder in task_dirs(bundled_dir("datasets") / "hemra-offline"):
+        (step,) = load_edits(folder / "solution" / "edits.toml")
+        assert isinstance(step, EditsStep) and step.writes and step.text, folder.name
 
 
 # ---- scripts ------------------------------------------------------------------------------------

@@ -2,10 +2,11 @@
 
 Real harness CLIs (Claude Code, Codex, pi, mini-swe-agent) "solve" a task offline by replaying a
 script: run a command through the harness's own shell tool, write a file through its write tool,
-then say they are done. The model is stateless: the step it plays is the number of assistant turns
-already in the request. Its event sequences are the full ones the real CLIs were measured to accept
-(a shorter one can make a CLI drop the tool call and retry, or exit 0 having done nothing), and
-every response reports the same documented `SCRIPTED_USAGE`.
+then say they are done. A harness with no tools (aider) gets every write of the script in one
+text reply, in its edit format. The model is stateless: the step it plays is the number of
+assistant turns already in the request. Its event sequences are the full ones the real CLIs were
+measured to accept (a shorter one can make a CLI drop the tool call and retry, or exit 0 having
+done nothing), and every response reports the same documented `SCRIPTED_USAGE`.
 """
 
 from __future__ import annotations
@@ -47,7 +48,16 @@ class TextStep:
     is_refusal: bool = False
 
 
-Step = ShellStep | WriteStep | TextStep
+@dataclass(frozen=True)
+class EditsStep:
+    """Every file write of a script in one text reply, in an edit format: for a harness with no
+    tools (aider), which sends one message and applies the edits it finds in the reply."""
+
+    writes: tuple[WriteStep, ...]
+    text: str
+
+
+Step = ShellStep | WriteStep | TextStep | EditsStep
 Script = tuple[Step, ...]
 
 MODEL = "hemra/scripted"
@@ -58,6 +68,8 @@ SCRIPTED_USAGE = Usage(
     input_tokens=100, output_tokens=50, cache_read_tokens=20, cache_write_tokens=10, model=MODEL
 )
 FINAL_STEP = TextStep("Done.")
+NO_EDITS = TextStep("I have no edits for this task.")
+FENCE = "```"
 SHELL_TIME_LIMIT_MS = 600_000  # asked of shell tools that take a time limit (Claude Code's maximum)
 TIME_LIMIT_KEYS = ("timeout", "timeout_ms", "yield_time_ms")
 SHELL_TOOL_NAMES = ("bash", "exec_command", "shell_command", "shell")
@@ -98,6 +110,41 @@ def load_script(path: Path) -> Script:
     if not isinstance(steps, list) or not all(isinstance(step, dict) for step in steps):
         raise SpecError(f"{path}: key 'step': expected [[step]] tables")
     return tuple(_parse_step(path, index, step) for index, step in enumerate(steps))
+
+
+def load_edits(path: Path) -> Script:
+    """Read a task's `solution/edits.toml` (write and text steps, paths relative to /app) as the
+    one reply an edit-format harness gets: its text, then every write as a whole file."""
+    writes: list[WriteStep] = []
+    texts: list[str] = []
+    for index, step in enumerate(load_script(path)):
+        if isinstance(step, WriteStep):
+            _check_whole_content(path, index, step.content)
+            writes.append(step)
+        elif isinstance(step, TextStep) and not step.is_refusal:
+            texts.append(step.text)
+        else:
+            kind = "refusal" if isinstance(step, TextStep) else "shell"
+            raise SpecError(
+                f"{path}: key 'step[{index}].kind': an edit-format harness runs no commands "
+                f"and refuses nothing (expected 'write' or 'text', got '{kind}')"
+            )
+    return (EditsStep(tuple(writes), "\n\n".join(texts)),)
+
+
+def _check_whole_content(path: Path, index: int, content: str) -> None:
+    """A whole-file block ends at a line starting with a fence, and its last line ends with a
+    newline: content that breaks either cannot be written through the format exactly."""
+    if content and not content.endswith("\n"):
+        raise SpecError(
+            f"{path}: key 'step[{index}].content': expected a final newline "
+            "(a whole-file block cannot express a file without one)"
+        )
+    if any(line.startswith(FENCE) for line in content.splitlines()):
+        raise SpecError(
+            f"{path}: key 'step[{index}].content': a line starts with {FENCE}, "
+            "which would end the whole-file block"
+        )
 
 
 def _parse_step(path: Path, index: int, table: dict[str, Any]) -> Step:
@@ -154,9 +201,27 @@ Reply = ToolCall | TextStep
 
 
 def next_step(wire: Wire, body: dict[str, Any], script: Script) -> Step:
-    """The step to play: one per assistant turn already in the request, then `FINAL_STEP`."""
+    """The step to play: one per assistant turn already in the request, then `FINAL_STEP`.
+
+    An edits step is played until an assistant turn holds it: an edit-format harness's prompt
+    opens with example exchanges (aider's few-shot turns), so its turns cannot be counted."""
+    if script and isinstance(script[0], EditsStep):
+        return FINAL_STEP if whole_files(script[0]) in _assistant_texts(wire, body) else script[0]
     played = _played_turns(wire, body)
     return script[played] if played < len(script) else FINAL_STEP
+
+
+def _assistant_texts(wire: Wire, body: dict[str, Any]) -> list[str]:
+    """The text of each assistant message in the request (its text parts joined)."""
+    key = "input" if wire is Wire.RESPONSES else "messages"
+    texts = []
+    for message in _dicts(body.get(key)):
+        if message.get("role") != "assistant":
+            continue
+        content = message.get("content")
+        parts = [content] if isinstance(content, str) else _dicts(content)
+        texts.append("".join(p if isinstance(p, str) else str(p.get("text", "")) for p in parts))
+    return texts
 
 
 def _played_turns(wire: Wire, body: dict[str, Any]) -> int:
@@ -220,6 +285,8 @@ def plan_reply(step: Step, tools: Sequence[Tool], body: dict[str, Any]) -> Reply
     """How `step` is played with the tools offered: the shell tool is preferred for commands."""
     if isinstance(step, TextStep):
         return step
+    if isinstance(step, EditsStep):  # its harness offers no tools: the edits are the text
+        return TextStep(whole_files(step))
     if isinstance(step, WriteStep):
         writer = _write_tool(tools)
         if writer is not None:
@@ -231,6 +298,14 @@ def plan_reply(step: Step, tools: Sequence[Tool], body: dict[str, Any]) -> Reply
     if shell.is_freeform:
         return ToolCall(shell, f"await tools.exec_command({{cmd: {json.dumps(step.command)}}});")
     return ToolCall(shell, json.dumps(_shell_arguments(shell, step.command, body)))
+
+
+def whole_files(step: EditsStep) -> str:
+    """aider's `whole` edit format: the explanation, then each file's path on a line of its own
+    followed by its full content in a fenced block."""
+    blocks = [step.text] if step.text else []
+    blocks += [f"{write.path}\n{FENCE}\n{write.content}{FENCE}" for write in step.writes]
+    return "\n\n".join(blocks) + "\n"
 
 
 def _shell_tool(tools: Sequence[Tool]) -> Tool | None:
