@@ -96,7 +96,7 @@ def summarize(
     attempts: int,
     baseline: dict[str, list[float]] | None,
 ) -> HarnessSummary:
-    mine = [t for t in trials if t.harness == harness and t.status != "deselected"]
+    mine = [t for t in trials if t.status != "deselected"]  # the harness's own trials
     finished = [t for t in mine if t.status == "finished"]
     rewards = by_task(mine)
     passes = {task: [float(is_pass(r)) for r in values] for task, values in rewards.items()}
@@ -141,14 +141,17 @@ def build_report(store: Store, run_id: str) -> RunReport:
     harnesses: list[str] = spec["harnesses"]
     baseline = spec.get("baseline") or harnesses[0]
     ordered = [baseline, *(h for h in harnesses if h != baseline)]
-    trials = store.trials(run_id)
+    groups: dict[tuple[str, str], list[TrialRecord]] = defaultdict(list)
+    for trial in store.trials(run_id):
+        groups[trial.dataset, trial.harness].append(trial)
     datasets = []
     for name, entry in run.spec["datasets"].items():
-        mine = [t for t in trials if t.dataset == name]
+        mine = [t for h in ordered for t in groups[name, h]]
         attempts = max((t.attempt for t in mine), default=1)
-        base_rewards = by_task([t for t in mine if t.harness == baseline])
+        base_rewards = by_task(groups[name, baseline])
         rows = [
-            summarize(mine, h, attempts, None if h == baseline else base_rewards) for h in ordered
+            summarize(groups[name, h], h, attempts, None if h == baseline else base_rewards)
+            for h in ordered
         ]
         flags = dataset_flags(mine, ordered, spec.get("model"))
         flags += [flag for row in rows if (flag := too_few_tasks(row)) is not None]

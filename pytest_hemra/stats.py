@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -297,9 +298,11 @@ def _mean_over_tasks(
 ) -> float | None:
     if k < 1:
         raise ValueError(f"pass@k: k must be at least 1, got k={k}")
-    values = [
-        estimator(len(passes), sum(passes), k)
-        for passes in by_task_passes.values()
-        if len(passes) >= k
-    ]
-    return math.fsum(values) / len(values) if values else None
+    # tasks share few (attempts, passes) pairs: evaluate each pair once
+    pairs = Counter(
+        (len(passes), sum(passes)) for passes in by_task_passes.values() if len(passes) >= k
+    )
+    tasks = sum(pairs.values())
+    if not tasks:
+        return None
+    return math.fsum(estimator(n, c, k) * count for (n, c), count in pairs.items()) / tasks

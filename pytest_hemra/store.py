@@ -636,17 +636,25 @@ def _trial_record(row: Sequence[Any]) -> TrialRecord:
         status=row[8],
         outcome=row[9],
         reward=row[10],
-        rewards=json.loads(row[11]) if row[11] else {},
+        rewards=_json(row[11]) or {},
         error=row[12],
         duration=row[13],
         trial_dir=row[14],
         tokens=row[15],
         cost=row[16],
-        models=tuple(json.loads(row[17])) if row[17] else (),
+        models=tuple(_json(row[17]) or ()),
         other_model_tokens=row[18],
         stopped_by=row[19],
-        own_report=json.loads(row[20]) if row[20] else None,
+        own_report=_json(row[20]),
         replaces=row[21],
         retries=row[22],
         exit_code=row[23],
     )
+
+
+EMPTY_JSON = frozenset({"", "{}", "[]", "null"})
+
+
+def _json(text: str | None) -> Any:
+    """A JSON column, with the common empty values read without the parser."""
+    return None if text is None or text in EMPTY_JSON else json.loads(text)

@@ -1,0 +1,86 @@
+"""`hemra report` on a large store: 150,000 trials (30 harnesses x 1,000 tasks x 5 attempts).
+
+Fills a store with synthetic finished trials (rewards drawn from per-task difficulty, so tasks
+differ), then times building and rendering the report as `hemra report` does. Target: under 3 s.
+
+    python benchmarks/report.py [--harnesses 30] [--tasks 1000] [--attempts 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from pytest_hemra.formats import render_text
+from pytest_hemra.records import PlannedTrial
+from pytest_hemra.report import build_report
+from pytest_hemra.store import Store
+
+
+def fill(store: Store, harnesses: int, tasks: int, attempts: int) -> str:
+    names = [f"h{n:02d}" for n in range(harnesses)]
+    spec = {
+        "spec": {"harnesses": names, "baseline": names[0], "model": "m"},
+        "datasets": {
+            "bench": {"digest": "0" * 64, "path": "/nowhere", "tasks": list(range(tasks))}
+        },
+        "harnesses": {name: {"digest": "1" * 64} for name in names},
+    }
+    plan = [
+        PlannedTrial("bench", f"task-{t:04d}", name, a)
+        for name in names
+        for t in range(tasks)
+        for a in range(1, attempts + 1)
+    ]
+    store.record_plan("bench", "bench", spec, store.path.parent, plan)
+    rng = random.Random(0)
+    difficulty = [rng.random() for _ in range(tasks)]
+    skill = {name: rng.uniform(-0.2, 0.2) for name in names}
+    rows = []
+    for seq, trial in enumerate(plan):
+        chance = difficulty[int(trial.task[5:])] + skill[trial.harness]
+        passed = rng.random() < chance
+        rows.append((
+            "pass" if passed else "fail", float(passed), rng.randint(1000, 90000),
+            rng.random() / 10, rng.uniform(5, 300), f"bench.{seq:05d}",
+        ))  # fmt: skip
+    with store.db.conn:
+        store.db.conn.executemany(
+            "UPDATE trials SET status = 'finished', outcome = ?, reward = ?, input_tokens = ?,"
+            " cost = ?, cost_known = 1, duration = ?, rewards = '{}' WHERE id = ?",
+            rows,
+        )
+    return "bench"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--harnesses", type=int, default=30)
+    parser.add_argument("--tasks", type=int, default=1000)
+    parser.add_argument("--attempts", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        store = Store(Path(scratch) / "big.db")
+        run_id = fill(store, args.harnesses, args.tasks, args.attempts)
+        total = args.harnesses * args.tasks * args.attempts
+        started = time.perf_counter()
+        trials = store.trials(run_id)
+        loaded = time.perf_counter() - started
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            text = render_text(build_report(store, run_id))  # what `hemra report` does
+            times.append(time.perf_counter() - started)
+    best = min(times)
+    print(f"{total} trials ({len(trials)} rows read alone in {loaded:.2f} s)")
+    print(
+        f"hemra report (read, statistics, render), best of 3: {best:.2f} s;"
+        f" target < 3 s: {'met' if best < 3 else 'NOT met'} ({len(text.splitlines())} lines)"
+    )
+
+
+if __name__ == "__main__":
+    main()
