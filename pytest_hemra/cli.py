@@ -54,8 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="GATE",
-        help="also exit 1 on: failure, score<X, HARNESS:score<X (unfinished always counts)",
+        help="also exit 1 on: failure, regression, score<X, HARNESS:score<X"
+        " (unfinished always counts)",
     )
+    run.add_argument("--compare", metavar="RUN_ID", help="compare with an earlier run's harnesses")
+    run.add_argument("--summary", metavar="PATH", help="write the report as JSON here, for CI")
 
     serve = commands.add_parser("serve", help="work the queue of detached runs")
     serve.add_argument("--store", default=str(DEFAULT_STORE))
@@ -120,6 +123,8 @@ def pytest_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--hemra-resume-cancelled"]
     for flag, value in (
         ("--hemra-resume", args.resume),
+        ("--hemra-compare", args.compare),
+        ("--hemra-summary", args.summary),
         ("--hemra-attempts", args.attempts),
         ("--hemra-baseline", args.baseline),
         ("--hemra-sandbox", args.sandbox),

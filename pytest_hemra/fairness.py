@@ -51,6 +51,14 @@ def dataset_flags(
                     f"cost unknown: no price for {', '.join(models) or 'a model it called'}",
                 )
             )
+        failed_judges: dict[str, int] = defaultdict(int)
+        for trial in mine:
+            for judge, score in trial.judges.items():
+                failed_judges[judge] += score is None
+        for judge, count in sorted(failed_judges.items()):
+            if count:
+                message = f"judge {judge} gave no score on {count} trial(s)"
+                flags.append(Flag("judge_failed", harness, message))
         stopped = [t for t in mine if t.stopped_by]
         if stopped:
             reasons = ", ".join(sorted({t.stopped_by or "" for t in stopped}))

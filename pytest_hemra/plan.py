@@ -20,6 +20,7 @@ from pytest_hemra.errors import CapabilityError, InfraError, SpecError, StoreErr
 from pytest_hemra.gateway.providers import SCRIPTED, Provider, configured_providers
 from pytest_hemra.harnesses import Harness, resolve_harness
 from pytest_hemra.installs import ensure_installed
+from pytest_hemra.judges import Judge, resolve_judges
 from pytest_hemra.records import PlannedTrial, TrialRecord
 from pytest_hemra.sandbox import SandboxProvider
 from pytest_hemra.sdk import load_entry
@@ -38,6 +39,7 @@ class Plan:
     harnesses: tuple[Harness, ...]
     datasets: tuple[Dataset, ...]
     trials: tuple[PlannedTrial, ...]
+    judges: tuple[Judge, ...] = ()
 
     def record(self) -> dict[str, Any]:
         """The resolved spec with digests, as stored with the run."""
@@ -61,6 +63,7 @@ class Plan:
                 }
                 for d in self.datasets
             },
+            "judges": [judge.record() for judge in self.judges],
         }
 
 
@@ -79,10 +82,7 @@ def resolve_plan(
             f"{source}: key 'baseline': {spec.baseline!r} is not one of the run's harnesses "
             f"({', '.join(spec.harnesses)})"
         )
-    if spec.judge:
-        raise SpecError(
-            f"{source}: key 'judge': judges are not supported yet by this version of HEMRA"
-        )
+    judges = resolve_judges(spec.judge, base_dir, source, spec.model)
     provider = _provider(spec, source, providers)
     harnesses = tuple(
         resolve_harness(name, base_dir, source, spec.model) for name in spec.harnesses
@@ -115,7 +115,7 @@ def resolve_plan(
         for harness in harnesses
         for attempt in range(1, spec.attempts + 1)
     )
-    return Plan(spec, source, base_dir, harnesses, datasets, trials)
+    return Plan(spec, source, base_dir, harnesses, datasets, trials, judges)
 
 
 def _check_provider(harness: Harness, known: Mapping[str, Provider]) -> None:
@@ -196,6 +196,7 @@ class RecordedRun:
     dataset_paths: dict[str, Path]
     trials: list[TrialRecord]
     trials_dir: Path
+    judges: tuple[Judge, ...] = ()
 
     def task(self, trial: TrialRecord) -> Task:
         return load_task(self.dataset_paths[trial.dataset] / trial.task)
@@ -229,4 +230,8 @@ def load_recorded(store: Store, run_id: str) -> RecordedRun:
         dataset_paths={name: Path(d["path"]) for name, d in record["datasets"].items()},
         trials=store.trials(run_id),
         trials_dir=run.trials_dir,
+        judges=tuple(
+            Judge(j["name"], j["rubric"], j["model"], tuple(j["command"]) if j["command"] else None)
+            for j in record.get("judges", [])
+        ),
     )

@@ -392,6 +392,7 @@ class TrialItem(pytest.Item):
             gateway=hemra.started_gateway(),
             gateway_host=hemra.gateway_host,
             budget=hemra.budget,
+            judges=run.judges,
             trial_dir=run.trials_dir / trial.dataset / trial.task / _folder_name(trial),
         )
 

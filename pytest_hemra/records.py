@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ class CallRow:
     error: str | None
     refused: bool
     headers: dict[str, str]
+    role: str = "agent"  # or "judge:<name>"
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class TrialRecord:
     replaces: str | None = None  # the row this one ran again (a retry or a resume)
     retries: int = 0  # infrastructure retries before this row
     exit_code: int | None = None
+    judges: dict[str, float | None] = field(default_factory=dict)  # judge name -> score
 
     @property
     def is_finished(self) -> bool:

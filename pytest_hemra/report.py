@@ -107,9 +107,9 @@ def summarize(
     own = [SelfReport(**t.own_report).total_tokens for t in finished if t.own_report]
     judges: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for trial in finished:
-        for name, score in trial.rewards.items():
-            if name.startswith("judge:"):
-                judges[name.removeprefix("judge:")][trial.task].append(score)
+        for name, score in trial.judges.items():
+            if score is not None:
+                judges[name][trial.task].append(score)
     bools = {task: [p == 1.0 for p in values] for task, values in passes.items()}
     return HarnessSummary(
         harness=harness,
@@ -164,12 +164,16 @@ def build_report(store: Store, run_id: str) -> RunReport:
 
 
 def too_few_tasks(row: HarnessSummary) -> Flag | None:
-    """A difference from the baseline whose CI includes zero: how many tasks would settle it."""
+    """A difference from the baseline that is not significant: how many tasks would settle it.
+
+    Nothing is said of an exact tie (no number of tasks turns a zero difference into one)."""
     versus = row.versus
-    if versus is None or versus.n_tasks == 0 or versus.low > 0 or versus.high < 0:
+    if versus is None or versus.n_tasks == 0 or versus.diff == 0:
         return None
-    half_width = (versus.high - versus.low) / 2
-    if versus.diff == 0 or half_width == 0:
+    if versus.p_value < SIGNIFICANCE:
+        return None
+    half_width = max(abs(versus.high - versus.diff), abs(versus.diff - versus.low))
+    if half_width == 0:  # every shared task moved alike: only more tasks can show it is real
         needed = ""
     else:
         more = math.ceil(versus.n_tasks * (half_width / abs(versus.diff)) ** 2)
@@ -178,7 +182,7 @@ def too_few_tasks(row: HarnessSummary) -> Flag | None:
         "too_few_tasks",
         row.harness,
         f"its difference from the baseline ({versus.diff:+.3f}, 95% CI {versus.low:+.3f} to"
-        f" {versus.high:+.3f}, p={versus.p_value:.2f}) is not distinguishable from zero on"
+        f" {versus.high:+.3f}, p={versus.p_value:.2f}) is not significant on"
         f" {versus.n_tasks} shared tasks{needed}",
     )
 

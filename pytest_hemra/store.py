@@ -20,7 +20,7 @@ import sqlite_utils
 from pytest_hemra.errors import StoreError
 from pytest_hemra.records import CallRow, PlannedTrial, RunRecord, TrialRecord
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 EMPTY_USAGE: dict[str, Any] = {
     "calls": 0,
     "input_tokens": 0,
@@ -81,6 +81,7 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
             "other_model_tokens": int,
             "stopped_by": str,
             "own_report": str,
+            "judges": str,
         },
         "id",
     ),
@@ -122,6 +123,25 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
             "error": str,
             "refused": int,
             "headers": str,
+            "role": str,
+        },
+        "id",
+    ),
+    "judgments": (
+        {
+            "id": int,
+            "run_id": str,
+            "trial_id": str,
+            "judge": str,
+            "score": float,
+            "rationale": str,
+            "error": str,
+            "calls": int,
+            "input_tokens": int,
+            "output_tokens": int,
+            "cost": float,
+            "cost_known": int,
+            "duration": float,
         },
         "id",
     ),
@@ -145,7 +165,7 @@ TRIAL_COLUMNS = (
     " + coalesce(cache_read_tokens, 0) + coalesce(cache_write_tokens, 0),"
     " CASE WHEN cost_known = 0 THEN NULL ELSE coalesce(cost, 0) END, models,"
     " coalesce(other_model_tokens, 0), stopped_by, own_report, replaces, coalesce(retries, 0),"
-    " exit_code"
+    " exit_code, judges"
 )
 
 
@@ -338,7 +358,8 @@ class Store:
                 " exit_code = ?, error = ?, finished_at = ?, duration = ?, phases = ?,"
                 " trial_dir = ?, calls = ?, input_tokens = ?, output_tokens = ?,"
                 " cache_read_tokens = ?, cache_write_tokens = ?, cost = ?, cost_known = ?,"
-                " models = ?, other_model_tokens = ?, stopped_by = ?, own_report = ? WHERE id = ?",
+                " models = ?, other_model_tokens = ?, stopped_by = ?, own_report = ?, judges = ?"
+                " WHERE id = ?",
                 [
                     status,
                     result["outcome"],
@@ -361,14 +382,37 @@ class Store:
                     usage.get("other_model_tokens", 0),
                     usage.get("stopped_by"),
                     json.dumps(result.get("own_report")),
+                    json.dumps({j["judge"]: j["score"] for j in result.get("judgments") or []}),
                     trial,
+                ],
+            )
+            run_id = tx.execute("SELECT run_id FROM trials WHERE id = ?", [trial]).fetchone()[0]
+            tx.executemany(
+                "INSERT INTO judgments (run_id, trial_id, judge, score, rationale, error, calls,"
+                " input_tokens, output_tokens, cost, cost_known, duration)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        run_id,
+                        trial,
+                        j["judge"],
+                        j["score"],
+                        j["rationale"],
+                        j["error"],
+                        j["calls"],
+                        j["input_tokens"],
+                        j["output_tokens"],
+                        j["cost"],
+                        int(j["cost"] is not None),
+                        j["duration"],
+                    )
+                    for j in result.get("judgments") or []
                 ],
             )
             tx.execute(
                 "UPDATE jobs SET state = ?, lease_owner = NULL WHERE id = ?",
                 ["cancelled" if status == "cancelled" else "done", trial],
             )
-            run_id = tx.execute("SELECT run_id FROM trials WHERE id = ?", [trial]).fetchone()[0]
             self._event(tx, run_id, trial, "finished", {"outcome": result["outcome"]})
             self._close_run(tx, run_id)
 
@@ -503,6 +547,25 @@ class Store:
             or self.stale_trials(run_id, is_alive)
         ]
 
+    def judgments(self, trial: str) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT judge, score, rationale, error, calls, input_tokens, output_tokens, cost,"
+            " duration FROM judgments WHERE trial_id = ? ORDER BY id",
+            [trial],
+        )
+        names = (
+            "judge",
+            "score",
+            "rationale",
+            "error",
+            "calls",
+            "input_tokens",
+            "output_tokens",
+            "cost",
+            "duration",
+        )
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
     def job_state(self, trial: str) -> str | None:
         found = self.db.execute("SELECT state FROM jobs WHERE id = ?", [trial]).fetchone()
         return None if found is None else str(found[0])
@@ -557,8 +620,8 @@ class Store:
                 "INSERT INTO calls (run_id, trial_id, at, provider, wire, method, path,"
                 " model_requested, model, status, input_tokens, output_tokens,"
                 " cache_read_tokens, cache_write_tokens, cost, latency, ttfb, request_bytes,"
-                " response_bytes, error, refused, headers)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " response_bytes, error, refused, headers, role)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     call.run_id,
                     call.trial_id,
@@ -582,6 +645,7 @@ class Store:
                     call.error,
                     int(call.refused),
                     json.dumps(call.headers, sort_keys=True),
+                    call.role,
                 ],
             )
 
@@ -592,8 +656,8 @@ class Store:
         rows = self.db.execute(
             "SELECT run_id, trial_id, at, provider, wire, method, path, model_requested, model,"
             " status, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost,"
-            " latency, ttfb, request_bytes, response_bytes, error, refused, headers"
-            f" FROM calls WHERE {where} ORDER BY id",
+            " latency, ttfb, request_bytes, response_bytes, error, refused, headers,"
+            f" coalesce(role, 'agent') FROM calls WHERE {where} ORDER BY id",
             args,
         ).fetchall()
         names = [f.name for f in fields(CallRow)]
@@ -602,6 +666,7 @@ class Store:
                 **dict(zip(names[:20], row[:20], strict=True)),
                 refused=bool(row[20]),
                 headers=json.loads(row[21]),
+                role=row[22],
             )
             for row in rows
         ]
@@ -649,6 +714,7 @@ def _trial_record(row: Sequence[Any]) -> TrialRecord:
         replaces=row[21],
         retries=row[22],
         exit_code=row[23],
+        judges=_json(row[24]) or {},
     )
 
 

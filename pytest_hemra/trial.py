@@ -31,6 +31,7 @@ from pytest_hemra.gateway.scripted import (
 from pytest_hemra.gateway.server import Gateway
 from pytest_hemra.harnesses import Harness, render, render_argv
 from pytest_hemra.installs import HARNESS_DIR, Installed, ensure_installed
+from pytest_hemra.judges import Judge, Judgment, material, run_judge
 from pytest_hemra.output import SelfReport, parse_output
 from pytest_hemra.reward import is_pass, parse_reward
 from pytest_hemra.sandbox import (
@@ -66,6 +67,7 @@ class TrialContext:
     gateway: Gateway | None = None
     gateway_host: str = "127.0.0.1"
     budget: RunBudget | None = None
+    judges: tuple[Judge, ...] = ()
 
     @property
     def agent_timeout(self) -> float:
@@ -87,6 +89,7 @@ class TrialResult:
     usage: TrialUsage = field(default_factory=TrialUsage)
     own_report: SelfReport | None = None
     retried: bool = False
+    judgments: list[Judgment] = field(default_factory=list)
     schema_version: int = RESULT_SCHEMA_VERSION
 
     @property
@@ -145,8 +148,46 @@ def run_trial(context: TrialContext) -> TrialResult:
         own_report=progress.own_report,
         retried=retried,
     )
+    if context.judges and result.is_scored:
+        with progress.phase("judges"):
+            result.judgments = _judge(context, reward)
+        result.finished_at = time.time()
+        result.duration = round(time.monotonic() - clock, 4)
     (context.trial_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
     return result
+
+
+def _judge(context: TrialContext, reward: float | None) -> list[Judgment]:
+    """Phase 4b: every judge scores the trial, after the verifier, out of the sandbox."""
+    seen = material(context.task.instruction, reward, context.trial_dir)
+    return [
+        run_judge(
+            judge,
+            seen,
+            gateway=context.gateway,
+            trial_id=context.trial_id,
+            run_id=context.run_id,
+            keys=_provider_keys(context),
+            run_model=context.spec.model,
+        )
+        for judge in context.judges
+    ]
+
+
+def _provider_keys(context: TrialContext) -> dict[str, str]:
+    """Real keys by provider, read from the runner's environment (kept in memory only)."""
+    gateway = context.gateway
+    if gateway is None:
+        return {}
+    keys = {
+        name: os.environ[provider.key_env]
+        for name, provider in gateway.providers.items()
+        if provider.key_env and provider.key_env in os.environ
+    }
+    harness = context.harness.spec
+    if harness.provider and harness.key_env and harness.key_env in os.environ:
+        keys[harness.provider] = os.environ[harness.key_env]
+    return keys
 
 
 def _classify(reward: float, progress: _Progress) -> str:
@@ -206,14 +247,7 @@ def _model_access(context: TrialContext, progress: _Progress) -> Iterator[dict[s
     if gateway is None:
         yield {"base_url": "", "host_base_url": "", "api_key": ""}
         return
-    keys = {
-        name: os.environ[provider.key_env]
-        for name, provider in gateway.providers.items()
-        if provider.key_env and provider.key_env in os.environ
-    }
-    harness = context.harness.spec
-    if harness.provider and harness.key_env and harness.key_env in os.environ:
-        keys[harness.provider] = os.environ[harness.key_env]
+    keys = _provider_keys(context)
     limits = context.spec.gateway
     access = gateway.open_trial(
         context.trial_id,

@@ -188,10 +188,15 @@ CASES = {
         nothing,
         "key 'budget_usd': input should be greater than 0",
     ),
-    "judge-not-yet": (
-        GOOD + '[[judge]]\nname = "style"\n',
+    "judge-both-ways": (
+        GOOD + '[[judge]]\nname = "style"\nmodel = "m"\ncommand = ["true"]\n',
         nothing,
-        "run.toml: key 'judge': judges are not supported yet",
+        "run.toml: key 'judge[0]': give a judge 'model' or 'command', not both",
+    ),
+    "judge-no-rubric": (
+        GOOD + '[[judge]]\nname = "style"\nmodel = "m"\n',
+        nothing,
+        "run.toml: key 'judge[0].rubric': no rubric 'style'",
     ),
 }
 

@@ -296,6 +296,8 @@ def test_exit_gates_for_ci(pytester: pytest.Pytester, tmp_path: Path, make_task:
     assert pytester.run(*base, "--store", store).ret == 0  # nop failing is a result
     assert pytester.run(*base, "--store", store, "--fail-on", "failure").ret == 1
     assert pytester.run(*base, "--store", store, "--fail-on", "oracle:score<1").ret == 0
+    # nop is worse than oracle, but one task cannot make that significant
+    assert pytester.run(*base, "--store", store, "--fail-on", "regression").ret == 0
     gated = pytester.run(*base, "--store", store, "--fail-on", "score<0.5")
     assert gated.ret == 1
     gated.stdout.fnmatch_lines(["*gate tripped: nop: mean reward 0.000 < 0.5*"])

@@ -74,6 +74,7 @@ class TrialRoute:
     calls_dir: Path | None = None  # where each call's request and response bodies are kept
     seq: int = 0
     rows: list[CallRow] = field(default_factory=list)
+    role: str = "agent"  # or "judge:<name>": counted apart from the harness's calls
 
 
 @dataclass(frozen=True)
@@ -169,8 +170,12 @@ class Gateway:
         policy: CallPolicy | None = None,
         budget: RunBudget | None = None,
         calls_dir: Path | None = None,
+        role: str = "agent",
     ) -> TrialAccess:
-        """Register a trial; `keys` maps provider name to the real key (kept in memory only)."""
+        """Register a trial; `keys` maps provider name to the real key (kept in memory only).
+
+        `role` tells the trial's own harness (`agent`) from a judge scoring it (`judge:NAME`):
+        both are attributed to the trial, each token's totals are its own."""
         token = "hemra-" + secrets.token_urlsafe(24)
         self._routes[token] = TrialRoute(
             token,
@@ -182,6 +187,7 @@ class Gateway:
             policy or CallPolicy(),
             budget,
             calls_dir=calls_dir,
+            role=role,
         )
         return TrialAccess(
             token, {host: f"{url}/t/{token}" for host, url in self.base_urls.items()}
@@ -442,6 +448,7 @@ class Gateway:
             error=error or call.error,
             refused=refused,
             headers=redacted_headers(request.headers),
+            role=route.role if route else "agent",
         )
         if route is not None:
             route.rows.append(record)

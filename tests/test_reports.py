@@ -1,0 +1,196 @@
+"""Reports from a real store: fairness flags, every format, two runs compared, gates, and the
+HTML report rendered by a real headless Chromium."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_hemra.comparison import compare_runs, render_comparison
+from pytest_hemra.formats import render
+from pytest_hemra.gates import parse_gate, tripped
+from pytest_hemra.records import PlannedTrial
+from pytest_hemra.report import build_report
+from pytest_hemra.store import Store
+
+TASKS = [f"task-{n}" for n in range(8)]
+
+
+def spec(
+    harnesses: list[str], model: str | None = "m-1", timeout: float | None = None
+) -> dict[str, Any]:
+    return {
+        "spec": {
+            "harnesses": harnesses, "baseline": harnesses[0], "model": model,
+            "timeout_secs": timeout, "attempts": 2,
+        },
+        "datasets": {"ds": {"digest": "d" * 64, "path": "/ds", "tasks": TASKS}},
+        "harnesses": {h: {"digest": h[0] * 64} for h in harnesses},
+    }  # fmt: skip
+
+
+def result(reward: float, **usage: Any) -> dict[str, Any]:
+    return {
+        "outcome": "pass" if reward >= 1 else "fail", "reward": reward,
+        "rewards": {"reward": reward}, "exit_code": 0, "error": None, "finished_at": 1.0,
+        "duration": 2.0, "phases": {}, "trial_dir": "x",
+        "usage": {
+            "calls": 1, "input_tokens": 100, "output_tokens": 50, "cache_read_tokens": 0,
+            "cache_write_tokens": 0, "cost": 0.01, "models": ["m-1"], **usage,
+        },
+    }  # fmt: skip
+
+
+def record_run(store: Store, run_id: str, outcomes: dict[str, Any], **kwargs: Any) -> None:
+    """`outcomes[harness](task, attempt)` -> a result dict, or None for a trial never run."""
+    harnesses = list(outcomes)
+    plan = [PlannedTrial("ds", t, h, a) for t in TASKS for h in harnesses for a in (1, 2)]
+    store.record_plan(run_id, run_id, spec(harnesses, **kwargs), store.path.parent, plan)
+    for trial in store.trials(run_id):
+        found = outcomes[trial.harness](trial.task, trial.attempt)
+        if found is not None:
+            store.finish_trial(trial.id, found)
+
+
+@pytest.fixture
+def unfair(tmp_path: Path) -> Store:
+    """base solves everything; short skips two tasks and errs on one; chatty calls a second
+    model; unpriced used a model with no price."""
+    store = Store(tmp_path / "s.db")
+    record_run(
+        store,
+        "unfair",
+        {
+            "base": lambda task, attempt: result(1.0),
+            "short": lambda task, attempt: (
+                None
+                if task in TASKS[:2]
+                else {**result(0.0), "outcome": "infra_error", "reward": None}
+                if task == TASKS[2]
+                else result(1.0 if attempt == 1 else 0.0)
+            ),
+            "chatty": lambda task, attempt: result(
+                1.0, other_model_tokens=60, models=["m-1", "m-big"]
+            ),
+            "unpriced": lambda task, attempt: result(1.0, cost=None, models=["m-secret"]),
+        },
+    )
+    return store
+
+
+def test_each_unfair_condition_is_flagged_under_its_table(unfair: Store) -> None:
+    text = render(build_report(unfair, "unfair"), "text")
+    assert "! short: no scored trial on 3 of 8 tasks (task-0, task-1, task-2)" in text
+    assert "! short: unfinished cells: 2 infra_error, 4 planned (excluded from scores)" in text
+    assert "! chatty: 40% of its tokens went to other models than m-1 (m-big)" in text
+    assert "! unpriced: cost unknown: no price for m-secret" in text
+    assert "! short: its difference from the baseline" in text  # 5 tasks cannot tell
+    assert text.splitlines()[5].startswith("base (baseline)")
+
+
+def test_statistics_in_the_table_are_paired_and_clustered(unfair: Store) -> None:
+    report = build_report(unfair, "unfair")
+    (dataset,) = report.datasets
+    rows = {row.harness: row for row in dataset.harnesses}
+    short = rows["short"]
+    assert short.tasks == 5 and short.scored == 10 and short.passes == 5
+    assert short.versus is not None and short.versus.n_tasks == 5 and short.versus.only_b == 3
+    assert short.versus.diff == pytest.approx(-0.5)
+    assert short.pass_at_k[2] == pytest.approx(1.0) and short.pass_hat_k[2] == 0.0
+    assert rows["base"].reward is not None and rows["base"].reward.mean == 1.0
+    assert rows["unpriced"].cost is None and rows["base"].cost is not None
+    assert rows["base"].cost.total == pytest.approx(0.16)
+    assert rows["base"].tokens.median == 150
+
+
+def test_every_format_holds_the_same_numbers(unfair: Store, tmp_path: Path) -> None:
+    report = build_report(unfair, "unfair")
+    data = json.loads(render(report, "json"))
+    assert data["datasets"][0]["harnesses"][1]["versus"]["diff"] == pytest.approx(-0.5)
+    assert {f["kind"] for f in data["datasets"][0]["flags"]} >= {
+        "task_set", "unfinished", "other_models", "unknown_price", "too_few_tasks",
+    }  # fmt: skip
+    rows = list(csv.DictReader(io.StringIO(render(report, "csv"))))
+    assert [r["harness"] for r in rows] == ["base", "short", "chatty", "unpriced"]
+    assert float(rows[1]["diff"]) == pytest.approx(-0.5) and rows[3]["cost_total"] == ""
+    markdown = render(report, "markdown")
+    assert "| base (baseline)" in markdown and "- short: no scored trial" in markdown
+    html = render(report, "html")
+    assert html.startswith("<!doctype html>") and "<svg" in html
+
+
+def test_html_is_autoescaped(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    record_run(store, "r", {"<script>alert(1)</script>": lambda task, attempt: result(1.0)})
+    html = render(build_report(store, "r"), "html")
+    assert "<script>alert(1)</script>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_two_runs_compared_flag_a_regression(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    record_run(store, "before", {"agent": lambda task, attempt: result(1.0)}, timeout=600)
+    record_run(
+        store,
+        "after",
+        {"agent": lambda task, attempt: result(0.0 if task != TASKS[0] else 1.0)},
+        timeout=900,
+    )
+    comparison = compare_runs(store, "before", "after")
+    ((name, change),) = comparison.regressions
+    assert name == "ds" and change.change.diff == pytest.approx(-7 / 8)
+    # exact sign-flip over 8 tasks: the 7 changed all one way, either way, the 8th either way
+    assert change.change.p_value == pytest.approx(4 / 2**8)
+    text = render_comparison(comparison)
+    assert "REGRESSION" in text and "! different timeouts: 600 before, 900 after" in text
+    gates = [parse_gate("regression")]
+    reasons = tripped(gates, store.trials("after"), build_report(store, "after"), comparison)
+    assert reasons == ["agent on ds: -0.875 vs run before (p=0.016)"]
+    assert tripped(gates, store.trials("before"), build_report(store, "before"), None) == []
+
+
+def test_hemra_report_writes_each_format_and_compares(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    store = Store(tmp_path / "s.db")
+    record_run(store, "before", {"agent": lambda task, attempt: result(1.0)})
+    record_run(store, "after", {"agent": lambda task, attempt: result(0.0)})
+    for fmt in ("json", "csv", "html", "markdown"):
+        out = tmp_path / f"r.{fmt}"
+        done = pytester.run(
+            "hemra", "report", "after", "--store", str(store.path), "--format", fmt, "-o", out
+        )
+        assert done.ret == 0 and out.stat().st_size > 100, fmt
+    compared = pytester.run("hemra", "report", "before", "after", "--store", str(store.path))
+    assert compared.ret == 0
+    compared.stdout.fnmatch_lines(["*agent*1.000*0.000*-1.000*REGRESSION*"])
+
+
+def test_html_report_opens_in_headless_chromium(unfair: Store, tmp_path: Path) -> None:
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.fail("needs Debian's chromium (apt-get install chromium); .ci/run installs it")
+    page = tmp_path / "report.html"
+    page.write_text(render(build_report(unfair, "unfair"), "html"))
+    shot = tmp_path / "report.png"
+    argv = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,900"]
+    logged = subprocess.run(
+        [*argv, "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert logged.returncode == 0
+    assert "Uncaught" not in logged.stderr and "CONSOLE" not in logged.stderr
+    dom = logged.stdout
+    assert dom.count("<tr>") == 5 and "<circle" in dom and "chatty" in dom
+    shot_run = subprocess.run(
+        [*argv, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120
+    )
+    assert shot_run.returncode == 0 and shot.stat().st_size > 10_000
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
