@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--detach", action="store_true", help="record and queue the run for `hemra serve`; return"
     )
+    run.add_argument(
+        "--dry-run", action="store_true", help="print the resolved plan; run and record nothing"
+    )
     run.add_argument("--resume", metavar="RUN_ID", help="finish a recorded run")
     run.add_argument(
         "--resume-cancelled", action="store_true", help="with --resume, run cancelled trials too"
@@ -79,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     runs = commands.add_parser("runs", help="list the runs in a store")
     runs.add_argument("--store", default=str(DEFAULT_STORE))
+
+    init = commands.add_parser("init", help="write a starter run file, harness and dataset")
+    init.add_argument("directory", nargs="?", default=".")
+
+    listing = commands.add_parser("harnesses", help="list harnesses and what HEMRA observes")
+    listing.add_argument("--dir", default=".", help="folder whose harnesses/ is searched first")
 
     harness = commands.add_parser("harness", help="harness installs")
     harness_commands = harness.add_subparsers(dest="harness_command", required=True)
@@ -142,7 +151,7 @@ def run_command(args: argparse.Namespace) -> int:
     if not (args.run_file or args.harness or args.dataset or args.resume):
         print("hemra run: name a run file, or harnesses (-H) and datasets (-d)", file=sys.stderr)
         return 4
-    if args.detach:
+    if args.detach or args.dry_run:
         return detach_command(args)
     if args.concurrency is None and args.run_file:
         args.concurrency = _file_concurrency(Path(args.run_file))
@@ -150,8 +159,9 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def detach_command(args: argparse.Namespace) -> int:
-    """Resolve and record the run with its jobs queued, print its id, and return."""
-    from pytest_hemra.plan import record_plan, resolve_plan
+    """Resolve and record the run with its jobs queued, print its id, and return; with
+    `--dry-run`, print the resolved plan instead and record nothing."""
+    from pytest_hemra.plan import describe, record_plan, resolve_plan
     from pytest_hemra.sandbox.docker import DockerProvider
 
     overrides = Overrides(
@@ -167,6 +177,16 @@ def detach_command(args: argparse.Namespace) -> int:
         judges=args.judge,
     )
     run_file = Path(args.run_file) if args.run_file else None
+    if args.dry_run:
+        plan = resolve_plan(
+            run_file, overrides, Path.cwd(), {"docker": DockerProvider}, check_sandbox=False
+        )
+        try:
+            provider: DockerProvider | None = DockerProvider()
+        except HemraError:
+            provider = None
+        print(describe(plan, provider))
+        return 0
     plan = resolve_plan(run_file, overrides, Path.cwd(), {"docker": DockerProvider})
     store = Store(Path(args.store) if args.store else plan.base_dir / DEFAULT_STORE)
     run_id = record_plan(plan, store, status="queued")
@@ -271,6 +291,44 @@ def image_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def init_command(args: argparse.Namespace) -> int:
+    from pytest_hemra.scaffold import write_starter
+
+    target = Path(args.directory)
+    for path in write_starter(target):
+        print(f"wrote {path}")
+    run_file = target / "run.toml"
+    print(f"next: pytest --hemra-run {run_file}   (or: hemra run {run_file})")
+    return 0
+
+
+def harnesses_command(args: argparse.Namespace) -> int:
+    from pytest_hemra.harnesses import Harness, available_harnesses, observability
+    from pytest_hemra.spec import HarnessSpec, read_toml
+
+    rows = []
+    for path in available_harnesses(Path(args.dir).resolve()):
+        try:
+            spec = HarnessSpec.model_validate(read_toml(path))
+        except (SpecError, ValueError) as error:
+            rows.append([path.stem, "invalid", "", str(error).splitlines()[0][:60], "", "", ""])
+            continue
+        seen = observability(Harness(path.stem, path, spec))
+        rows.append(
+            [
+                path.stem,
+                spec.kind,
+                spec.version or "",
+                spec.package or "",
+                *seen.values(),
+                str(path),
+            ]
+        )
+    headers = ["harness", "kind", "version", "package", "gateway usage", "own usage"]
+    print(tabulate(rows, headers=[*headers, "transcript", "file"]))
+    return 0
+
+
 def harness_command(args: argparse.Namespace) -> int:
     from pytest_hemra.harnesses import resolve_harness
     from pytest_hemra.installs import ensure_installed, is_installed
@@ -308,6 +366,8 @@ COMMANDS: dict[str, Any] = {
     "cancel": cancel_command,
     "image": image_command,
     "harness": harness_command,
+    "harnesses": harnesses_command,
+    "init": init_command,
 }
 
 

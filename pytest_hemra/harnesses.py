@@ -86,3 +86,23 @@ def render(text: str, values: Mapping[str, str]) -> str:
 def render_argv(argv: list[str], values: Mapping[str, str]) -> list[str]:
     """Fill `{placeholder}`s in each argument; the argv stays a list, never a shell string."""
     return [render(arg, values) for arg in argv]
+
+
+def observability(harness: Harness) -> dict[str, str]:
+    """What HEMRA can see of a harness: usage at the wire, its own numbers, a transcript."""
+    spec = harness.spec
+    calls_models = spec.kind in ("cli", "acp", "sdk")
+    return {
+        "gateway usage": "yes" if calls_models else "no model calls",
+        "self-reported usage": spec.output or "no",
+        "transcript": "from the gateway's calls" if calls_models else "no",
+    }
+
+
+def available_harnesses(base_dir: Path) -> list[Path]:
+    """Every harness file a run beside `base_dir` can name (a local one hides a bundled one)."""
+    found: dict[str, Path] = {}
+    for folder in reversed(harness_search_path(base_dir)):
+        for path in sorted(folder.glob("*.toml")):
+            found[path.stem] = path
+    return [found[name] for name in sorted(found)]

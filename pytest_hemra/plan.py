@@ -235,3 +235,42 @@ def load_recorded(store: Store, run_id: str) -> RecordedRun:
             for j in record.get("judges", [])
         ),
     )
+
+
+def describe(plan: Plan, provider: SandboxProvider | None) -> str:
+    """`hemra run --dry-run`: the resolved plan, what it would build, and nothing recorded."""
+    spec = plan.spec
+    lines = [f"run {spec.name!r} from {plan.source} (nothing recorded)", "", "harnesses:"]
+    for harness in plan.harnesses:
+        version = f" {harness.spec.version}" if harness.spec.version else ""
+        baseline = " (baseline)" if harness.name == (spec.baseline or spec.harnesses[0]) else ""
+        lines.append(
+            f"  {harness.name}{baseline}: {harness.spec.kind}{version},"
+            f" digest {harness.digest[:12]} ({harness.path})"
+        )
+    lines += ["", "datasets:"]
+    for dataset in plan.datasets:
+        lines.append(
+            f"  {dataset.name}@{dataset.digest[:12]}: {len(dataset.tasks)} tasks ({dataset.path})"
+        )
+    tasks = sum(len(dataset.tasks) for dataset in plan.datasets)
+    lines += [
+        "",
+        f"trials: {tasks} tasks x {len(plan.harnesses)} harnesses x {spec.attempts} attempts"
+        f" = {len(plan.trials)}",
+    ]
+    if plan.judges:
+        lines.append("judges: " + ", ".join(j.name for j in plan.judges))
+    missing = getattr(provider, "missing_images", None)
+    if missing is not None:
+        images = sorted(
+            {
+                image
+                for dataset in plan.datasets
+                for task in dataset.tasks
+                for image in missing(task, spec.sandbox.image)
+            }
+        )
+        lines.append(f"images to build: {len(images)}")
+        lines += [f"  {image}" for image in images]
+    return "\n".join(lines)

@@ -93,6 +93,14 @@ class DockerProvider:
         except DOCKER_ERRORS as error:
             raise InfraError(f"{task.path}: docker failed preparing the image ({error})") from error
 
+    def missing_images(self, task: Task, default_image: str) -> list[str]:
+        """What `prepare` would have to build (or find missing) for a task, building nothing."""
+        if not task.has_dockerfile:
+            image = task.config.environment.docker_image or default_image
+            return [] if self._has_image(image) else [f"{image} (not on this engine)"]
+        tag = f"{TASK_REPOSITORY}:{task.environment_digest()[:24]}"
+        return [] if self._has_image(tag) else [f"{tag} (from {task.environment_dir})"]
+
     def _task_image(self, task: Task, default_image: str) -> str:
         named = task.config.environment.docker_image
         if not task.has_dockerfile:
