@@ -83,6 +83,29 @@ def build_parser() -> argparse.ArgumentParser:
     runs = commands.add_parser("runs", help="list the runs in a store")
     runs.add_argument("--store", default=str(DEFAULT_STORE))
 
+    canary = commands.add_parser(
+        "canary", help="check the gateway counts what an upstream reports, per wire format"
+    )
+    canary.add_argument(
+        "--provider", default="scripted", help="built-in provider (default: the scripted model)"
+    )
+    canary.add_argument("--base-url", help="the upstream's URL (a provider of your own)")
+    canary.add_argument("--auth", choices=("x-api-key", "bearer"), default="bearer")
+    canary.add_argument("--key-env", help="environment variable holding the upstream's key")
+    canary.add_argument("--model", default="hemra/scripted")
+    canary.add_argument(
+        "--wire",
+        action="append",
+        choices=("anthropic-messages", "openai-responses", "openai-chat"),
+        help="wire formats to probe (repeatable; default all three)",
+    )
+    canary.add_argument(
+        "--expect",
+        choices=("response", "scripted"),
+        default="response",
+        help="the upstream's own numbers: what its responses say, or the scripted model's",
+    )
+
     init = commands.add_parser("init", help="write a starter run file, harness and dataset")
     init.add_argument("directory", nargs="?", default=".")
 
@@ -216,27 +239,15 @@ def serve_command(args: argparse.Namespace) -> int:
 
 def cancel_command(args: argparse.Namespace) -> int:
     """Cancel queued trials now; ask running ones to stop and remove their sandboxes."""
-    import time
-
-    from pytest_hemra.lease import is_alive
+    from pytest_hemra.cancellation import cancel_run
+    from pytest_hemra.errors import InfraError
     from pytest_hemra.sandbox.docker import DockerProvider
 
     store = _open_store(args.store)
-    cancelled, asked = store.cancel_run(args.run_id, is_alive)
-    removed = DockerProvider().remove_sandboxes({"hemra.run": args.run_id})
-    deadline = time.monotonic() + args.wait
-    while store.job_counts(args.run_id).get("cancelling") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    stuck = [
-        t.id
-        for t in store.trials(args.run_id)
-        if t.status == "running" and store.job_state(t.id) == "cancelling"
-    ]
-    cancelled += store.cancel_trials(stuck, "cancelled by hemra cancel (runner did not answer)")
-    print(
-        f"run {args.run_id}: {cancelled + asked - len(stuck)} trials cancelled,"
-        f" {removed} sandboxes removed"
-    )
+    done = cancel_run(store, args.run_id, DockerProvider(), args.wait)
+    print(f"run {args.run_id}: {done.cancelled} trials cancelled, {done.removed} sandboxes removed")
+    if done.sandbox_error is not None:
+        raise InfraError(done.sandbox_error)
     return 0
 
 
@@ -289,6 +300,37 @@ def image_command(args: argparse.Namespace) -> int:
         return 0
     print(f"built {bootstrap_base_image(args.tag, args.suite, args.mirror)}")
     return 0
+
+
+def canary_command(args: argparse.Namespace) -> int:
+    import os
+
+    from pytest_hemra.canary import PATHS, run_canary
+    from pytest_hemra.gateway.providers import BUILTIN_PROVIDERS, Provider
+
+    if args.base_url:
+        name = args.provider if args.provider != "scripted" else "canary"
+        provider = Provider(name=name, base_url=args.base_url, auth=args.auth, key_env=args.key_env)
+    elif args.provider in BUILTIN_PROVIDERS:
+        provider = BUILTIN_PROVIDERS[args.provider]
+    else:
+        known = ", ".join(sorted(BUILTIN_PROVIDERS))
+        raise HemraError(f"--provider: no built-in provider {args.provider!r} (known: {known})")
+    key_env = args.key_env or provider.key_env
+    key = os.environ.get(key_env) if key_env else None
+    from pytest_hemra.gateway.wire import Wire
+
+    wires = tuple(Wire(name) for name in args.wire) if args.wire else tuple(PATHS)
+    probes = run_canary(
+        provider, args.model, key, expect_scripted=args.expect == "scripted", wires=wires
+    )
+    for probe in probes:
+        print(probe.describe())
+    failed = [probe for probe in probes if not probe.ok]
+    print(
+        f"canary: {len(probes) - len(failed)}/{len(probes)} calls counted as the upstream reports"
+    )
+    return 1 if failed else 0
 
 
 def init_command(args: argparse.Namespace) -> int:
@@ -368,6 +410,7 @@ COMMANDS: dict[str, Any] = {
     "harness": harness_command,
     "harnesses": harnesses_command,
     "init": init_command,
+    "canary": canary_command,
 }
 
 
