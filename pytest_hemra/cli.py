@@ -106,6 +106,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="the upstream's own numbers: what its responses say, or the scripted model's",
     )
 
+    calibrate = commands.add_parser(
+        "calibrate", help="score a judge against anchors with known scores (mean absolute error)"
+    )
+    calibrate.add_argument("run_file", nargs="?", help="run file whose [[judge]] to calibrate")
+    calibrate.add_argument("--judge", required=True, help="judge name (or a rubric, with --model)")
+    calibrate.add_argument("--model", help="the judge's model (default: the run file's)")
+    calibrate.add_argument("--anchors", help="anchor file (default: the rubric's bundled anchors)")
+    calibrate.add_argument("--threshold", type=float, default=0.15, help="drift past this MAE")
+    calibrate.add_argument("--store", help="store to keep the result in (default .hemra/hemra.db)")
+
     init = commands.add_parser("init", help="write a starter run file, harness and dataset")
     init.add_argument("directory", nargs="?", default=".")
 
@@ -333,6 +343,55 @@ def canary_command(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def calibrate_command(args: argparse.Namespace) -> int:
+    import os
+
+    from pytest_hemra.calibration import bundled_anchors, calibrate, calibration_row, load_anchors
+    from pytest_hemra.gateway.providers import configured_providers
+    from pytest_hemra.gateway.server import Gateway
+    from pytest_hemra.judges import resolve_judges
+    from pytest_hemra.spec import JudgeSpec, RunSpec
+
+    run_file = Path(args.run_file) if args.run_file else None
+    base_dir = run_file.resolve().parent if run_file else Path.cwd()
+    spec = load_run_spec(run_file, Overrides()) if run_file else None
+    source = str(run_file) if run_file else "command line"
+    entries = [j for j in spec.judge if j.name == args.judge] if spec else []
+    if spec is not None and not entries:
+        raise HemraError(f"{run_file}: key 'judge': no judge named {args.judge!r}")
+    entry = entries[0] if entries else JudgeSpec(name=args.judge)
+    if args.model:
+        entry = entry.model_copy(update={"model": args.model, "command": None})
+    (judge,) = resolve_judges([entry], base_dir, source, spec.model if spec else None)
+    anchors_path = (
+        Path(args.anchors) if args.anchors else bundled_anchors(entry.rubric or entry.name)
+    )
+    if anchors_path is None:
+        raise HemraError(f"--anchors: no bundled anchors for rubric {entry.rubric or entry.name!r}")
+    anchors = load_anchors(anchors_path)
+    providers = configured_providers((spec or RunSpec(harnesses=["nop"], datasets=["x"])).providers)
+    keys = {
+        name: os.environ[p.key_env]
+        for name, p in providers.items()
+        if p.key_env and p.key_env in os.environ
+    }
+    with Gateway(providers, lambda call: None) as gateway:
+        result = calibrate(judge, anchors, gateway, keys, args.threshold)
+    rows = [
+        [r.anchor, f"{r.expected:g}", "-" if r.score is None else f"{r.score:g}", r.error or ""]
+        for r in result.results
+    ]
+    print(tabulate(rows, headers=["anchor", "expected", "judge", "error"]))
+    print(
+        f"judge {result.judge} on {result.model}: mean absolute error {result.mae:.3f} over"
+        f" {result.anchors} anchors ({anchors_path}); threshold {result.threshold:g}:"
+        f" {result.verdict}"
+    )
+    store = Store(Path(args.store) if args.store else base_dir / DEFAULT_STORE)
+    store.record_calibration(calibration_row(result))
+    return 0 if result.reliable else 1
+
+
 def init_command(args: argparse.Namespace) -> int:
     from pytest_hemra.scaffold import write_starter
 
@@ -411,6 +470,7 @@ COMMANDS: dict[str, Any] = {
     "harnesses": harnesses_command,
     "init": init_command,
     "canary": canary_command,
+    "calibrate": calibrate_command,
 }
 
 

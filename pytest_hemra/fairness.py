@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pytest_hemra.output import SelfReport, disagrees
 from pytest_hemra.records import TrialRecord
@@ -129,3 +130,35 @@ def _self_reports(harness: str, mine: list[TrialRecord]) -> list[Flag]:
             f" (e.g. {first.item_id}: reports {own}, the gateway counted {first.tokens})",
         )
     ]
+
+
+def calibration_flags(
+    judges: Sequence[tuple[str, str | None]], calibrations: dict[str, dict[str, Any] | None]
+) -> list[Flag]:
+    """A model judge never calibrated against its model (`hemra calibrate`), or that drifted.
+
+    `judges` are (name, model) pairs, model None for program judges; `calibrations` maps a
+    judge's name to its latest calibration against that model, if any."""
+    flags = []
+    for name, model in judges:
+        if model is None:
+            continue
+        found = calibrations.get(name)
+        if found is None:
+            flags.append(
+                Flag(
+                    "judge_uncalibrated",
+                    None,
+                    f"judge {name} was not calibrated against {model} (hemra calibrate)",
+                )
+            )
+        elif not found["reliable"]:
+            flags.append(
+                Flag(
+                    "judge_drift",
+                    None,
+                    f"judge {name} drifted against {model}: mean absolute error"
+                    f" {found['mae']:.2f} > {found['threshold']:.2f} on {found['anchors']} anchors",
+                )
+            )
+    return flags

@@ -11,6 +11,7 @@ and 0 when it changed none, so judges are testable without a key.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -46,6 +47,10 @@ class Judge:
     def record(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def rubric_digest(self) -> str:
+        return hashlib.sha256(self.rubric.encode()).hexdigest()
+
 
 @dataclass(frozen=True)
 class Judgment:
@@ -69,6 +74,7 @@ class Material:
     output: str
     reward: float | None
     trial_dir: Path
+    scripted_reply: str | None = None  # what the scripted model answers (calibration anchors)
 
 
 def judge_search_path(base_dir: Path) -> list[Path]:
@@ -185,7 +191,8 @@ def _model_judgment(
 ) -> Judgment:
     model = judge.model or ""
     is_scripted = model.startswith(SCRIPTED_MODEL) or (run_model or "").startswith(SCRIPTED_MODEL)
-    script = (TextStep(scripted_verdict(seen)),) if is_scripted else None
+    reply = seen.scripted_reply or scripted_verdict(seen)
+    script = (TextStep(reply),) if is_scripted else None
     access = gateway.open_trial(
         trial_id,
         run_id,

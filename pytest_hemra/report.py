@@ -8,13 +8,14 @@ baseline on the tasks both have scored trials for.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_hemra.fairness import Flag, dataset_flags
+from pytest_hemra.fairness import Flag, calibration_flags, dataset_flags
 from pytest_hemra.output import SelfReport
 from pytest_hemra.records import TrialRecord
 from pytest_hemra.reward import is_pass
@@ -144,6 +145,15 @@ def build_report(store: Store, run_id: str) -> RunReport:
     groups: dict[tuple[str, str], list[TrialRecord]] = defaultdict(list)
     for trial in store.trials(run_id):
         groups[trial.dataset, trial.harness].append(trial)
+    judges = [(j["name"], j["model"]) for j in run.spec.get("judges", [])]
+    calibrations = {
+        j["name"]: store.latest_calibration(
+            hashlib.sha256(j["rubric"].encode()).hexdigest(), j["model"]
+        )
+        for j in run.spec.get("judges", [])
+        if j["model"] is not None
+    }
+    judge_flags = calibration_flags(judges, calibrations)
     datasets = []
     for name, entry in run.spec["datasets"].items():
         mine = [t for h in ordered for t in groups[name, h]]
@@ -155,6 +165,7 @@ def build_report(store: Store, run_id: str) -> RunReport:
         ]
         flags = dataset_flags(mine, ordered, spec.get("model"))
         flags += [flag for row in rows if (flag := too_few_tasks(row)) is not None]
+        flags += judge_flags
         datasets.append(
             DatasetReport(name, entry["digest"], len(entry["tasks"]), attempts, rows, flags)
         )

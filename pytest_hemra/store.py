@@ -18,7 +18,15 @@ from typing import Any
 import sqlite_utils
 
 from pytest_hemra.errors import StoreError
-from pytest_hemra.records import CallRow, PlannedTrial, RunRecord, TrialRecord
+from pytest_hemra.records import (
+    CallRow,
+    PlannedTrial,
+    RunRecord,
+    TrialCounts,
+    TrialDetail,
+    TrialFilter,
+    TrialRecord,
+)
 
 SCHEMA_VERSION = 4
 EMPTY_USAGE: dict[str, Any] = {
@@ -127,6 +135,20 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
         },
         "id",
     ),
+    "calibrations": (
+        {
+            "id": int,
+            "at": float,
+            "judge": str,
+            "model": str,
+            "rubric_digest": str,
+            "mae": float,
+            "anchors": int,
+            "threshold": float,
+            "reliable": int,
+        },
+        "id",
+    ),
     "judgments": (
         {
             "id": int,
@@ -154,6 +176,7 @@ INDEXES = (
     ("trials", ["run_id", "plan_seq", "seq"]),
     ("jobs", ["run_id", "state"]),
     ("calls", ["trial_id"]),
+    ("trials", ["run_id", "status", "outcome"]),  # progress counts, read on every viewer poll
 )
 # A trial row's status. `replaced`: a retry or a resume ran it again under a new row (`replaces`).
 CURRENT = "status != 'replaced'"
@@ -197,6 +220,17 @@ class Store:
             found = self._schema_version()
         if found != str(SCHEMA_VERSION):
             raise StoreError(f"{self.path}: store schema {found}, expected {SCHEMA_VERSION}")
+        self._add_missing_indexes()
+
+    def _add_missing_indexes(self) -> None:
+        """Indexes added to INDEXES after a store was made are created once, on its next open;
+        a store that has them all is only read."""
+        names = {row[0] for row in self.db.execute("SELECT name FROM sqlite_master")}
+        missing = [(t, c) for t, c in INDEXES if f"idx_{t}_{'_'.join(c)}" not in names]
+        if missing:
+            with self._transaction():
+                for table, indexed in missing:
+                    self.db.table(table).create_index(indexed, if_not_exists=True)
 
     def _schema_version(self) -> str | None:
         try:
@@ -302,6 +336,68 @@ class Store:
         if row is None:
             raise StoreError(f"{self.path}: no trial {trial!r}")
         return _trial_record(row)
+
+    def trial_page(
+        self,
+        run_id: str,
+        where: TrialFilter,
+        *,
+        limit: int | None,
+        offset: int = 0,
+        after: str | None = None,
+    ) -> list[TrialRecord]:
+        """A page of a run's current trials in plan order, those `where` matches: `limit` rows
+        (None: all) from `offset`, or from just after trial `after` (a cursor that stays put
+        while trials are added). Walks the (run_id, plan_seq, seq) index, so a page is cheap
+        wherever it starts."""
+        clauses, args = _filter_clauses(run_id, where)
+        if after is not None:
+            clauses.append("(plan_seq, seq) > (SELECT plan_seq, seq FROM trials WHERE id = ?)")
+            args.append(after)
+        rows = self.db.execute(
+            f"SELECT {TRIAL_COLUMNS} FROM trials WHERE {' AND '.join(clauses)}"
+            " ORDER BY plan_seq, seq LIMIT ? OFFSET ?",
+            [*args, -1 if limit is None else limit, offset],
+        ).fetchall()
+        return [_trial_record(row) for row in rows]
+
+    def count_trials(self, run_id: str, where: TrialFilter) -> int:
+        """How many of a run's current trials `where` matches."""
+        clauses, args = _filter_clauses(run_id, where)
+        query = f"SELECT count(*) FROM trials WHERE {' AND '.join(clauses)}"
+        return int(self.db.execute(query, args).fetchone()[0])
+
+    def trial_counts(self, run_id: str | None = None) -> dict[str, TrialCounts]:
+        """Each run's trials counted by status and by outcome (one run, or every run), from the
+        (run_id, status, outcome) index alone."""
+        where, args = ("run_id = ? AND", [run_id]) if run_id is not None else ("", [])
+        rows = self.db.execute(
+            "SELECT run_id, status, outcome, count(*) FROM trials"
+            f" WHERE {where} status != 'replaced' GROUP BY run_id, status, outcome",
+            args,
+        )
+        statuses: dict[str, dict[str, int]] = {}
+        outcomes: dict[str, dict[str, int]] = {}
+        for run, status, outcome, count in rows:
+            mine = statuses.setdefault(run, {})
+            mine[status] = mine.get(status, 0) + count
+            if outcome is not None:
+                theirs = outcomes.setdefault(run, {})
+                theirs[outcome] = theirs.get(outcome, 0) + count
+        return {run: TrialCounts(statuses[run], outcomes.get(run, {})) for run in statuses}
+
+    def trial_detail(self, trial: str) -> TrialDetail:
+        """A trial with its phases, times, worker, token counts and its job's state."""
+        row = self.db.execute(
+            "SELECT phases, started_at, finished_at, worker, coalesce(calls, 0),"
+            " coalesce(input_tokens, 0), coalesce(output_tokens, 0),"
+            " coalesce(cache_read_tokens, 0), coalesce(cache_write_tokens, 0),"
+            " (SELECT state FROM jobs WHERE jobs.id = trials.id) FROM trials WHERE id = ?",
+            [trial],
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"{self.path}: no trial {trial!r}")
+        return TrialDetail(self.trial(trial), _json(row[0]) or {}, *row[1:])
 
     def claim(self, trial: str, worker: str, lease_secs: float) -> str:
         """Lease a trial's job to `worker` if it is queued; return the job's state after.
@@ -566,6 +662,35 @@ class Store:
         )
         return [dict(zip(names, row, strict=True)) for row in rows]
 
+    def record_calibration(self, row: dict[str, Any]) -> None:
+        with self._transaction() as tx:
+            tx.execute(
+                "INSERT INTO calibrations (at, judge, model, rubric_digest, mae, anchors,"
+                " threshold, reliable) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    time.time(),
+                    row["judge"],
+                    row["model"],
+                    row["rubric_digest"],
+                    row["mae"],
+                    row["anchors"],
+                    row["threshold"],
+                    row["reliable"],
+                ],
+            )
+
+    def latest_calibration(self, rubric_digest: str, model: str) -> dict[str, Any] | None:
+        """The last calibration of a rubric (by digest) against a model, if any."""
+        row = self.db.execute(
+            "SELECT judge, mae, anchors, threshold, reliable, at FROM calibrations"
+            " WHERE rubric_digest = ? AND model = ? ORDER BY at DESC, id DESC LIMIT 1",
+            [rubric_digest, model],
+        ).fetchone()
+        if row is None:
+            return None
+        names = ("judge", "mae", "anchors", "threshold", "reliable", "at")
+        return dict(zip(names, row, strict=True))
+
     def job_state(self, trial: str) -> str | None:
         found = self.db.execute("SELECT state FROM jobs WHERE id = ?", [trial]).fetchone()
         return None if found is None else str(found[0])
@@ -682,6 +807,30 @@ class Store:
         if table not in SCHEMA:
             raise StoreError(f"{self.path}: no table {table!r}")
         return int(self.db.execute(f"SELECT count(*) FROM [{table}]").fetchone()[0])
+
+
+# A filter on a trial's outcome names its status when it has no outcome yet.
+STATUSES_WITHOUT_OUTCOME = frozenset({"planned", "running", "deselected"})
+
+
+def _filter_clauses(run_id: str, where: TrialFilter) -> tuple[list[str], list[Any]]:
+    clauses, args = ["run_id = ?", CURRENT], [run_id]
+    for column in ("harness", "task", "dataset"):
+        value = getattr(where, column)
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            args.append(value)
+    if where.outcome in STATUSES_WITHOUT_OUTCOME:
+        clauses.append("status = ? AND outcome IS NULL")
+        args.append(where.outcome)
+    elif where.outcome is not None:
+        clauses.append("outcome = ?")
+        args.append(where.outcome)
+    if where.text:
+        escaped = "".join("\\" + c if c in "\\%_" else c for c in where.text)
+        clauses.append("(item_id LIKE ? ESCAPE '\\' OR coalesce(error, '') LIKE ? ESCAPE '\\')")
+        args += [f"%{escaped}%"] * 2
+    return clauses, args
 
 
 def trial_id(run_id: str, seq: int) -> str:
