@@ -95,3 +95,46 @@ class TrialRecord:
     def is_finished(self) -> bool:
         """It has an outcome: a result, or cancelled."""
         return self.status in (FINISHED, CANCELLED)
+
+
+@dataclass(frozen=True)
+class TrialFilter:
+    """Which of a run's trials to list: each field left None matches every trial.
+
+    `outcome` is a trial's outcome, or for a trial without one its status (`planned`,
+    `running`, `deselected`); `text` is a case-insensitive substring of its item id or error."""
+
+    harness: str | None = None
+    task: str | None = None
+    dataset: str | None = None
+    outcome: str | None = None
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class TrialCounts:
+    """How many of a run's trials are in each status and outcome (replaced rows left out)."""
+
+    statuses: dict[str, int]
+    outcomes: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.statuses.values())
+
+
+@dataclass(frozen=True)
+class TrialDetail:
+    """What a trial's page shows beyond its `TrialRecord`: phases, times and usage."""
+
+    trial: TrialRecord
+    phases: dict[str, float]
+    started_at: float | None
+    finished_at: float | None
+    worker: str | None
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    job_state: str | None
