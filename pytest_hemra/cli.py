@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--store", default=str(DEFAULT_STORE))
     serve.add_argument("--concurrency", type=int, default=1, help="trials at once per run")
     serve.add_argument("--once", action="store_true", help="exit when the queue is empty")
+    _viewer_arguments(serve)
+    serve.add_argument("--no-viewer", action="store_true", help="work the queue only")
+
+    view = commands.add_parser("view", help="browse the store's runs in the viewer (no queue)")
+    view.add_argument("--store", default=str(DEFAULT_STORE))
+    _viewer_arguments(view)
 
     cancel = commands.add_parser("cancel", help="cancel a run's queued and running trials")
     cancel.add_argument("run_id")
@@ -239,12 +245,40 @@ def _file_concurrency(run_file: Path) -> int | None:
         return None
 
 
+def _viewer_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="viewer address; beyond loopback it needs a token"
+    )
+    parser.add_argument("--port", type=int, default=8765, help="viewer port (0: any free one)")
+
+
 def serve_command(args: argparse.Namespace) -> int:
+    """Work the queue, with the viewer beside it (a warning, not an error, if it cannot listen)."""
+    from contextlib import nullcontext
+
     from pytest_hemra.sandbox.docker import DockerProvider
     from pytest_hemra.supervisor import Supervisor
+    from pytest_hemra.viewer.server import running_viewer
 
     store = _open_store(args.store)
-    return Supervisor(store.path, args.concurrency, DockerProvider()).serve(once=args.once)
+    viewer = (
+        nullcontext()
+        if args.no_viewer
+        else running_viewer(store.path, args.host, args.port, DockerProvider(), required=False)
+    )
+    with viewer:
+        return Supervisor(store.path, args.concurrency, DockerProvider()).serve(once=args.once)
+
+
+def view_command(args: argparse.Namespace) -> int:
+    """The viewer alone, until Ctrl-C or SIGTERM."""
+    from pytest_hemra.sandbox.docker import DockerProvider
+    from pytest_hemra.viewer.server import running_viewer, wait_for_signal
+
+    store = _open_store(args.store)
+    with running_viewer(store.path, args.host, args.port, DockerProvider(), required=True):
+        wait_for_signal()
+    return 0
 
 
 def cancel_command(args: argparse.Namespace) -> int:
@@ -464,6 +498,7 @@ COMMANDS: dict[str, Any] = {
     "report": report_command,
     "runs": runs_command,
     "serve": serve_command,
+    "view": view_command,
     "cancel": cancel_command,
     "image": image_command,
     "harness": harness_command,

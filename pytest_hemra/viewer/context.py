@@ -1,0 +1,28 @@
+"""What every request handler shares: the store's worker threads, the report cache and the
+sandbox provider the cancel action removes sandboxes with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from pytest_hemra.sandbox import SandboxProvider
+from pytest_hemra.viewer.pool import StorePool
+from pytest_hemra.viewer.reports import ReportCache
+
+
+@dataclass(frozen=True)
+class Viewer:
+    pool: StorePool
+    reports: ReportCache
+    provider: SandboxProvider
+    token: str | None  # required on every request when set
+    is_loopback: bool  # bound to a loopback address
+
+
+VIEWER = web.AppKey("viewer", Viewer)
+
+
+def viewer(request: web.Request) -> Viewer:
+    return request.app[VIEWER]

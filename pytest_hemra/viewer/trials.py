@@ -1,0 +1,110 @@
+"""The JSON API's trial endpoints: one trial, its model calls, its folder's files (paged by
+byte offset) and its transcript (paged by message)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+from typing import Any
+
+from aiohttp import web
+
+from pytest_hemra.records import CallRow
+from pytest_hemra.store import Store
+from pytest_hemra.viewer.api import trial_json
+from pytest_hemra.viewer.context import viewer
+from pytest_hemra.viewer.folder import DEFAULT_LIMIT, MAX_LIMIT, TrialFolder, read_instruction
+from pytest_hemra.viewer.params import NotFound, integer
+
+CALL_FIELDS = tuple(f.name for f in fields(CallRow) if f.name != "headers")
+DEFAULT_MESSAGES, MAX_MESSAGES = 500, 5000
+
+
+def _folder(store: Store, trial_id: str) -> TrialFolder:
+    trial = store.trial(trial_id)
+    return TrialFolder(store.run(trial.run_id).trials_dir, trial.trial_dir)
+
+
+def _trial(store: Store, trial_id: str) -> dict[str, Any]:
+    detail = store.trial_detail(trial_id)
+    trial = detail.trial
+    run = store.run(trial.run_id)
+    dataset = run.spec.get("datasets", {}).get(trial.dataset, {})
+    try:
+        files, folder_error = TrialFolder(run.trials_dir, trial.trial_dir).files(), None
+    except NotFound as error:
+        files, folder_error = [], str(error)
+    return {
+        "trial": trial_json(trial),
+        "run": {"id": run.id, "name": run.name, "status": run.status},
+        "phases": detail.phases,
+        "started_at": detail.started_at,
+        "finished_at": detail.finished_at,
+        "worker": detail.worker,
+        "job_state": detail.job_state,
+        "usage": {
+            "calls": detail.calls,
+            "input_tokens": detail.input_tokens,
+            "output_tokens": detail.output_tokens,
+            "cache_read_tokens": detail.cache_read_tokens,
+            "cache_write_tokens": detail.cache_write_tokens,
+            "tokens": trial.tokens,
+            "cost": trial.cost,
+        },
+        "judgments": store.judgments(trial_id),
+        "instruction": read_instruction(dataset.get("path"), trial.task),
+        "files": files,
+        "folder_error": folder_error,
+    }
+
+
+def _calls(store: Store, trial_id: str) -> list[dict[str, Any]]:
+    store.trial(trial_id)
+    return [
+        {name: value for name, value in asdict(call).items() if name in CALL_FIELDS}
+        for call in store.calls(trial=trial_id)
+    ]
+
+
+def _files(store: Store, trial_id: str) -> list[dict[str, Any]]:
+    return _folder(store, trial_id).files()
+
+
+def _file(store: Store, trial_id: str, path: str, offset: int, limit: int) -> dict[str, Any]:
+    return asdict(_folder(store, trial_id).read(path, offset, limit))
+
+
+def _transcript(store: Store, trial_id: str, offset: int, limit: int) -> dict[str, Any]:
+    return _folder(store, trial_id).transcript(offset, limit)
+
+
+async def trial(request: web.Request) -> web.Response:
+    trial_id = request.match_info["trial_id"]
+    return web.json_response(await viewer(request).pool.call(_trial, trial_id))
+
+
+async def calls(request: web.Request) -> web.Response:
+    trial_id = request.match_info["trial_id"]
+    found = await viewer(request).pool.call(_calls, trial_id)
+    return web.json_response({"trial_id": trial_id, "calls": found})
+
+
+async def files(request: web.Request) -> web.Response:
+    trial_id = request.match_info["trial_id"]
+    found = await viewer(request).pool.call(_files, trial_id)
+    return web.json_response({"trial_id": trial_id, "files": found})
+
+
+async def file(request: web.Request) -> web.Response:
+    trial_id, path = request.match_info["trial_id"], request.match_info["path"]
+    offset = integer(request.query, "offset", 0, 0, 1 << 50)
+    limit = integer(request.query, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
+    chunk = await viewer(request).pool.call(_file, trial_id, path, offset, limit)
+    return web.json_response(chunk)
+
+
+async def transcript(request: web.Request) -> web.Response:
+    trial_id = request.match_info["trial_id"]
+    offset = integer(request.query, "offset", 0, 0, 1 << 40)
+    limit = integer(request.query, "limit", DEFAULT_MESSAGES, 1, MAX_MESSAGES)
+    found = await viewer(request).pool.call(_transcript, trial_id, offset, limit)
+    return web.json_response({"trial_id": trial_id, **found})
