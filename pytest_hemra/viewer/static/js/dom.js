@@ -1,0 +1,137 @@
+// Building blocks shared by every page. Text from the store or a trial folder is never parsed as
+// HTML: elements are made with createElement and filled with text nodes (textContent), so an
+// agent's `<script>` is shown, never run.
+
+export function h(tag, attrs = {}, ...children) {
+  const element = document.createElement(tag);
+  setAttributes(element, attrs);
+  add(element, children);
+  return element;
+}
+
+export function svg(tag, attrs = {}, ...children) {
+  const element = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  setAttributes(element, attrs);
+  add(element, children);
+  return element;
+}
+
+function setAttributes(element, attrs) {
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith("on")) element.addEventListener(key.slice(2), value);
+    else element.setAttribute(key, value === true ? "" : String(value));
+  }
+}
+
+export function add(element, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    element.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return element;
+}
+
+export function clear(element, ...children) {
+  element.replaceChildren();
+  return add(element, children);
+}
+
+export class ApiError extends Error {}
+
+export async function api(path, options = {}) {
+  const response = await fetch(path, {
+    credentials: "same-origin",
+    headers: { Accept: "application/json", ...(options.body ? { "Content-Type": "application/json" } : {}) },
+    ...options,
+  });
+  let data = null;
+  try {
+    data = await response.json();
+  } catch {
+    throw new ApiError(`${path}: HTTP ${response.status}, expected a JSON answer`);
+  }
+  if (!response.ok) throw new ApiError(data && data.error ? data.error : `${path}: HTTP ${response.status}`);
+  return data;
+}
+
+export const OUTCOMES = [
+  "pass", "fail", "timeout", "harness_error", "verifier_error", "infra_error", "cancelled",
+  "running", "planned", "deselected",
+];
+
+// A trial's state: its outcome, or its status while it has none.
+export function stateOf(trial) {
+  const state = trial.outcome || trial.status;
+  return OUTCOMES.includes(state) ? state : "other";
+}
+
+export function badge(state) {
+  return h("span", { class: `badge o-${OUTCOMES.includes(state) ? state : "other"}` }, state);
+}
+
+export function legend() {
+  return h("div", { class: "legend" }, OUTCOMES.map((o) => h("span", {}, h("i", { class: `o-${o}` }), o)));
+}
+
+export const runLink = (id) => `/runs/${encodeURIComponent(id)}`;
+export const trialLink = (id) => `/trials/${encodeURIComponent(id)}`;
+
+export function when(seconds) {
+  return seconds ? new Date(seconds * 1000).toLocaleString() : "-";
+}
+
+export function number(value, digits = 3) {
+  return value === null || value === undefined ? "-" : Number(value).toFixed(digits);
+}
+
+export function count(value) {
+  return value === null || value === undefined ? "-" : Number(value).toLocaleString("en-US");
+}
+
+export function money(value) {
+  return value === null || value === undefined ? "unknown" : `$${Number(value).toFixed(4)}`;
+}
+
+export function seconds(value) {
+  return value === null || value === undefined ? "-" : `${Number(value).toFixed(2)} s`;
+}
+
+export function estimate(value) {
+  if (!value) return "-";
+  if (value.low === value.high) return number(value.mean);
+  return `${number(value.mean)} [${number(value.low)}, ${number(value.high)}]`;
+}
+
+export function signed(value) {
+  return value === null || value === undefined ? "-" : (value >= 0 ? "+" : "") + Number(value).toFixed(3);
+}
+
+export function table(headers, rows, attrs = {}) {
+  return h("div", { class: "scroll" },
+    h("table", attrs,
+      h("thead", {}, h("tr", {}, headers.map((name) => h("th", {}, name)))),
+      h("tbody", {}, rows.map((row) => row instanceof Node ? row : h("tr", {}, row.map((cell) => cell instanceof Node && cell.tagName === "TD" ? cell : h("td", {}, cell)))))));
+}
+
+// Calls `step` now and then every `ms` after it settles, while the page stays open.
+export function every(ms, step) {
+  const live = document.getElementById("live");
+  let stopped = false;
+  async function tick() {
+    if (stopped) return;
+    try {
+      await step();
+      if (live) live.textContent = `live · updated ${new Date().toLocaleTimeString()}`;
+    } catch (error) {
+      if (live) live.textContent = `live · ${error.message}`;
+    }
+    if (!stopped) setTimeout(tick, ms);
+  }
+  setTimeout(tick, ms);
+  return () => { stopped = true; };
+}
+
+export function failure(error) {
+  return h("p", { class: "error" }, error.message || String(error));
+}
