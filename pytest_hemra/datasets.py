@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,8 +48,24 @@ class TaskEnvironment(Lenient):
     allow_internet: bool = True
 
 
+class HemraTask(BaseModel):
+    """`[hemra]` in task.toml: what HEMRA adds to the Harbor format (Harbor ignores it).
+
+    `track = "swe"`: no reward file; after the agent HEMRA applies `test_patch` (hidden tests,
+    a unified diff relative to the task folder) in /app and runs `test_command` (argv), scoring
+    passed / total tests. See docs/tracks.md."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    track: Literal["reward", "swe"] = "reward"
+    test_patch: str | None = None
+    test_command: list[str] | None = None
+    test_timeout_sec: float = Field(default=300.0, gt=0)
+
+
 class TaskConfig(Lenient):
     version: str = "1.0"
+    hemra: HemraTask = Field(default_factory=HemraTask)
     metadata: dict[str, Any] = Field(default_factory=dict)
     agent: TaskAgent = Field(default_factory=TaskAgent)
     verifier: TaskVerifier = Field(default_factory=TaskVerifier)
@@ -159,7 +175,17 @@ def load_task(path: Path) -> Task:
     instruction = instruction_file.read_text(encoding="utf-8")
     if not instruction.strip():
         raise SpecError(f"{instruction_file}: empty (every task needs its instruction)")
-    if not (path / "tests" / "test.sh").is_file():
+    hemra = config.hemra
+    if hemra.track == "swe":
+        where = f"{path / 'task.toml'}: key 'hemra"
+        if not hemra.test_command:
+            raise SpecError(f"{where}.test_command' is required for the swe track (an argv list)")
+        if not hemra.test_patch:
+            raise SpecError(f"{where}.test_patch' is required for the swe track (a patch file)")
+        patch = (path / hemra.test_patch).resolve()
+        if path.resolve() not in patch.parents or not patch.is_file():
+            raise SpecError(f"{where}.test_patch': no file {hemra.test_patch!r} in the task folder")
+    elif not (path / "tests" / "test.sh").is_file():
         raise SpecError(f"{path / 'tests' / 'test.sh'}: missing (every task needs its verifier)")
     return Task(name=path.name, path=path, config=config, instruction=instruction)
 

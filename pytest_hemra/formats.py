@@ -53,6 +53,7 @@ def headers(dataset: DatasetReport) -> list[str]:
         "duration/trial",
         "own tokens",
         "outcomes",
+        "classes",
     ]
 
 
@@ -77,6 +78,7 @@ def cells(dataset: DatasetReport, row: HarnessSummary) -> list[Any]:
         _number(row.duration.median, "s", digits=2),
         "-" if row.own_tokens is None else row.own_tokens,
         ", ".join(f"{name} {count}" for name, count in row.outcomes.items()),
+        ", ".join(f"{name} {count}" for name, count in row.classes.items()),
     ]
 
 

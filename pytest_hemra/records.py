@@ -90,6 +90,7 @@ class TrialRecord:
     retries: int = 0  # infrastructure retries before this row
     exit_code: int | None = None
     judges: dict[str, float | None] = field(default_factory=dict)  # judge name -> score
+    error_class: str | None = None  # the SWE track's class (success, partial, overfit...)
 
     @property
     def is_finished(self) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +33,8 @@ from pytest_hemra.store import Store
 from pytest_hemra.trial import SCORED_OUTCOMES
 
 SIGNIFICANCE = 0.05
+# the fewest tasks on which a two-sided sign-flip test can reach p < 0.05 (2 / 2**6)
+MIN_SIGNIFICANT_TASKS = 6
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class HarnessSummary:
     outcomes: dict[str, int]
     own_tokens: int | None  # what the harness itself reported, where it reports
     judges: dict[str, Estimate | None] = field(default_factory=dict)
+    classes: dict[str, int] = field(default_factory=dict)  # the SWE track's error classes
 
     @property
     def is_significant(self) -> bool:
@@ -133,6 +136,7 @@ def summarize(
         outcomes=dict(sorted(outcomes.items())),
         own_tokens=sum(own) if own else None,
         judges={name: mean_ci(scores) for name, scores in sorted(judges.items())},
+        classes=dict(sorted(Counter(t.error_class for t in finished if t.error_class).items())),
     )
 
 
@@ -187,7 +191,10 @@ def too_few_tasks(row: HarnessSummary) -> Flag | None:
     if half_width == 0:  # every shared task moved alike: only more tasks can show it is real
         needed = ""
     else:
-        more = math.ceil(versus.n_tasks * (half_width / abs(versus.diff)) ** 2)
+        more = max(
+            math.ceil(versus.n_tasks * (half_width / abs(versus.diff)) ** 2),
+            MIN_SIGNIFICANT_TASKS,
+        )
         needed = f"; about {more} tasks would resolve a difference this size"
     return Flag(
         "too_few_tasks",

@@ -90,6 +90,7 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
             "stopped_by": str,
             "own_report": str,
             "judges": str,
+            "error_class": str,
         },
         "id",
     ),
@@ -188,7 +189,7 @@ TRIAL_COLUMNS = (
     " + coalesce(cache_read_tokens, 0) + coalesce(cache_write_tokens, 0),"
     " CASE WHEN cost_known = 0 THEN NULL ELSE coalesce(cost, 0) END, models,"
     " coalesce(other_model_tokens, 0), stopped_by, own_report, replaces, coalesce(retries, 0),"
-    " exit_code, judges"
+    " exit_code, judges, error_class"
 )
 
 
@@ -454,8 +455,8 @@ class Store:
                 " exit_code = ?, error = ?, finished_at = ?, duration = ?, phases = ?,"
                 " trial_dir = ?, calls = ?, input_tokens = ?, output_tokens = ?,"
                 " cache_read_tokens = ?, cache_write_tokens = ?, cost = ?, cost_known = ?,"
-                " models = ?, other_model_tokens = ?, stopped_by = ?, own_report = ?, judges = ?"
-                " WHERE id = ?",
+                " models = ?, other_model_tokens = ?, stopped_by = ?, own_report = ?, judges = ?,"
+                " error_class = ? WHERE id = ?",
                 [
                     status,
                     result["outcome"],
@@ -479,6 +480,7 @@ class Store:
                     usage.get("stopped_by"),
                     json.dumps(result.get("own_report")),
                     json.dumps({j["judge"]: j["score"] for j in result.get("judgments") or []}),
+                    result.get("error_class"),
                     trial,
                 ],
             )
@@ -864,6 +866,7 @@ def _trial_record(row: Sequence[Any]) -> TrialRecord:
         retries=row[22],
         exit_code=row[23],
         judges=_json(row[24]) or {},
+        error_class=row[25],
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_hemra import swe
 from pytest_hemra.acp import run_acp
 from pytest_hemra.datasets import Task
 from pytest_hemra.errors import HemraError, InfraError, VerifierError, outcome_of
@@ -89,6 +90,7 @@ class TrialResult:
     usage: TrialUsage = field(default_factory=TrialUsage)
     own_report: SelfReport | None = None
     retried: bool = False
+    error_class: str | None = None
     judgments: list[Judgment] = field(default_factory=list)
     schema_version: int = RESULT_SCHEMA_VERSION
 
@@ -104,6 +106,7 @@ class _Progress:
     timed_out: bool = False
     usage: TrialUsage = field(default_factory=TrialUsage)
     own_report: SelfReport | None = None
+    error_class: str | None = None  # the SWE track's class of the result
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -147,6 +150,7 @@ def run_trial(context: TrialContext) -> TrialResult:
         usage=progress.usage,
         own_report=progress.own_report,
         retried=retried,
+        error_class=progress.error_class,
     )
     if context.judges and result.is_scored:
         with progress.phase("judges"):
@@ -234,6 +238,9 @@ def _run_in_sandbox(context: TrialContext, progress: _Progress) -> tuple[float, 
             (folder / "diff.patch").write_text(tree_diff(before, after))
             _keep_agent_logs(sandbox, folder / "agent" / "logs")
         with progress.phase("verifier"):
+            hemra = task.config.hemra
+            if hemra.track == "swe":
+                return _verify_swe(context, sandbox, progress)
             return _verify(context, sandbox)
     finally:
         with progress.phase("teardown"):
@@ -400,6 +407,37 @@ def _verify(context: TrialContext, sandbox: Sandbox) -> tuple[float, dict[str, f
             f"verifier ran past its {context.task.config.verifier.timeout_sec:g}s timeout"
         )
     return parse_reward(logs)
+
+
+def _verify_swe(
+    context: TrialContext, sandbox: Sandbox, progress: _Progress
+) -> tuple[float, dict[str, float]]:
+    """The SWE track: hidden tests on top of the agent's changes, passed / total (swe.py)."""
+    hemra = context.task.config.hemra
+    folder = context.trial_dir
+    if context.spec.verifier.network == "none":
+        sandbox.disconnect_network()
+    result = swe.score(
+        sandbox,
+        context.task.path,
+        hemra.test_patch or "",
+        hemra.test_command or [],
+        hemra.test_timeout_sec,
+        agent_diff=(folder / "diff.patch").read_text(errors="replace"),
+        agent_output=_text(folder / "agent" / "stdout.txt"),
+        agent_timed_out=progress.timed_out,
+        logs=folder / "verifier",
+    )
+    progress.error_class = result.error_class
+    (folder / "verifier" / "swe.txt").write_text(f"{result.error_class}: {result.detail}\n")
+    rewards = {"reward": result.reward}
+    if result.counts is not None:
+        rewards |= {"tests_passed": result.counts.passed, "tests_total": result.counts.total}
+    return result.reward, rewards
+
+
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.is_file() else ""
 
 
 def _runner_env(name: str) -> str:

@@ -1,0 +1,13 @@
+#!/bin/bash
+set -e
+cd /app
+cat > words.py <<'PY'
+def word_count(text):
+    """How often each word occurs, lowercased, punctuation around words ignored."""
+    counts = {}
+    for word in text.lower().split():
+        word = word.strip(".,;:!?\"'()")
+        if word:
+            counts[word] = counts.get(word, 0) + 1
+    return counts
+PY
