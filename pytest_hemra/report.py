@@ -125,7 +125,7 @@ def summarize(
         tasks=len(rewards),
         reward=mean_ci(rewards) if rewards else None,
         pass_rate=mean_ci(passes) if passes else None,
-        versus=paired_difference(rewards, baseline) if baseline is not None else None,
+        versus=versus_baseline(rewards, baseline),
         pass_at_k={k: mean_pass_at_k(bools, k) for k in range(1, attempts + 1)},
         pass_hat_k={k: mean_pass_hat_k(bools, k) for k in range(1, attempts + 1)},
         tokens=summary([float(t.tokens) for t in finished]),
@@ -138,6 +138,16 @@ def summarize(
         judges={name: mean_ci(scores) for name, scores in sorted(judges.items())},
         classes=dict(sorted(Counter(t.error_class for t in finished if t.error_class).items())),
     )
+
+
+def versus_baseline(
+    rewards: dict[str, list[float]], baseline: dict[str, list[float]] | None
+) -> Comparison | None:
+    """The paired difference from the baseline; None for the baseline itself, and while no task
+    is scored by both (a run just started, a harness whose trials all errored)."""
+    if baseline is None or not rewards.keys() & baseline.keys():
+        return None
+    return paired_difference(rewards, baseline)
 
 
 def build_report(store: Store, run_id: str) -> RunReport:
