@@ -197,7 +197,10 @@ function filePane(path, name, size) {
     }
   }
   more.addEventListener("click", load);
-  if (size === 0) status.textContent = "empty";
+  if (size === 0) {
+    status.textContent = "empty";
+    text.hidden = true;
+  }
   else load();
   return pane;
 }
