@@ -48,6 +48,16 @@ class TaskEnvironment(Lenient):
     allow_internet: bool = True
 
 
+class Criterion(BaseModel):
+    """One line of an open-ended task's rubric, scored 0-5 by the judge."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,39}$")
+    weight: float = Field(default=1.0, gt=0)
+    description: str
+
+
 class HemraTask(BaseModel):
     """`[hemra]` in task.toml: what HEMRA adds to the Harbor format (Harbor ignores it).
 
@@ -57,10 +67,15 @@ class HemraTask(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    track: Literal["reward", "swe"] = "reward"
+    track: Literal["reward", "swe", "open"] = "reward"
     test_patch: str | None = None
     test_command: list[str] | None = None
     test_timeout_sec: float = Field(default=300.0, gt=0)
+    # the open-ended track (docs/tracks.md)
+    expected_files: list[str] = Field(default_factory=list)
+    criteria: list[Criterion] = Field(default_factory=list)
+    pass_threshold: float = Field(default=0.7, ge=0, le=1)
+    judge_model: str | None = None
 
 
 class TaskConfig(Lenient):
@@ -185,6 +200,15 @@ def load_task(path: Path) -> Task:
         patch = (path / hemra.test_patch).resolve()
         if path.resolve() not in patch.parents or not patch.is_file():
             raise SpecError(f"{where}.test_patch': no file {hemra.test_patch!r} in the task folder")
+    elif hemra.track == "open":
+        if not hemra.criteria:
+            raise SpecError(
+                f"{path / 'task.toml'}: key 'hemra.criteria' is required for the open track"
+                " ([[hemra.criteria]] tables with name, weight, description)"
+            )
+        names = [c.name for c in hemra.criteria]
+        if len(set(names)) != len(names):
+            raise SpecError(f"{path / 'task.toml'}: key 'hemra.criteria': two share a name")
     elif not (path / "tests" / "test.sh").is_file():
         raise SpecError(f"{path / 'tests' / 'test.sh'}: missing (every task needs its verifier)")
     return Task(name=path.name, path=path, config=config, instruction=instruction)

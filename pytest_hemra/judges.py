@@ -189,30 +189,63 @@ def _model_judgment(
     keys: dict[str, str],
     run_model: str | None,
 ) -> Judgment:
-    model = judge.model or ""
-    is_scripted = model.startswith(SCRIPTED_MODEL) or (run_model or "").startswith(SCRIPTED_MODEL)
-    reply = seen.scripted_reply or scripted_verdict(seen)
-    script = (TextStep(reply),) if is_scripted else None
+    text, error, usage = ask_model(
+        gateway,
+        JudgeCall(
+            trial_id,
+            run_id,
+            judge.model or "",
+            prompt(judge, seen),
+            role=f"judge:{judge.name}",
+            calls_dir=seen.trial_dir / "judges" / judge.name,
+            scripted_reply=seen.scripted_reply or scripted_verdict(seen),
+        ),
+        keys,
+        run_model,
+    )
+    score = _score(text) if error is None else None
+    if error is None and score is None:
+        error = "the judge's reply has no 'SCORE: x' line with x in [0, 1]"
+    return with_usage(Judgment(judge.name, score, text.strip(), error), usage)
+
+
+@dataclass(frozen=True)
+class JudgeCall:
+    """One question to a model, on its own gateway token attributed to a trial."""
+
+    trial_id: str
+    run_id: str
+    model: str
+    prompt: str
+    role: str
+    calls_dir: Path
+    scripted_reply: str  # what the scripted model answers, when the model is scripted
+
+
+def ask_model(
+    gateway: Gateway, call: JudgeCall, keys: dict[str, str], run_model: str | None
+) -> tuple[str, str | None, TrialUsage]:
+    """Ask, and return (reply text, error or None, the call's usage)."""
+    is_scripted = call.model.startswith(SCRIPTED_MODEL) or (run_model or "").startswith(
+        SCRIPTED_MODEL
+    )
     access = gateway.open_trial(
-        trial_id,
-        run_id,
+        call.trial_id,
+        call.run_id,
         keys=keys,
-        script=script,
+        script=(TextStep(call.scripted_reply),) if is_scripted else None,
         policy=CallPolicy(model=SCRIPTED_MODEL if is_scripted else None),
-        calls_dir=seen.trial_dir / "judges" / judge.name,
-        role=f"judge:{judge.name}",
+        calls_dir=call.calls_dir,
+        role=call.role,
     )
     text, error = "", None
     try:
-        text = _ask(access.base_url("127.0.0.1"), access.token, model, prompt(judge, seen))
+        text = _ask(access.base_url("127.0.0.1"), access.token, call.model, call.prompt)
     except (OSError, ValueError, KeyError, IndexError, TypeError) as failure:
         error = f"judge call failed: {failure}"
     finally:
         usage = gateway.close_trial(access.token)
-    score = _score(text) if error is None else None
-    if error is None and score is None:
-        error = "the judge's reply has no 'SCORE: x' line with x in [0, 1]"
-    return _with_usage(Judgment(judge.name, score, text.strip(), error), usage)
+    return text, error, usage
 
 
 def _ask(base_url: str, token: str, model: str, text: str) -> str:
@@ -253,7 +286,7 @@ def _score(text: str) -> float | None:
     return score if 0.0 <= score <= 1.0 else None
 
 
-def _with_usage(judgment: Judgment, usage: TrialUsage) -> Judgment:
+def with_usage(judgment: Judgment, usage: TrialUsage) -> Judgment:
     return Judgment(
         judgment.judge,
         judgment.score,

@@ -18,7 +18,6 @@ from typing import Any
 from pytest_hemra.fairness import Flag, calibration_flags, dataset_flags
 from pytest_hemra.output import SelfReport
 from pytest_hemra.records import TrialRecord
-from pytest_hemra.reward import is_pass
 from pytest_hemra.stats import (
     Comparison,
     Estimate,
@@ -103,7 +102,11 @@ def summarize(
     mine = [t for t in trials if t.status != "deselected"]  # the harness's own trials
     finished = [t for t in mine if t.status == "finished"]
     rewards = by_task(mine)
-    passes = {task: [float(is_pass(r)) for r in values] for task, values in rewards.items()}
+    # a pass is the trial's outcome: the task's own threshold (the open track's) decides it
+    passes: dict[str, list[float]] = defaultdict(list)
+    for trial in mine:
+        if trial.outcome in SCORED_OUTCOMES:
+            passes[trial.task].append(float(trial.outcome == "pass"))
     outcomes: dict[str, int] = defaultdict(int)
     for trial in mine:
         if trial.outcome:

@@ -12,11 +12,11 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pytest_hemra import swe
+from pytest_hemra import openended, swe
 from pytest_hemra.acp import run_acp
 from pytest_hemra.datasets import Task
 from pytest_hemra.errors import HemraError, InfraError, VerifierError, outcome_of
@@ -32,7 +32,15 @@ from pytest_hemra.gateway.scripted import (
 from pytest_hemra.gateway.server import Gateway
 from pytest_hemra.harnesses import Harness, render, render_argv
 from pytest_hemra.installs import HARNESS_DIR, Installed, ensure_installed
-from pytest_hemra.judges import Judge, Judgment, material, run_judge
+from pytest_hemra.judges import (
+    Judge,
+    JudgeCall,
+    Judgment,
+    ask_model,
+    material,
+    run_judge,
+    with_usage,
+)
 from pytest_hemra.output import SelfReport, parse_output
 from pytest_hemra.reward import is_pass, parse_reward
 from pytest_hemra.sandbox import (
@@ -107,6 +115,8 @@ class _Progress:
     usage: TrialUsage = field(default_factory=TrialUsage)
     own_report: SelfReport | None = None
     error_class: str | None = None  # the SWE track's class of the result
+    pass_threshold: float | None = None  # the open track's, else the global one
+    judgments: list[Judgment] = field(default_factory=list)  # the open track's rubric judge
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -152,9 +162,10 @@ def run_trial(context: TrialContext) -> TrialResult:
         retried=retried,
         error_class=progress.error_class,
     )
+    result.judgments = list(progress.judgments)
     if context.judges and result.is_scored:
         with progress.phase("judges"):
-            result.judgments = _judge(context, reward)
+            result.judgments += _judge(context, reward)
         result.finished_at = time.time()
         result.duration = round(time.monotonic() - clock, 4)
     (context.trial_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
@@ -199,6 +210,8 @@ def _classify(reward: float, progress: _Progress) -> str:
         return "timeout"
     if progress.exit_code != 0:
         return "harness_error"
+    if progress.pass_threshold is not None:
+        return "pass" if reward >= progress.pass_threshold else "fail"
     return "pass" if is_pass(reward) else "fail"
 
 
@@ -241,6 +254,8 @@ def _run_in_sandbox(context: TrialContext, progress: _Progress) -> tuple[float, 
             hemra = task.config.hemra
             if hemra.track == "swe":
                 return _verify_swe(context, sandbox, progress)
+            if hemra.track == "open":
+                return _verify_open(context, sandbox, progress, after)
             return _verify(context, sandbox)
     finally:
         with progress.phase("teardown"):
@@ -434,6 +449,64 @@ def _verify_swe(
     if result.counts is not None:
         rewards |= {"tests_passed": result.counts.passed, "tests_total": result.counts.total}
     return result.reward, rewards
+
+
+def _verify_open(
+    context: TrialContext, sandbox: Sandbox, progress: _Progress, files: dict[str, bytes]
+) -> tuple[float, dict[str, float]]:
+    """The open-ended track: structural checks, then the frozen rubric prompt (openended.py)."""
+    hemra, task = context.task.config.hemra, context.task
+    folder = context.trial_dir
+    if context.spec.verifier.network == "none":
+        sandbox.disconnect_network()
+    structure = openended.check_structure(sandbox, hemra, files, folder / "verifier")
+    shown = {
+        name: files[name.lstrip("/")][: openended.MAX_FILE_BYTES].decode(errors="replace")
+        for name in hemra.expected_files
+        if name.lstrip("/") in files
+    }
+    prompt = openended.judge_prompt(
+        task.instruction, hemra.criteria, _text(folder / "diff.patch"), shown
+    )
+    progress.pass_threshold = hemra.pass_threshold
+    started = time.monotonic()
+    text, usage = "", TrialUsage()
+    error: str | None = "no gateway in this session"
+    if context.gateway is not None:
+        text, error, usage = ask_model(
+            context.gateway,
+            JudgeCall(
+                context.trial_id,
+                context.run_id,
+                hemra.judge_model or context.spec.model or "",
+                prompt,
+                role=f"judge:{openended.JUDGE_NAME}",
+                calls_dir=folder / "judges" / openended.JUDGE_NAME,
+                scripted_reply=openended.scripted_reply(task.path, hemra.criteria),
+            ),
+            _provider_keys(context),
+            context.spec.model,
+        )
+    score: float | None = None
+    rewards: dict[str, float] = {"structure_ok": float(structure.ok)}
+    if error is None:
+        try:
+            verdict = openended.parse_verdict(text, hemra.criteria)
+        except ValueError as failure:
+            error = str(failure)
+        else:
+            score = openended.composite(verdict, hemra.criteria, structure)
+            rewards |= {f"criterion:{name}": value for name, value in verdict.scores.items()}
+    (folder / "verifier" / "open.txt").write_text(
+        f"{openended.PROMPT_VERSION}: {structure.describe()}; "
+        + (f"composite {score:.4f}\n" if score is not None else f"judge error: {error}\n")
+    )
+    judgment = Judgment(openended.JUDGE_NAME, score, text.strip(), error)
+    progress.judgments.append(
+        replace(with_usage(judgment, usage), duration=round(time.monotonic() - started, 4))
+    )
+    reward = score if score is not None else 0.0  # a judge error scores 0 (and is flagged)
+    return reward, {"reward": reward, **rewards}
 
 
 def _text(path: Path) -> str:
