@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from conftest import REPO
 from pytest_hemra.records import CallRow, PlannedTrial
 from pytest_hemra.report import build_report, report_dict
 from pytest_hemra.sandbox.docker import DockerProvider
@@ -443,6 +444,23 @@ def test_hemra_serve_runs_the_viewer_beside_the_queue(tmp_path: Path) -> None:
         [*argv, "--port", "0", "--once"], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
     assert once.returncode == 0 and "hemra viewer: http://127.0.0.1:" in once.stdout
+
+
+def test_the_api_example_script_lists_progress_and_failing_trials(
+    fixture: Fixture, viewer: str
+) -> None:
+    script = REPO / "examples" / "viewer" / "progress.py"
+    argv = [sys.executable, str(script), "--url", viewer, "--run", fixture.done]
+    done = subprocess.run([*argv, "--harness", "rival"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(fixture.live in line and "0/12 done" in line for line in lines)
+    assert any(fixture.done in line and "12/12 done" in line for line in lines)
+    failing = [line for line in lines if line.startswith("  ds::")]
+    assert [line.split()[0] for line in failing] == [
+        "ds::beta[rival-1]", "ds::beta[rival-2]", "ds::gamma[rival-1]",
+    ]  # fmt: skip
+    assert all("'ok'" in line for line in failing) and lines[-1] == "3 of 3 matching trials"
 
 
 # -- the pages, in headless Chromium -------------------------------------------------------------
