@@ -1,13 +1,14 @@
 """Harnesses: harness files found by name, their digests, kinds, and the argv they run.
 
 `harnesses/<name>.toml` is looked up beside the run file, then in the bundled `harnesses/`.
-Only the `program` kind runs in this version; the others are refused at resolve.
+`computer-use` is refused at resolve; every other kind runs.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,13 @@ from pytest_hemra.datasets import bundled_dir
 from pytest_hemra.errors import SpecError
 from pytest_hemra.spec import PLACEHOLDER_PATTERN, HarnessSpec, is_valid_name, load_harness_spec
 
-RUNNABLE_KINDS = frozenset({"program", "cli", "sdk", "acp"})
+RUNNABLE_KINDS = frozenset({"program", "cli", "sdk", "acp", "harbor"})
+HARBOR_PACKAGE = re.compile(r"^pypi:harbor==[A-Za-z0-9.+!-]+$")
+# keys that say how HEMRA runs an agent in its own sandbox: Harbor runs its agent itself
+NOT_FOR_HARBOR = (
+    "command", "install", "provider", "key_env", "uses_solution", "environment", "files",
+    "output", "entry", "finish_command", "edit_format",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -61,9 +68,13 @@ def resolve_harness(name: str, base_dir: Path, source: str, run_model: str | Non
             f"{path}: key 'kind': harness kind {spec.kind!r} is not supported yet by this "
             f"version of HEMRA (supported: {', '.join(sorted(RUNNABLE_KINDS))})"
         )
+    if spec.kind == "harbor":
+        _check_harbor(path, spec)
+    elif spec.agent is not None:
+        raise SpecError(f"{path}: key 'agent' applies only to a harbor harness (kind = \"harbor\")")
     if spec.kind == "sdk" and not spec.entry:
         raise SpecError(f"{path}: key 'entry' is required for an sdk harness (module:function)")
-    if spec.kind != "sdk" and not spec.command:
+    if spec.kind not in ("sdk", "harbor") and not spec.command:
         raise SpecError(f"{path}: key 'command' is required for a {spec.kind} harness")
     if run_model and spec.model and spec.model != run_model:
         raise SpecError(
@@ -76,6 +87,28 @@ def resolve_harness(name: str, base_dir: Path, source: str, run_model: str | Non
             f"{path}: key 'env': needs environment variable {missing[0]}, which is not set"
         )
     return Harness(name=name, path=path, spec=spec)
+
+
+def _check_harbor(path: Path, spec: HarnessSpec) -> None:
+    """A harbor harness names Harbor's agent and the Harbor release, and nothing that only
+    HEMRA's own sandbox would use."""
+    if not spec.agent:
+        raise SpecError(
+            f"{path}: key 'agent' is required for a harbor harness (the Harbor agent to run,"
+            ' e.g. "oracle")'
+        )
+    if spec.package is None or not HARBOR_PACKAGE.match(spec.package):
+        got = "" if spec.package is None else f", got {spec.package!r}"
+        raise SpecError(
+            f"{path}: key 'package': a harbor harness names the Harbor release it runs,"
+            f' e.g. "pypi:harbor==0.26.0"{got}'
+        )
+    for key in NOT_FOR_HARBOR:
+        if getattr(spec, key):
+            raise SpecError(
+                f"{path}: key {key!r} does not apply to a harbor harness (Harbor runs agent"
+                f" {spec.agent!r} in its own container)"
+            )
 
 
 def render(text: str, values: Mapping[str, str]) -> str:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_hemra.errors import InfraError
+from pytest_hemra.harbor_image import build_runner_image, has_runner_image
 from pytest_hemra.harnesses import Harness
 from pytest_hemra.sandbox import Mount
 
@@ -65,7 +66,10 @@ def install_dir(harness: Harness) -> Path:
 
 
 def is_installed(harness: Harness) -> bool:
-    return (install_dir(harness) / MARKER).is_file()
+    marked = (install_dir(harness) / MARKER).is_file()
+    if harness.spec.kind == "harbor":
+        return marked and has_runner_image(harbor_version(harness))
+    return marked
 
 
 def ensure_installed(harness: Harness) -> Installed | None:
@@ -73,6 +77,8 @@ def ensure_installed(harness: Harness) -> Installed | None:
     package = harness.spec.package
     if package is None:
         return None
+    if harness.spec.kind == "harbor":
+        return _ensure_harbor_runner(harness)
     kind, _, spec = package.partition(":")
     directory = install_dir(harness)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +94,30 @@ def ensure_installed(harness: Harness) -> Installed | None:
             (directory / MARKER).write_text(package + "\n")
     directory.chmod(0o755)
     return _installed(kind, directory)
+
+
+def harbor_version(harness: Harness) -> str:
+    """The Harbor release a harbor harness names: `package = "pypi:harbor==<version>"`."""
+    return (harness.spec.package or "").partition("==")[2]
+
+
+def _ensure_harbor_runner(harness: Harness) -> Installed:
+    """A harbor harness installs nothing in sandboxes: Harbor runs in a runner image of its
+    own, built once per Harbor release (harbor_image.py); the marker names the image."""
+    version = harbor_version(harness)
+    directory = install_dir(harness)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(directory.with_suffix(".lock")):
+        if not ((directory / MARKER).is_file() and has_runner_image(version)):
+            directory.mkdir(exist_ok=True)
+            try:
+                tag = build_runner_image(version, cache_root() / "harbor")
+            except InfraError as error:
+                raise InfraError(
+                    f"{harness.path}: installing {harness.spec.package}: {error}"
+                ) from None
+            (directory / MARKER).write_text(tag + "\n")
+    return Installed(directory, (), SYSTEM_PATH)
 
 
 def _install(kind: str, spec: str, directory: Path) -> None:

@@ -87,6 +87,12 @@ def resolve_plan(
     harnesses = tuple(
         resolve_harness(name, base_dir, source, spec.model) for name in spec.harnesses
     )
+    for harness in harnesses:
+        if harness.spec.kind == "harbor" and spec.sandbox.provider != "docker":
+            raise SpecError(
+                f"{harness.path}: a harbor harness runs in Harbor's own docker environment, but "
+                f"the run ({source}) asks for sandbox provider {spec.sandbox.provider!r}"
+            )
     known_providers = configured_providers(spec.providers)
     _check_providers(known_providers, source)
     for harness in harnesses:

@@ -27,6 +27,7 @@ from pytest_hemra.gates import Gate, parse_gate, tripped
 from pytest_hemra.gateway.ledger import RunBudget
 from pytest_hemra.gateway.providers import configured_providers
 from pytest_hemra.gateway.server import Gateway
+from pytest_hemra.harbor import run_harbor_trial
 from pytest_hemra.lease import LEASE_SECS, Heartbeat, is_alive, owner_name
 from pytest_hemra.plan import (
     ProviderFactory,
@@ -401,7 +402,10 @@ class TrialItem(pytest.Item):
 
         with Heartbeat(store.path, trial.id, hemra.worker, stop_sandbox) as beat:
             try:
-                result = run_trial(context)
+                if context.harness.spec.kind == "harbor":
+                    result = run_harbor_trial(context, run, store, trial)
+                else:
+                    result = run_trial(context)
             except KeyboardInterrupt:
                 store.cancel_trials([trial.id], "interrupted (Ctrl-C)")
                 raise

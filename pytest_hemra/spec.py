@@ -39,7 +39,7 @@ PLACEHOLDERS = frozenset(
     }
 )
 PACKAGE_PATTERN = r"^(npm|pypi):[^\s]+$"
-ADDED_HARNESS_KEYS = ("edit_format",)  # harness keys left out of digests while unset
+ADDED_HARNESS_KEYS = ("edit_format", "agent")  # harness keys left out of digests while unset
 
 
 def is_valid_name(name: str) -> bool:
@@ -183,6 +183,8 @@ class HarnessSpec(Strict):
     finish_command: str | None = None  # how the agent declares it is done (scripted replays)
     # no tools: the harness edits files from blocks in the model's text reply, in this format
     edit_format: Literal["whole"] | None = None
+    # harbor kind: the Harbor agent that runs (`harbor run -a AGENT`), e.g. "oracle"
+    agent: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][\w.:@/-]*$")
 
     _env = field_validator("env")(_check_env_names)
 

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import docker.errors
@@ -79,17 +80,22 @@ def has_image(tag: str = DEFAULT_TAG) -> bool:
 
 
 def bootstrap_base_image(
-    tag: str = DEFAULT_TAG, suite: str = DEFAULT_SUITE, mirror: str | None = None
+    tag: str = DEFAULT_TAG,
+    suite: str = DEFAULT_SUITE,
+    mirror: str | None = None,
+    packages: Sequence[str] = (),
 ) -> str:
-    """Build the base image with debootstrap (needs root and the debootstrap package)."""
+    """Build the base image with debootstrap (needs root and the debootstrap package);
+    `packages` are installed into it as well (debootstrap --include)."""
     if shutil.which("debootstrap") is None:
         raise HemraError("debootstrap is not installed (on Debian: apt-get install debootstrap)")
     mirror = mirror or apt_mirror(suite)
     client = connect()
+    include = [f"--include={','.join(packages)}"] if packages else []
     with tempfile.TemporaryDirectory(prefix="hemra-rootfs-") as scratch:
         root = Path(scratch) / "rootfs"
         subprocess.run(
-            ["debootstrap", "--variant=minbase", suite, str(root), mirror],
+            ["debootstrap", "--variant=minbase", *include, suite, str(root), mirror],
             check=True,
             stdout=subprocess.DEVNULL,
         )
