@@ -539,7 +539,7 @@ def test_runs_page_to_a_run_its_filtered_grid_and_a_trial(
     page.fill("#grid input[name=text]", "gamma")
     page.wait_for_function("document.querySelectorAll('#grid a.cell').length === 1")
     assert cells(page) == ["ds::gamma[rival-1]: fail reward 0"]
-    assert page.text_content("#grid .matching") == "1 trials match"
+    assert page.text_content("#grid .matching") == "1 trial matches"
     assert "harness=rival" in page.url and "outcome=fail" in page.url
     shot(page, tmp_path, "run-filtered")
 

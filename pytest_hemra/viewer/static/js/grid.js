@@ -66,7 +66,7 @@ export function makeGrid(run) {
     const lastShown = page.offset + page.trials.length;
     const move = (offset) => { state.offset = Math.max(0, offset); load(); };
     clear(summary,
-      h("span", { class: "matching" }, `${count(page.total)} trials match`),
+      h("span", { class: "matching" }, page.total === 1 ? "1 trial matches" : `${count(page.total)} trials match`),
       h("span", { class: "muted" }, `showing ${count(first)}–${count(lastShown)}`),
       h("button", { disabled: page.offset === 0, onclick: () => move(page.offset - PAGE) }, "previous"),
       h("button", { disabled: lastShown >= page.total, onclick: () => move(page.offset + PAGE) }, "next"));
