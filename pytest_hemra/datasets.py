@@ -78,8 +78,19 @@ class HemraTask(BaseModel):
     judge_model: str | None = None
 
 
+class TaskStep(Lenient):
+    """One `[[steps]]` entry (Harbor's multi-step tasks): `steps/<name>/instruction.md`, an
+    optional `steps/<name>/tests/` over the task's `tests/`, and `steps/<name>/solution/`."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
+    agent: TaskAgent = Field(default_factory=TaskAgent)
+    verifier: TaskVerifier = Field(default_factory=TaskVerifier)
+
+
 class TaskConfig(Lenient):
     version: str = "1.0"
+    steps: list[TaskStep] = Field(default_factory=list)
+    multi_step_reward_strategy: Literal["mean", "final"] = "mean"
     hemra: HemraTask = Field(default_factory=HemraTask)
     metadata: dict[str, Any] = Field(default_factory=dict)
     agent: TaskAgent = Field(default_factory=TaskAgent)
@@ -104,6 +115,12 @@ class Task:
 
     @property
     def has_solution(self) -> bool:
+        """A reference solution: `solution/solve.sh`, or one per step of a multi-step task."""
+        if self.config.steps:
+            return all(
+                (self.path / "steps" / step.name / "solution" / "solve.sh").is_file()
+                for step in self.config.steps
+            )
         return (self.path / "solution" / "solve.sh").is_file()
 
     def environment_digest(self) -> str:
@@ -184,6 +201,10 @@ def load_task(path: Path) -> Task:
     if not is_valid_name(path.name):
         raise SpecError(f"{path}: {path.name!r} is not a valid task name")
     config = parse_model(TaskConfig, read_toml(path / "task.toml"), str(path / "task.toml"), "key")
+    if config.steps:
+        _check_steps(path, config)
+        first = path / "steps" / config.steps[0].name / "instruction.md"
+        return Task(path.name, path, config, first.read_text(encoding="utf-8"))
     instruction_file = path / "instruction.md"
     if not instruction_file.is_file():
         raise SpecError(f"{instruction_file}: missing (every task needs its instruction)")
@@ -237,3 +258,22 @@ def tree_digest(root: Path, folders: Sequence[Path]) -> str:
                 content = hashlib.sha256(file.read_bytes()).hexdigest()
                 lines.append(f"{relative.as_posix()}\0{content}\n")
     return hashlib.sha256("".join(sorted(lines)).encode()).hexdigest()
+
+
+def _check_steps(path: Path, config: TaskConfig) -> None:
+    """Every step has its instruction, and a verifier of its own or the task's."""
+    names = [step.name for step in config.steps]
+    if len(set(names)) != len(names):
+        raise SpecError(f"{path / 'task.toml'}: key 'steps': two steps share a name")
+    for step in config.steps:
+        folder = path / "steps" / step.name
+        instruction = folder / "instruction.md"
+        if not instruction.is_file() or not instruction.read_text(encoding="utf-8").strip():
+            raise SpecError(f"{instruction}: missing or empty (every step needs its instruction)")
+        if (
+            not (folder / "tests" / "test.sh").is_file()
+            and not (path / "tests" / "test.sh").is_file()
+        ):
+            raise SpecError(
+                f"{folder / 'tests' / 'test.sh'}: missing, and the task has no tests/test.sh"
+            )

@@ -150,6 +150,22 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
         },
         "id",
     ),
+    "steps": (
+        {
+            "id": int,
+            "run_id": str,
+            "trial_id": str,
+            "seq": int,
+            "name": str,
+            "reward": float,
+            "rewards": str,
+            "exit_code": int,
+            "timed_out": int,
+            "duration": float,
+            "error": str,
+        },
+        "id",
+    ),
     "judgments": (
         {
             "id": int,
@@ -486,6 +502,25 @@ class Store:
             )
             run_id = tx.execute("SELECT run_id FROM trials WHERE id = ?", [trial]).fetchone()[0]
             tx.executemany(
+                "INSERT INTO steps (run_id, trial_id, seq, name, reward, rewards, exit_code,"
+                " timed_out, duration, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        run_id,
+                        trial,
+                        seq,
+                        step["name"],
+                        step["reward"],
+                        json.dumps(step["rewards"]),
+                        step["exit_code"],
+                        int(step["timed_out"]),
+                        step["duration"],
+                        step["error"],
+                    )
+                    for seq, step in enumerate(result.get("steps") or [], start=1)
+                ],
+            )
+            tx.executemany(
                 "INSERT INTO judgments (run_id, trial_id, judge, score, rationale, error, calls,"
                 " input_tokens, output_tokens, cost, cost_known, duration)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -644,6 +679,19 @@ class Store:
             ).fetchone()
             or self.stale_trials(run_id, is_alive)
         ]
+
+    def steps(self, trial: str) -> list[dict[str, Any]]:
+        """A multi-step task's steps for one trial, in order: one row per step."""
+        rows = self.db.execute(
+            "SELECT seq, name, reward, rewards, exit_code, timed_out, duration, error"
+            " FROM steps WHERE trial_id = ? ORDER BY seq",
+            [trial],
+        )
+        names = ("seq", "name", "reward", "rewards", "exit_code", "timed_out", "duration", "error")
+        found = [dict(zip(names, row, strict=True)) for row in rows]
+        for step in found:
+            step["rewards"] = _json(step["rewards"]) or {}
+        return found
 
     def judgments(self, trial: str) -> list[dict[str, Any]]:
         rows = self.db.execute(

@@ -78,9 +78,16 @@ class TrialContext:
     budget: RunBudget | None = None
     judges: tuple[Judge, ...] = ()
 
+    step_timeout: float | None = None  # a multi-step task's step: its own [steps.agent]
+
     @property
     def agent_timeout(self) -> float:
-        return self.spec.timeout_secs or self.task.config.agent.timeout_sec or DEFAULT_TIMEOUT_SECS
+        return (
+            self.spec.timeout_secs
+            or self.step_timeout
+            or self.task.config.agent.timeout_sec
+            or DEFAULT_TIMEOUT_SECS
+        )
 
 
 @dataclass
@@ -100,11 +107,25 @@ class TrialResult:
     retried: bool = False
     error_class: str | None = None
     judgments: list[Judgment] = field(default_factory=list)
+    steps: list[StepResult] = field(default_factory=list)
     schema_version: int = RESULT_SCHEMA_VERSION
 
     @property
     def is_scored(self) -> bool:
         return self.outcome in SCORED_OUTCOMES
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step of a multi-step task: its agent turn and its verifier."""
+
+    name: str
+    reward: float | None
+    rewards: dict[str, float]
+    exit_code: int | None
+    timed_out: bool
+    duration: float
+    error: str | None = None
 
 
 @dataclass
@@ -116,6 +137,7 @@ class _Progress:
     own_report: SelfReport | None = None
     error_class: str | None = None  # the SWE track's class of the result
     pass_threshold: float | None = None  # the open track's, else the global one
+    steps: list[StepResult] = field(default_factory=list)  # a multi-step task's
     judgments: list[Judgment] = field(default_factory=list)  # the open track's rubric judge
 
     @contextmanager
@@ -161,6 +183,7 @@ def run_trial(context: TrialContext) -> TrialResult:
         own_report=progress.own_report,
         retried=retried,
         error_class=progress.error_class,
+        steps=progress.steps,
     )
     result.judgments = list(progress.judgments)
     if context.judges and result.is_scored:
@@ -237,6 +260,8 @@ def _run_in_sandbox(context: TrialContext, progress: _Progress) -> tuple[float, 
     with progress.phase("start"):
         sandbox = sandboxes.enter_context(context.provider.open(request))
     try:
+        if task.config.steps:
+            return _run_steps(context, sandbox, progress, installed)
         with progress.phase("setup"):
             sandbox.put_file(task.instruction.encode(), INSTRUCTION_FILE)
             if harness.spec.uses_solution:
@@ -422,6 +447,131 @@ def _verify(context: TrialContext, sandbox: Sandbox) -> tuple[float, dict[str, f
             f"verifier ran past its {context.task.config.verifier.timeout_sec:g}s timeout"
         )
     return parse_reward(logs)
+
+
+def _run_steps(
+    context: TrialContext, sandbox: Sandbox, progress: _Progress, installed: Installed | None
+) -> tuple[float, dict[str, float]]:
+    """A multi-step task: each step's instruction and agent turn in the same sandbox, then its
+    verifier (the task's tests/ with the step's over them); the reward rolls up by the task's
+    `multi_step_reward_strategy`: the mean of the steps, or the final state's alone."""
+    task, folder = context.task, context.trial_dir
+    before_all = sandbox.read_tree(WORKDIR)
+    for index, step in enumerate(task.config.steps):
+        started = time.monotonic()
+        step_path = task.path / "steps" / step.name
+        step_dir = folder / "steps" / f"{index + 1:02d}-{step.name}"
+        (step_dir / "agent").mkdir(parents=True, exist_ok=True)
+        (step_dir / "verifier").mkdir(exist_ok=True)
+        instruction = (step_path / "instruction.md").read_text(encoding="utf-8")
+        step_task = replace(task, path=step_path, instruction=instruction)
+        step_context = replace(
+            context, task=step_task, trial_dir=step_dir, step_timeout=step.agent.timeout_sec
+        )
+        with progress.phase(f"step {step.name}"):
+            sandbox.put_file(instruction.encode(), INSTRUCTION_FILE)
+            if context.harness.spec.uses_solution and (step_path / "solution").is_dir():
+                sandbox.put_dir(step_path / "solution", "/solution")
+            before = sandbox.read_tree(WORKDIR)
+            turn = _Progress()
+            with _model_access(step_context, turn) as access:
+                _run_agent(step_context, sandbox, turn, access, installed)
+            progress.usage = _added_usage(progress.usage, turn.usage)
+            after = sandbox.read_tree(WORKDIR)
+            (step_dir / "diff.patch").write_text(tree_diff(before, after))
+            reward: float | None = None
+            rewards: dict[str, float] = {}
+            error: str | None = None
+            try:
+                reward, rewards = _verify_step(context, sandbox, task.path, step_path, step_dir)
+            except VerifierError as failure:
+                error = str(failure)
+        progress.steps.append(
+            StepResult(
+                step.name,
+                reward,
+                rewards,
+                turn.exit_code,
+                turn.timed_out,
+                round(time.monotonic() - started, 4),
+                error,
+            )
+        )
+        progress.timed_out = progress.timed_out or turn.timed_out
+        if progress.exit_code in (None, 0):
+            progress.exit_code = turn.exit_code
+    (folder / "diff.patch").write_text(tree_diff(before_all, sandbox.read_tree(WORKDIR)))
+    rewards_by_step = [s.reward for s in progress.steps]
+    failed = [s for s in progress.steps if s.reward is None]
+    if failed:
+        raise VerifierError(f"step {failed[0].name}: {failed[0].error}")
+    scores = [r for r in rewards_by_step if r is not None]
+    if task.config.multi_step_reward_strategy == "final":
+        reward = scores[-1]
+    else:
+        reward = sum(scores) / len(scores)
+    return reward, {"reward": reward, **{f"step:{s.name}": s.reward or 0.0 for s in progress.steps}}
+
+
+def _verify_step(
+    context: TrialContext, sandbox: Sandbox, task_path: Path, step_path: Path, step_dir: Path
+) -> tuple[float, dict[str, float]]:
+    """One step's verifier: the task's tests/, the step's over them, the network cut meanwhile."""
+    settings = context.spec.verifier
+    sandbox.exec(
+        ["bash", "-c", "rm -rf /tests /logs/verifier/* 2>/dev/null; true"],
+        user=ROOT_USER,
+        env={"HOME": "/root"},
+        timeout=30,
+        stdout=step_dir / "verifier" / "clear.txt",
+        stderr=step_dir / "verifier" / "clear.txt",
+    )
+    if (task_path / "tests").is_dir():
+        sandbox.put_dir(task_path / "tests", "/tests")
+    if (step_path / "tests").is_dir():
+        sandbox.put_dir(step_path / "tests", "/tests")
+    if settings.network == "none":
+        sandbox.disconnect_network()
+    try:
+        result = sandbox.exec(
+            ["bash", "/tests/test.sh"],
+            user=ROOT_USER,
+            env={"HOME": "/root", **{name: _runner_env(name) for name in settings.env}},
+            timeout=context.task.config.verifier.timeout_sec,
+            stdout=step_dir / "verifier" / "stdout.txt",
+            stderr=step_dir / "verifier" / "stderr.txt",
+        )
+    finally:
+        if settings.network == "none":
+            sandbox.reconnect_network()
+    logs = sandbox.read_tree("/logs/verifier")
+    for name, content in logs.items():
+        if "/" not in name:
+            (step_dir / "verifier" / name).write_bytes(content)
+    if result.timed_out:
+        raise VerifierError("the step's verifier ran past its timeout")
+    return parse_reward(logs)
+
+
+def _added_usage(total: TrialUsage, more: TrialUsage) -> TrialUsage:
+    """Two token windows of one trial added up (a multi-step task has one per step)."""
+    if not total.calls:
+        return more
+    if not more.calls:
+        return total
+    return TrialUsage(
+        calls=total.calls + more.calls,
+        refused=total.refused + more.refused,
+        unreachable=total.unreachable + more.unreachable,
+        input_tokens=total.input_tokens + more.input_tokens,
+        output_tokens=total.output_tokens + more.output_tokens,
+        cache_read_tokens=total.cache_read_tokens + more.cache_read_tokens,
+        cache_write_tokens=total.cache_write_tokens + more.cache_write_tokens,
+        other_model_tokens=total.other_model_tokens + more.other_model_tokens,
+        cost=None if total.cost is None or more.cost is None else total.cost + more.cost,
+        models=list(dict.fromkeys([*total.models, *more.models])),
+        stopped_by=total.stopped_by or more.stopped_by,
+    )
 
 
 def _verify_swe(

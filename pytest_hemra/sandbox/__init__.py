@@ -83,6 +83,9 @@ class Sandbox(Protocol):
 
     def disconnect_network(self) -> None: ...
 
+    def reconnect_network(self) -> None:
+        """Give back the networks `disconnect_network` took (the next step of a task)."""
+
 
 class SandboxProvider(Protocol):
     name: str

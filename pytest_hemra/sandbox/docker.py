@@ -217,6 +217,7 @@ class DockerSandbox:
         self.client = client
         self.container = container
         self.api = client.api
+        self._taken: list[str] = []  # networks disconnected for a verifier
 
     def exec(
         self,
@@ -342,6 +343,11 @@ class DockerSandbox:
         for network in self.container.attrs["NetworkSettings"]["Networks"]:
             if network != "none":
                 self.client.networks.get(network).disconnect(self.container, force=True)
+                self._taken.append(network)
+
+    def reconnect_network(self) -> None:
+        while self._taken:
+            self.client.networks.get(self._taken.pop()).connect(self.container)
 
 
 class DockerInteractive:
