@@ -61,6 +61,11 @@ def compare_runs(store: Store, before_id: str, after_id: str) -> RunComparison:
         for harness in [h for h in spec_b["spec"]["harnesses"] if h in spec_a["harnesses"]]:
             rewards_a = by_task([t for t in trials_a if (t.dataset, t.harness) == (name, harness)])
             rewards_b = by_task([t for t in trials_b if (t.dataset, t.harness) == (name, harness)])
+            if not rewards_a.keys() & rewards_b.keys():
+                flags.append(
+                    Flag("task_set", harness, "no task scored in both runs: nothing to compare")
+                )
+                continue
             change = paired_difference(rewards_b, rewards_a)
             changes.append(
                 HarnessChange(

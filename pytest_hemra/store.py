@@ -28,7 +28,7 @@ from pytest_hemra.records import (
     TrialRecord,
 )
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 EMPTY_USAGE: dict[str, Any] = {
     "calls": 0,
     "input_tokens": 0,

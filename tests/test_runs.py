@@ -243,24 +243,34 @@ def test_ctrl_c_cancels_what_did_not_finish_and_removes_its_containers(
     assert hemra_containers(docker_client, run.id) == []
 
 
+@pytest.fixture
+def detached(
+    tmp_path: Path, make_task: TaskMaker, sleeper: Callable[[float], None]
+) -> Callable[[float], tuple[str, Path]]:
+    """`hemra run --detach` of 4 trials whose harness sleeps: the run id and its store."""
+
+    def record(seconds: float) -> tuple[str, Path]:
+        for name in ("one", "two", "three", "four"):
+            make_task(name)
+        sleeper(seconds)
+        run_file = tmp_path / "run.toml"
+        run_file.write_text('harnesses = ["sleeper"]\ndatasets = ["ds"]\n')
+        store_path = tmp_path / ".hemra" / "hemra.db"
+        done = subprocess.run(
+            ["hemra", "run", str(run_file), "--detach", "--store", str(store_path)],
+            capture_output=True, text=True, check=True, cwd=tmp_path,
+        )  # fmt: skip
+        return done.stdout.strip(), store_path
+
+    return record
+
+
 def test_hemra_cancel_stops_a_served_run_within_seconds(
-    tmp_path: Path,
-    make_task: TaskMaker,
-    sleeper: Callable[[float], None],
+    detached: Callable[[float], tuple[str, Path]],
     spawn: Callable[..., subprocess.Popen[bytes]],
     docker_client: Any,
 ) -> None:
-    for name in ("one", "two", "three", "four"):
-        make_task(name)
-    sleeper(120)
-    run_file = tmp_path / "run.toml"
-    run_file.write_text('harnesses = ["sleeper"]\ndatasets = ["ds"]\n')
-    store_path = tmp_path / ".hemra" / "hemra.db"
-    detached = subprocess.run(
-        ["hemra", "run", str(run_file), "--detach", "--store", str(store_path)],
-        capture_output=True, text=True, check=True, cwd=tmp_path,
-    )  # fmt: skip
-    run_id = detached.stdout.strip()
+    run_id, store_path = detached(120)
     store = Store(store_path)
     assert store.run(run_id).status == "queued"
     assert store.job_counts(run_id) == {"queued": 4}
@@ -306,23 +316,11 @@ def test_exit_gates_for_ci(pytester: pytest.Pytester, tmp_path: Path, make_task:
 
 
 def test_a_stopped_server_leaves_its_run_to_the_next_one(
-    tmp_path: Path,
-    make_task: TaskMaker,
-    sleeper: Callable[[float], None],
+    detached: Callable[[float], tuple[str, Path]],
     spawn: Callable[..., subprocess.Popen[bytes]],
     docker_client: Any,
 ) -> None:
-    for name in ("one", "two", "three", "four"):
-        make_task(name)
-    sleeper(3)
-    run_file = tmp_path / "run.toml"
-    run_file.write_text('harnesses = ["sleeper"]\ndatasets = ["ds"]\n')
-    store_path = tmp_path / ".hemra" / "hemra.db"
-    detached = subprocess.run(
-        ["hemra", "run", str(run_file), "--detach", "--store", str(store_path)],
-        capture_output=True, text=True, check=True, cwd=tmp_path,
-    )  # fmt: skip
-    run_id = detached.stdout.strip()
+    run_id, store_path = detached(3)
     server = spawn("hemra", "serve", "--store", str(store_path), "--concurrency", "2")
     wait_for(lambda: statuses(store_path).count("running") == 2, 120, "two running trials")
     os.killpg(server.pid, signal.SIGTERM)
