@@ -19,7 +19,7 @@ from pytest_hemra.trial import SCORED_OUTCOMES
 @dataclass(frozen=True)
 class Flag:
     kind: str  # task_set, unfinished, other_models, self_report, unknown_price, stopped,
-    #            too_few_tasks, timeouts
+    #            too_few_tasks, timeouts, not_metered
     harness: str | None
     message: str
 
@@ -27,8 +27,23 @@ class Flag:
         return f"! {self.harness}: {self.message}" if self.harness else f"! {self.message}"
 
 
+UNMETERED_KINDS = frozenset({"harbor"})  # kinds whose model calls bypass the gateway
+
+
+def unmetered_harnesses(recorded: dict[str, Any]) -> frozenset[str]:
+    """The run's harnesses (from its recorded plan) whose tokens the gateway cannot count."""
+    return frozenset(
+        name
+        for name, entry in recorded.get("harnesses", {}).items()
+        if entry["spec"]["kind"] in UNMETERED_KINDS
+    )
+
+
 def dataset_flags(
-    trials: Sequence[TrialRecord], harnesses: Sequence[str], model: str | None
+    trials: Sequence[TrialRecord],
+    harnesses: Sequence[str],
+    model: str | None,
+    unmetered: frozenset[str] = frozenset(),
 ) -> list[Flag]:
     """The flags a dataset's trials raise by themselves (statistics add `too_few_tasks`)."""
     counted = [t for t in trials if t.status != "deselected"]
@@ -42,7 +57,12 @@ def dataset_flags(
         flags += _task_set(harness, mine, every_task)
         flags += _unfinished(harness, mine)
         flags += _other_models(harness, mine, model)
-        flags += _self_reports(harness, mine)
+        if harness in unmetered:  # its own numbers have nothing at the wire to agree with
+            message = "tokens not counted at the wire: a harbor harness (its agent calls the"
+            message += " model directly, not through HEMRA's gateway)"
+            flags.append(Flag("not_metered", harness, message))
+        else:
+            flags += _self_reports(harness, mine)
         if any(t.status == "finished" and t.cost is None for t in mine):
             models = sorted({m for t in mine if t.cost is None for m in t.models})
             flags.append(

@@ -15,7 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_hemra.fairness import Flag, calibration_flags, dataset_flags
+from pytest_hemra.fairness import (
+    Flag,
+    calibration_flags,
+    dataset_flags,
+    unmetered_harnesses,
+)
 from pytest_hemra.output import SelfReport
 from pytest_hemra.records import TrialRecord
 from pytest_hemra.stats import (
@@ -180,7 +185,7 @@ def build_report(store: Store, run_id: str) -> RunReport:
             summarize(groups[name, h], h, attempts, None if h == baseline else base_rewards)
             for h in ordered
         ]
-        flags = dataset_flags(mine, ordered, spec.get("model"))
+        flags = dataset_flags(mine, ordered, spec.get("model"), unmetered_harnesses(run.spec))
         flags += [flag for row in rows if (flag := too_few_tasks(row)) is not None]
         flags += judge_flags
         datasets.append(
