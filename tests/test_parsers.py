@@ -13,7 +13,7 @@ from pytest_hemra.harnesses import render_argv
 from pytest_hemra.output import SelfReport, parse_output
 from pytest_hemra.reward import parse_reward
 from pytest_hemra.sandbox.base_image import apt_mirror
-from pytest_hemra.spec import HarnessSpec, load_harness_spec
+from pytest_hemra.spec import ADDED_HARNESS_KEYS, HarnessSpec, load_harness_spec
 from pytest_hemra.trial import tree_diff
 
 
@@ -93,8 +93,8 @@ def test_harness_digest_is_canonical() -> None:
 
 def test_a_harness_key_added_later_moves_no_digest_of_a_file_without_it() -> None:
     harness = HarnessSpec.model_validate({"kind": "cli", "command": ["a"]})
-    before = json.dumps(  # the canonical content before `edit_format` existed
-        harness.model_dump(mode="json", exclude={"edit_format"}),
+    before = json.dumps(  # the canonical content before the added keys existed
+        harness.model_dump(mode="json", exclude=set(ADDED_HARNESS_KEYS)),
         sort_keys=True,
         separators=(",", ":"),
     )
