@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from pytest_hemra.errors import SpecError
 
@@ -66,12 +73,77 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+ENGINE_ADDRESS = re.compile(r"^(unix://(/[^\s]+)|tcp://[^\s/:]+:\d{1,5}|ssh://[^\s/]+)$")
+
+
+class EngineTLS(Strict):
+    """`tls` of a `tcp://` engine: paths (relative ones from the run file's folder)."""
+
+    ca: str | None = None  # the engine's CA: its certificate is verified against it
+    cert: str | None = None  # client certificate and key, for an engine that asks for one
+    key: str | None = None
+    verify: bool = True  # verify the engine's certificate (against `ca`, else the system's)
+
+
+class EngineSettings(Strict):
+    """One Docker engine of `[[sandbox.engines]]`; see docs/scaling.md."""
+
+    address: str
+    capacity: int = Field(gt=0, le=1024)
+    name: str | None = None
+    gateway_host: str | None = None  # the runner's address as this engine's sandboxes see it
+    tls: EngineTLS | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str | None) -> str | None:
+        return value if value is None else _check_name(value)
+
+    @field_validator("address")
+    @classmethod
+    def _known_address(cls, value: str) -> str:
+        if not ENGINE_ADDRESS.match(value):
+            raise ValueError(
+                "expected unix:///path/docker.sock, tcp://host:port or ssh://[user@]host[:port]"
+            )
+        return value
+
+    @field_validator("tls")
+    @classmethod
+    def _tls_over_tcp(cls, value: EngineTLS | None, info: ValidationInfo) -> EngineTLS | None:
+        if value is None:
+            return value
+        if not str(info.data.get("address", "tcp://")).startswith("tcp://"):
+            raise ValueError("expected no TLS settings: they are for tcp:// engines only")
+        if (value.cert is None) != (value.key is None):
+            raise ValueError("expected both 'cert' and 'key', or neither")
+        return value
+
+    @property
+    def label(self) -> str:
+        """The engine's name: given, or its address's host[:port] (a socket: its path)."""
+        return self.name or self.address.split("://", 1)[1].rsplit("@", 1)[-1]
+
+
 class SandboxSettings(Strict):
     provider: str = "docker"
     image: str = Field(
         default="debian:bookworm-slim",
         description="image for tasks whose environment names no Dockerfile or docker_image",
     )
+    engines: list[EngineSettings] = Field(default_factory=list)
+
+    @field_validator("engines")
+    @classmethod
+    def _distinct_engines(cls, engines: list[EngineSettings]) -> list[EngineSettings]:
+        for what, values in (
+            ("address", [e.address for e in engines]),
+            ("name", [e.label for e in engines]),
+        ):
+            twice = sorted({v for v in values if values.count(v) > 1})
+            if twice:
+                raise ValueError(f"expected each engine {what} once, {twice[0]!r} is repeated")
+        return engines
 
 
 class VerifierSettings(Strict):
@@ -282,7 +354,37 @@ def load_run_spec(path: Path | None, overrides: Overrides) -> RunSpec:
     """Read a run file (or none: flags alone) and apply the flags."""
     data = read_toml(path) if path is not None else {}
     source = str(path) if path is not None else "command line"
-    return parse_model(RunSpec, overrides.apply(data), source, "run setting")
+    spec = parse_model(RunSpec, overrides.apply(data), source, "run setting")
+    return _with_engine_paths(spec, path.resolve().parent) if path is not None else spec
+
+
+def _with_engine_paths(spec: RunSpec, base_dir: Path) -> RunSpec:
+    """TLS paths of `[[sandbox.engines]]` made absolute (from the run file's folder), so every
+    process reads the same files from the recorded spec."""
+    if not any(engine.tls for engine in spec.sandbox.engines):
+        return spec
+
+    def absolute(value: str | None) -> str | None:
+        return None if value is None else str(base_dir / Path(value).expanduser())
+
+    engines = [
+        engine
+        if engine.tls is None
+        else engine.model_copy(
+            update={
+                "tls": engine.tls.model_copy(
+                    update={
+                        "ca": absolute(engine.tls.ca),
+                        "cert": absolute(engine.tls.cert),
+                        "key": absolute(engine.tls.key),
+                    }
+                )
+            }
+        )
+        for engine in spec.sandbox.engines
+    ]
+    sandbox = spec.sandbox.model_copy(update={"engines": engines})
+    return spec.model_copy(update={"sandbox": sandbox})
 
 
 def load_harness_spec(path: Path) -> HarnessSpec:
