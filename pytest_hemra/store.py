@@ -20,6 +20,7 @@ import sqlite_utils
 from pytest_hemra.errors import StoreError
 from pytest_hemra.records import (
     CallRow,
+    EngineSlot,
     PlannedTrial,
     RunRecord,
     TrialCounts,
@@ -28,7 +29,8 @@ from pytest_hemra.records import (
     TrialRecord,
 )
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
+OLDEST_MIGRATED = 2  # stores from schema 2 on are brought forward when opened
 EMPTY_USAGE: dict[str, Any] = {
     "calls": 0,
     "input_tokens": 0,
@@ -91,6 +93,7 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
             "own_report": str,
             "judges": str,
             "error_class": str,
+            "engine": str,
         },
         "id",
     ),
@@ -184,6 +187,17 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
         },
         "id",
     ),
+    "placements": (
+        {
+            "trial_id": str,
+            "run_id": str,
+            "engine": str,
+            "address": str,
+            "owner": str,
+            "at": float,
+        },
+        "trial_id",
+    ),
     "events": (
         {"id": int, "run_id": str, "trial_id": str, "at": float, "kind": str, "data": str},
         "id",
@@ -205,7 +219,7 @@ TRIAL_COLUMNS = (
     " + coalesce(cache_read_tokens, 0) + coalesce(cache_write_tokens, 0),"
     " CASE WHEN cost_known = 0 THEN NULL ELSE coalesce(cost, 0) END, models,"
     " coalesce(other_model_tokens, 0), stopped_by, own_report, replaces, coalesce(retries, 0),"
-    " exit_code, judges, error_class"
+    " exit_code, judges, error_class, engine"
 )
 
 
@@ -235,9 +249,31 @@ class Store:
                     [str(SCHEMA_VERSION)],
                 )
             found = self._schema_version()
+        if found is not None and found.isdigit() and OLDEST_MIGRATED <= int(found) < SCHEMA_VERSION:
+            self._migrate(int(found))
+            found = self._schema_version()
         if found != str(SCHEMA_VERSION):
             raise StoreError(f"{self.path}: store schema {found}, expected {SCHEMA_VERSION}")
         self._add_missing_indexes()
+
+    def _migrate(self, found: int) -> None:
+        """Bring an older store forward in place: every change since schema 2 adds tables and
+        columns (nothing is dropped or renamed), so old runs stay readable and resumable."""
+        with self._transaction() as tx:
+            for name, (columns, pk) in SCHEMA.items():
+                table = self.db.table(name)
+                if not table.exists():
+                    table.create(columns, pk=pk)
+                    continue
+                present = {column.name for column in table.columns}
+                for column, kind in columns.items():
+                    if column not in present:
+                        table.add_column(column, kind)
+            tx.execute("UPDATE trials SET plan_seq = seq WHERE plan_seq IS NULL")
+            tx.execute(
+                "UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION)]
+            )
+            self._event_any(tx, "migrated", {"from": found, "to": SCHEMA_VERSION})
 
     def _add_missing_indexes(self) -> None:
         """Indexes added to INDEXES after a store was made are created once, on its next open;
@@ -652,6 +688,72 @@ class Store:
             self._event(tx, run_id, new_id, "retry" if retry else "resume", {"replaces": trial})
         return self.trial(new_id)
 
+    def claim_engine(
+        self,
+        trial: str,
+        owner: str,
+        slots: Sequence[EngineSlot],
+        is_alive: Callable[[str], bool],
+    ) -> EngineSlot | None:
+        """Place a running trial on one of `slots` with a free slot: one that holds the trial's
+        image first, then the least loaded (by share of its capacity), then the first listed;
+        None when every one is full.
+
+        One write transaction, so runners placing at once never fill an engine past its
+        capacity; slots are counted by address across every run of the store. A placement ends
+        with `release_engine`, or when its trial's runner is gone (lease expired, process dead).
+        """
+        now = time.time()
+        with self._transaction() as tx:
+            held = tx.execute(
+                "SELECT p.trial_id, p.owner, j.state, j.lease_expires FROM placements p"
+                " LEFT JOIN jobs j ON j.id = p.trial_id"
+            ).fetchall()
+            gone = [
+                (placed,)
+                for placed, holder, state, expires in held
+                if state not in ("leased", "cancelling")
+                or (expires or 0) < now
+                or not is_alive(holder)
+            ]
+            tx.executemany("DELETE FROM placements WHERE trial_id = ?", gone)
+            load = {
+                address: int(count)
+                for address, count in tx.execute(
+                    "SELECT address, count(*) FROM placements WHERE trial_id != ? GROUP BY address",
+                    [trial],
+                )
+            }
+            free = [slot for slot in slots if load.get(slot.address, 0) < slot.capacity]
+            if not free:
+                return None
+            listed = {slot.address: index for index, slot in enumerate(slots)}
+            chosen = min(
+                free,
+                key=lambda slot: (
+                    not slot.has_image,
+                    load.get(slot.address, 0) / slot.capacity,
+                    listed[slot.address],
+                ),
+            )
+            tx.execute(
+                "INSERT OR REPLACE INTO placements (trial_id, run_id, engine, address, owner, at)"
+                " VALUES (?, (SELECT run_id FROM trials WHERE id = ?), ?, ?, ?, ?)",
+                [trial, trial, chosen.name, chosen.address, owner, now],
+            )
+            tx.execute("UPDATE trials SET engine = ? WHERE id = ?", [chosen.name, trial])
+        return chosen
+
+    def release_engine(self, trial: str) -> None:
+        """A trial's engine slot is free again (its sandbox is gone)."""
+        with self._transaction() as tx:
+            tx.execute("DELETE FROM placements WHERE trial_id = ?", [trial])
+
+    def engine_load(self) -> dict[str, int]:
+        """Trials placed on each engine address right now (as the store counts slots)."""
+        rows = self.db.execute("SELECT address, count(*) FROM placements GROUP BY address")
+        return {address: int(count) for address, count in rows}
+
     def stale_trials(self, run_id: str, is_alive: Callable[[str], bool]) -> list[str]:
         """Running trials whose runner is gone: its lease expired, or its process is dead."""
         now = time.time()
@@ -788,6 +890,13 @@ class Store:
             [run_id, trial, time.time(), kind, json.dumps(data)],
         )
 
+    def _event_any(self, tx: sqlite3.Connection, kind: str, data: dict[str, Any]) -> None:
+        """An event of the store itself, not of a run."""
+        tx.execute(
+            "INSERT INTO events (run_id, trial_id, at, kind, data) VALUES (NULL, NULL, ?, ?, ?)",
+            [time.time(), kind, json.dumps(data)],
+        )
+
     def record_call(self, call: CallRow) -> None:
         """One model call, written as it completes (by the gateway's writer thread)."""
         with self._transaction() as tx:
@@ -915,6 +1024,7 @@ def _trial_record(row: Sequence[Any]) -> TrialRecord:
         exit_code=row[23],
         judges=_json(row[24]) or {},
         error_class=row[25],
+        engine=row[26],
     )
 
 

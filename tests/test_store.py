@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_hemra.errors import StoreError
 from pytest_hemra.records import PlannedTrial
-from pytest_hemra.store import Store
+from pytest_hemra.store import SCHEMA_VERSION, Store
 
 PLAN = [PlannedTrial("ds", "t", "h", 1), PlannedTrial("ds", "t", "h", 2)]
 
@@ -119,3 +120,35 @@ def test_a_dead_runners_trials_are_cancelled_at_once(tmp_path: Path) -> None:
     store.claim(trial.id, "w", 30)
     assert store.cancel_run("r1", lambda owner: False) == (1, 0)
     assert store.trial(trial.id).status == "cancelled"
+
+
+def test_an_older_store_is_brought_forward_and_its_runs_stay_readable(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = Store(path)
+    store.record_plan("r1", "run", {}, tmp_path, PLAN)
+    store.db.execute("ALTER TABLE trials DROP COLUMN error_class")
+    store.db.execute("DROP INDEX idx_trials_run_id_plan_seq_seq")
+    store.db.execute("ALTER TABLE trials DROP COLUMN plan_seq")
+    store.db.execute("DROP TABLE steps")
+    store.db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    store.db.conn.commit()
+    store.close()
+
+    again = Store(path)
+    assert [t.item_id for t in again.trials("r1")] == [p.item_id for p in PLAN]
+    assert again.db.execute("SELECT count(*) FROM trials WHERE plan_seq = seq").fetchone()[0] == 2
+    assert again.db.table("steps").exists() and "error_class" in {
+        c.name for c in again.db.table("trials").columns
+    }
+    assert again.db.execute("SELECT value FROM meta").fetchone()[0] == str(SCHEMA_VERSION)
+    assert again.db.execute("SELECT count(*) FROM events WHERE kind = 'migrated'").fetchone()[0]
+
+
+def test_a_store_too_old_to_migrate_is_refused_clearly(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = Store(path)
+    store.db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    store.db.conn.commit()
+    store.close()
+    with pytest.raises(StoreError, match=r"s.db: store schema 1, expected \d+"):
+        Store(path)
