@@ -91,6 +91,7 @@ class TrialRecord:
     exit_code: int | None = None
     judges: dict[str, float | None] = field(default_factory=dict)  # judge name -> score
     error_class: str | None = None  # the SWE track's class (success, partial, overfit...)
+    engine: str | None = None  # the Docker engine of `[[sandbox.engines]]` it was placed on
 
     @property
     def is_finished(self) -> bool:
@@ -139,3 +140,14 @@ class TrialDetail:
     cache_read_tokens: int
     cache_write_tokens: int
     job_state: str | None
+
+
+@dataclass(frozen=True)
+class EngineSlot:
+    """An engine a trial may be placed on: its name, address (what the store counts slots by,
+    across runs), capacity, and whether it already holds the trial's image."""
+
+    name: str
+    address: str
+    capacity: int
+    has_image: bool = False
