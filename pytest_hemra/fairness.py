@@ -35,7 +35,7 @@ def unmetered_harnesses(recorded: dict[str, Any]) -> frozenset[str]:
     return frozenset(
         name
         for name, entry in recorded.get("harnesses", {}).items()
-        if entry["spec"]["kind"] in UNMETERED_KINDS
+        if entry.get("spec", {}).get("kind") in UNMETERED_KINDS
     )
 
 
