@@ -23,6 +23,7 @@ from pytest_hemra.installs import ensure_installed
 from pytest_hemra.judges import Judge, resolve_judges
 from pytest_hemra.records import PlannedTrial, TrialRecord
 from pytest_hemra.sandbox import SandboxProvider
+from pytest_hemra.sandbox.pool import EnginePool
 from pytest_hemra.sdk import load_entry
 from pytest_hemra.spec import HarnessSpec, Overrides, RunSpec, load_run_spec
 from pytest_hemra.store import Store
@@ -88,6 +89,11 @@ def resolve_plan(
         resolve_harness(name, base_dir, source, spec.model) for name in spec.harnesses
     )
     for harness in harnesses:
+        if harness.spec.kind == "harbor" and spec.sandbox.engines:
+            raise SpecError(
+                f"{harness.path}: a harbor harness runs in Harbor's own docker environment on the"
+                f" runner's engine, but the run ({source}) spreads over 'sandbox.engines'"
+            )
         if harness.spec.kind == "harbor" and spec.sandbox.provider != "docker":
             raise SpecError(
                 f"{harness.path}: a harbor harness runs in Harbor's own docker environment, but "
@@ -167,6 +173,13 @@ def _provider(
             f"{spec.sandbox.provider!r} (known: {', '.join(sorted(providers))})"
         )
     provider = factory()
+    if spec.sandbox.engines:
+        if spec.sandbox.provider != "docker":
+            raise SpecError(
+                f"{source}: key 'sandbox.engines': a pool of Docker engines needs provider "
+                f"'docker', not {spec.sandbox.provider!r}"
+            )
+        provider = EnginePool(spec.sandbox.engines, source=source)
     missing = [need for need in spec.require if need not in provider.capabilities]
     if missing:
         raise CapabilityError(

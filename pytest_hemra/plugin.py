@@ -40,7 +40,8 @@ from pytest_hemra.records import PlannedTrial, TrialRecord
 from pytest_hemra.report import RunReport, build_report, report_dict
 from pytest_hemra.sandbox import SandboxProvider
 from pytest_hemra.sandbox.docker import DockerProvider
-from pytest_hemra.spec import Overrides
+from pytest_hemra.sandbox.pool import EnginePool
+from pytest_hemra.spec import Overrides, RunSpec
 from pytest_hemra.store import Store
 from pytest_hemra.trial import TrialContext, run_trial
 
@@ -74,6 +75,8 @@ class HemraSession:
                 raise HemraError("hemra: this session recorded no run")
             host = self.provider.gateway_host()
             hosts = ["127.0.0.1", *([host] if host and host != "127.0.0.1" else [])]
+            if isinstance(self.provider, EnginePool):  # every engine's sandboxes reach it
+                hosts = list(dict.fromkeys([*hosts, *self.provider.gateway_hosts()]))
             writer = Store(self.store.path)  # its own connection, for the gateway's writer thread
             providers = configured_providers(self.run.spec.providers)
             self.gateway = Gateway(providers, writer.record_call, hosts).start()
@@ -233,7 +236,7 @@ def _open_session(config: pytest.Config) -> HemraSession:
         store = Store(Path(config.workerinput["hemra_store"]))
         run = load_recorded(store, config.workerinput["hemra_run_id"])
         return HemraSession(
-            store, run, (), run.dataset_paths, found[run.spec.sandbox.provider](), owner_name()
+            store, run, (), run.dataset_paths, _sandbox(run.spec, found, store), owner_name()
         )
     if config.getoption("hemra_resume"):
         return _resume_session(config, found)
@@ -243,16 +246,26 @@ def _open_session(config: pytest.Config) -> HemraSession:
     plan = resolve_plan(
         run_file, overrides_from(config), Path.cwd(), found, check_sandbox=not collect_only
     )
-    provider = found[plan.spec.sandbox.provider]()
     paths = {dataset.name: dataset.path for dataset in plan.datasets}
     if collect_only:
+        provider = _sandbox(plan.spec, found, None)
         return HemraSession(None, None, plan.trials, paths, provider, owner_name())
     store_option = config.getoption("hemra_store")
     store = Store(Path(store_option) if store_option else plan.base_dir / DEFAULT_STORE)
+    provider = _sandbox(plan.spec, found, store)
     run_id = record_plan(plan, store)
     return HemraSession(
         store, load_recorded(store, run_id), plan.trials, paths, provider, owner_name()
     )
+
+
+def _sandbox(
+    spec: RunSpec, found: dict[str, ProviderFactory], store: Store | None
+) -> SandboxProvider:
+    """The run's sandbox provider: a pool of its `[[sandbox.engines]]` when it names some."""
+    if spec.sandbox.engines:
+        return EnginePool(spec.sandbox.engines, store, owner_name())
+    return found[spec.sandbox.provider]()
 
 
 def _resume_session(config: pytest.Config, found: dict[str, ProviderFactory]) -> HemraSession:
@@ -265,7 +278,7 @@ def _resume_session(config: pytest.Config, found: dict[str, ProviderFactory]) ->
     store = Store(store_path)
     run_id = config.getoption("hemra_resume")
     run = load_recorded(store, run_id)
-    provider = found[run.spec.sandbox.provider]()
+    provider = _sandbox(run.spec, found, store)
     again = set(store.stale_trials(run_id, is_alive))
     again |= {t.id for t in run.trials if t.outcome == "infra_error"}
     if config.getoption("hemra_resume_cancelled"):
@@ -395,6 +408,7 @@ class TrialItem(pytest.Item):
             budget=hemra.budget,
             judges=run.judges,
             trial_dir=run.trials_dir / trial.dataset / trial.task / _folder_name(trial),
+            pool=hemra.provider if isinstance(hemra.provider, EnginePool) else None,
         )
 
         def stop_sandbox() -> None:
@@ -429,6 +443,7 @@ class TrialItem(pytest.Item):
                 ("own_tokens", "" if own is None else str(_own_total(own))),
                 ("trial", record.id),
                 ("trial_dir", record.trial_dir or ""),
+                ("engine", record.engine or ""),
             ]
         )
         if record.outcome == "cancelled":

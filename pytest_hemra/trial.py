@@ -50,6 +50,7 @@ from pytest_hemra.sandbox import (
     WORKDIR,
     Limits,
     Sandbox,
+    SandboxPool,
     SandboxProvider,
     SandboxRequest,
 )
@@ -77,6 +78,7 @@ class TrialContext:
     gateway_host: str = "127.0.0.1"
     budget: RunBudget | None = None
     judges: tuple[Judge, ...] = ()
+    pool: SandboxPool | None = None  # [[sandbox.engines]]: the trial is placed on one first
 
     step_timeout: float | None = None  # a multi-step task's step: its own [steps.agent]
 
@@ -108,6 +110,7 @@ class TrialResult:
     error_class: str | None = None
     judgments: list[Judgment] = field(default_factory=list)
     steps: list[StepResult] = field(default_factory=list)
+    engine: str | None = None  # the engine of [[sandbox.engines]] it ran on
     schema_version: int = RESULT_SCHEMA_VERSION
 
     @property
@@ -139,6 +142,7 @@ class _Progress:
     pass_threshold: float | None = None  # the open track's, else the global one
     steps: list[StepResult] = field(default_factory=list)  # a multi-step task's
     judgments: list[Judgment] = field(default_factory=list)  # the open track's rubric judge
+    engine: str | None = None  # where a pool placed the trial
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -160,7 +164,8 @@ def run_trial(context: TrialContext) -> TrialResult:
     error: str | None = None
     retried = False
     try:
-        reward, rewards = _run_in_sandbox(context, progress)
+        with _placed(context, progress) as placed:
+            reward, rewards = _run_in_sandbox(placed, progress)
         outcome = _classify(reward, progress)
     except HemraError as failure:
         outcome, retried = outcome_of(failure)
@@ -184,6 +189,7 @@ def run_trial(context: TrialContext) -> TrialResult:
         retried=retried,
         error_class=progress.error_class,
         steps=progress.steps,
+        engine=progress.engine,
     )
     result.judgments = list(progress.judgments)
     if context.judges and result.is_scored:
@@ -193,6 +199,22 @@ def run_trial(context: TrialContext) -> TrialResult:
         result.duration = round(time.monotonic() - clock, 4)
     (context.trial_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
     return result
+
+
+@contextmanager
+def _placed(context: TrialContext, progress: _Progress) -> Iterator[TrialContext]:
+    """The trial bound to an engine of its pool for as long as its sandbox lives (no pool:
+    the trial as it is). Waiting for a free slot is the `place` phase."""
+    if context.pool is None:
+        yield context
+        return
+    with ExitStack() as held:
+        with progress.phase("place"):
+            placement = held.enter_context(
+                context.pool.place(context.trial_id, context.task, context.spec.sandbox.image)
+            )
+        progress.engine = placement.engine
+        yield replace(context, provider=placement.provider, gateway_host=placement.gateway_host)
 
 
 def _judge(context: TrialContext, reward: float | None) -> list[Judgment]:

@@ -3,6 +3,8 @@
 The docker provider is the default; others plug in through the
 `pytest_hemra_sandbox_providers` hook.
 A provider declares its capabilities; a run that `require`s one it lacks is refused at resolve.
+A pool (`SandboxPool`, e.g. `[[sandbox.engines]]`) places each trial on one of several
+providers first; the trial then talks to that provider alone.
 """
 
 from __future__ import annotations
@@ -105,3 +107,23 @@ class SandboxProvider(Protocol):
     def remove_sandboxes(self, labels: Mapping[str, str]) -> int:
         """Remove at once every sandbox carrying all `labels` (a cancelled or abandoned trial's,
         a run's); return how many there were."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a pool put one trial: the engine's name, the provider bound to it, and the
+    runner's address as that engine's sandboxes see it (where the gateway listens for them)."""
+
+    engine: str
+    provider: SandboxProvider
+    gateway_host: str
+
+
+class SandboxPool(Protocol):
+    """Several providers behind one: each trial is placed on one with free capacity."""
+
+    def place(
+        self, trial: str, task: Task, default_image: str
+    ) -> AbstractContextManager[Placement]:
+        """Hold a slot on an engine for the trial until the context exits; an exception from
+        the trial makes the pool check that engine (one that stopped answering is marked down)."""

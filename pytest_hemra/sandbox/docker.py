@@ -11,11 +11,12 @@ import contextlib
 import hashlib
 import io
 import ipaddress
+import os
 import socket
 import tarfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -34,6 +35,7 @@ from pytest_hemra.sandbox import (
     ExecResult,
     SandboxRequest,
 )
+from pytest_hemra.sandbox.images import base_images, copy_image, engine_lock
 
 SANDBOX_LAYER_VERSION = "1"
 TASK_REPOSITORY = "hemra-task"
@@ -41,6 +43,7 @@ SANDBOX_REPOSITORY = "hemra-sandbox"
 MAX_TREE_FILE_BYTES = 1 << 20
 KILL_GRACE_SECS = 5.0
 DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
+COPY_TIMEOUT_SECS = 900.0  # the longest a runner waits for another copying the same image
 
 SANDBOX_LAYER = f"""\
 FROM {{image}}
@@ -63,11 +66,23 @@ def connect() -> docker.DockerClient:
 
 
 class DockerProvider:
+    """One Docker engine: the runner's own (DOCKER_HOST, else the local socket) unless given a
+    `client`. `image_source` gives the runner's engine, from which images missing here are
+    copied (a pool's engines start with none); `engine` names this one in locks and errors."""
+
     name = "docker"
     capabilities = frozenset({"docker", "network_block", "cpu_limit", "memory_limit"})
 
-    def __init__(self) -> None:
-        self._client: docker.DockerClient | None = None
+    def __init__(
+        self,
+        client: docker.DockerClient | None = None,
+        *,
+        engine: str | None = None,
+        image_source: Callable[[], docker.DockerClient | None] | None = None,
+    ) -> None:
+        self._client = client
+        self.engine = engine or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        self._image_source = image_source
 
     @property
     def client(self) -> docker.DockerClient:
@@ -87,8 +102,10 @@ class DockerProvider:
                 + hashlib.sha256(f"{base}\0{SANDBOX_LAYER_VERSION}".encode()).hexdigest()[:24]
             )
             if not self._has_image(layer_tag):
-                dockerfile = SANDBOX_LAYER.format(image=base).encode()
-                self._build(task, tag=layer_tag, fileobj=io.BytesIO(dockerfile))
+                with self._lock(layer_tag, task.config.environment.build_timeout_sec):
+                    if not self._has_image(layer_tag):
+                        dockerfile = SANDBOX_LAYER.format(image=base).encode()
+                        self._build(task, tag=layer_tag, fileobj=io.BytesIO(dockerfile))
             return layer_tag
         except DOCKER_ERRORS as error:
             raise InfraError(f"{task.path}: docker failed preparing the image ({error})") from error
@@ -105,13 +122,51 @@ class DockerProvider:
         named = task.config.environment.docker_image
         if not task.has_dockerfile:
             image = named or default_image
+            self._copy_if_missing(image)
             if not self._has_image(image):
                 raise InfraError(f"{task.path}: image {image!r} is not on this docker engine")
             return str(self.client.images.get(image).id)
         tag = f"{TASK_REPOSITORY}:{task.environment_digest()[:24]}"
         if not self._has_image(tag):
-            self._build(task, tag=tag, path=str(task.environment_dir))
+            with self._lock(tag, task.config.environment.build_timeout_sec):
+                if not self._has_image(tag):
+                    dockerfile = (task.environment_dir / "Dockerfile").read_text(errors="replace")
+                    for base in base_images(dockerfile):
+                        self._copy_if_missing(base)
+                    self._build(task, tag=tag, path=str(task.environment_dir))
         return str(self.client.images.get(tag).id)
+
+    def _copy_if_missing(self, reference: str) -> None:
+        """An image missing on this engine but on the runner's is copied over (save | load)."""
+        if self._image_source is None or self._has_image(reference):
+            return
+        source = self._image_source()
+        if source is None:
+            return
+        with self._lock(reference, COPY_TIMEOUT_SECS):
+            if self._has_image(reference):
+                return
+            try:
+                source.images.get(reference)
+            except docker.errors.ImageNotFound:
+                return  # not on the runner's engine either: a build pulls it, or says so
+            copy_image(source, self.client, reference)
+
+    def _lock(self, image: str, timeout: float) -> contextlib.AbstractContextManager[None]:
+        return engine_lock(self.engine, image, timeout)
+
+    def has_image(self, reference: str) -> bool:
+        """Whether this engine holds `reference` (False when it does not answer)."""
+        try:
+            return self._has_image(reference)
+        except DOCKER_ERRORS:
+            return False
+
+    def task_image(self, task: Task, default_image: str) -> str:
+        """The reference of a task's own image (before HEMRA's layer), as `prepare` names it."""
+        if not task.has_dockerfile:
+            return task.config.environment.docker_image or default_image
+        return f"{TASK_REPOSITORY}:{task.environment_digest()[:24]}"
 
     def _has_image(self, reference: str) -> bool:
         try:
