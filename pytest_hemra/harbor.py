@@ -198,8 +198,15 @@ def _poll(
             ):
                 finishing = job.name
         elif _pending(mine, results, task) == 0:
+            # a job that ended without a result for this wait (one started since, or one that
+            # exited having produced nothing at all: Harbor refused it) is an answer: no new
+            # job. One stopped (cancelled, interrupted) is not: a resume starts another.
             spent = [
-                job for job in mine if job.ended and job.started_at >= since and task in job.tasks
+                job
+                for job in mine
+                if job.ended
+                and task in job.tasks
+                and (job.started_at >= since or (_exited(job) and not results[job.name]))
             ]
             if spent:
                 raise InfraError(no_result_message(waiting.root, spent[-1], task))
@@ -236,6 +243,11 @@ def _results(root: Path, job: HarborJob) -> list[tuple[str, HarborTrialResult]]:
         if result is not None:
             found.append((f"{job.name}/{path.parent.name}", result))
     return found
+
+
+def _exited(job: HarborJob) -> bool:
+    """Whether the job's runner exited by itself (rather than being stopped)."""
+    return bool(job.ended and job.ended.startswith("exited"))
 
 
 def _produced(results: list[tuple[str, HarborTrialResult]], task: str) -> int:

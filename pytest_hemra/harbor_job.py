@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 import time
 from contextlib import suppress
@@ -38,6 +39,7 @@ JOB_SLACK_SECS = 120.0
 TRIAL_SLACK_SECS = 60.0
 STOP_GRACE = "1s"
 COMPOSE_PROJECT = "com.docker.compose.project"
+TELLING = re.compile(r"error|invalid|not valid|failed|not found", re.IGNORECASE)
 # runs harbor with its output in a file and its exit status beside it; arguments stay argv
 WRAPPER = 'out="$1"; shift; "$@" >"$out" 2>&1; code=$?; echo "$code" >"$out.exit"; exit "$code"'
 
@@ -99,6 +101,7 @@ def launch_job(
         "environment": {
             "HARBOR_TELEMETRY": "0",
             "HOME": "/tmp",
+            "COLUMNS": "200",  # fewer of rich's line breaks in its output file
             **{variable: os.environ.get(variable, "") for variable in spec.env},
         },
         "volumes": {
@@ -199,7 +202,10 @@ def no_result_message(root: Path, job: HarborJob, task: str) -> str:
     output = root / f"{job.name}.output.txt"
     lines = output.read_text(errors="replace").splitlines() if output.is_file() else []
     said = [line.strip() for line in lines if line.strip()]
-    tail = f": {said[-1][:300]}" if said else ""
+    telling = [line for line in said if TELLING.search(line)]
+    if said and not said[0].startswith("Traceback") and telling:
+        said = telling[:1]  # Harbor's own complaint (rich wraps it over several lines)
+    tail = f": {said[-1][:300]}" if said else ""  # else an exception's last line
     return (
         f"Harbor job {job.name} {job.ended} with no result for task {task!r} "
         f"(see {output} and {root / job.name / 'job.log'}){tail}"

@@ -54,6 +54,29 @@ def test_harbor_oracle_passes_offline_tasks_imported_under_the_run(
     ]
 
 
+@pytest.mark.usefixtures("docker_test")
+def test_a_job_harbor_refuses_ends_its_trials_as_infra_errors_in_its_words(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[..., Path],
+) -> None:
+    make_task("one")
+    make_task("two")
+    write_harness("mine", HARBOR + 'agent = "no-such-agent"\n')
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["mine"]\ndatasets = ["ds"]\n')
+    result = pytester.runpytest("--hemra-run", str(run_file))
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines(
+        ["*infra_error*Harbor job mine__ds__1 exited 1 with no result*Agent name no-such-agent*"]
+    )
+    store = Store(tmp_path / ".hemra" / "hemra.db")
+    (run,) = store.runs()
+    board = json.loads((run.trials_dir / "harbor" / "board.json").read_text())
+    assert [job["name"] for job in board["jobs"]] == ["mine__ds__1"]  # no job per task after it
+
+
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
