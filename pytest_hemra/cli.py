@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     runs = commands.add_parser("runs", help="list the runs in a store")
     runs.add_argument("--store", default=str(DEFAULT_STORE))
 
+    engines = commands.add_parser(
+        "engines", help="a run file's Docker engines: health, capacity, running trials, images"
+    )
+    engines.add_argument("run_file", help="run file whose [[sandbox.engines]] to list")
+    engines.add_argument("--store", help="store whose placements to count (default: beside it)")
+
     canary = commands.add_parser(
         "canary", help="check the gateway counts what an upstream reports, per wire format"
     )
@@ -238,11 +244,15 @@ def detach_command(args: argparse.Namespace) -> int:
 
 
 def _file_concurrency(run_file: Path) -> int | None:
-    """The run file's `concurrency`; a malformed file is left for pytest to report."""
+    """The run file's `concurrency` (with `[[sandbox.engines]]` and none given: the engines'
+    capacities added up); a malformed file is left for pytest to report."""
     try:
-        return load_run_spec(run_file, Overrides()).concurrency
+        spec = load_run_spec(run_file, Overrides())
     except SpecError:
         return None
+    if spec.sandbox.engines and "concurrency" not in spec.model_fields_set:
+        return sum(engine.capacity for engine in spec.sandbox.engines)
+    return spec.concurrency
 
 
 def _viewer_arguments(parser: argparse.ArgumentParser) -> None:
@@ -334,6 +344,21 @@ def runs_command(args: argparse.Namespace) -> int:
     headers = ["run", "name", "status", "done", "running", "queued", "cancelled"]
     print(tabulate(rows, headers=[*headers, "harnesses", "datasets"]))
     return 0
+
+
+def engines_command(args: argparse.Namespace) -> int:
+    """The pool's engines, each pinged now; exits 1 when none answers."""
+    from pytest_hemra.engines import engine_statuses, render_engines
+
+    run_file = Path(args.run_file)
+    spec = load_run_spec(run_file, Overrides())
+    if not spec.sandbox.engines:
+        raise SpecError(f"{run_file}: no [[sandbox.engines]] (see docs/scaling.md)")
+    store_path = Path(args.store) if args.store else run_file.resolve().parent / DEFAULT_STORE
+    store = Store(store_path) if store_path.is_file() else None
+    statuses = engine_statuses(spec.sandbox.engines, store)
+    print(render_engines(statuses))
+    return 0 if any(status.answers for status in statuses) else 1
 
 
 def image_command(args: argparse.Namespace) -> int:
@@ -503,6 +528,7 @@ COMMANDS: dict[str, Any] = {
     "image": image_command,
     "harness": harness_command,
     "harnesses": harnesses_command,
+    "engines": engines_command,
     "init": init_command,
     "canary": canary_command,
     "calibrate": calibrate_command,

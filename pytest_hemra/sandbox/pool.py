@@ -254,7 +254,7 @@ class EnginePool:
         """The first answering local engine's bridge address (as a single engine has it)."""
         for engine in self.engines:
             if engine.is_local and self.answers(engine):
-                host = self._gateway_host_of(engine)
+                host = self.gateway_host_of(engine)
                 if host != "127.0.0.1":
                     return host
         return None
@@ -263,13 +263,15 @@ class EnginePool:
         """Every address the gateway must listen on for the pool's sandboxes: each engine's
         `gateway_host`, else (an engine on this machine) its bridge network's gateway."""
         hosts = [
-            self._gateway_host_of(engine)
+            self.gateway_host_of(engine)
             for engine in self.engines
             if engine.gateway_host is not None or self.answers(engine)
         ]
         return list(dict.fromkeys(host for host in hosts if host != "127.0.0.1"))
 
-    def _gateway_host_of(self, engine: Engine) -> str:
+    def gateway_host_of(self, engine: Engine) -> str:
+        """Where the engine's sandboxes reach the runner: its `gateway_host`, else its bridge
+        network's gateway, else loopback (an engine with no bridge gives sandboxes no network)."""
         if engine.gateway_host is not None:
             return engine.gateway_host
         if engine.name not in self._bridge_hosts:
@@ -307,7 +309,7 @@ class EnginePool:
             raise InfraError("engine pool: no store to place trials through")
         engine = self._claim(store, trial, task, default_image)
         try:
-            yield Placement(engine.name, self.provider(engine), self._gateway_host_of(engine))
+            yield Placement(engine.name, self.provider(engine), self.gateway_host_of(engine))
         except Exception as failure:
             if self.ping(engine) is not None:
                 raise InfraError(

@@ -1,0 +1,309 @@
+"""A run spread over a pool of Docker engines, for real: the machine's engine and two more
+dockerd processes started here (tests/dockerd.py), each reached at its own loopback address and
+starting with no image; one of them killed by PID in the middle of a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from conftest import BASE_IMAGE, REPO, TaskMaker
+from pytest_hemra.cli import main as hemra
+from pytest_hemra.errors import SpecError
+from pytest_hemra.sandbox.pool import EnginePool
+from pytest_hemra.spec import Overrides, load_run_spec
+from pytest_hemra.store import Store
+from tests.dockerd import ExtraEngine, free_loopback_hosts
+
+MAIN = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+OFFLINE_TASK = "[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 30\n" + (
+    "[environment]\nallow_internet = false\n"  # the extra engines have no bridge network
+)
+
+
+@pytest.fixture(scope="module")
+def extra_engines(docker_client: Any) -> Iterator[list[ExtraEngine]]:
+    """Two more engines on this machine, removed (processes, mounts, folders) on every path."""
+    missing = [tool for tool in ("dockerd", "unshare") if shutil.which(tool) is None]
+    if missing or os.geteuid() != 0:
+        message = f"needs root and {', '.join(missing) or 'dockerd'} to start more engines"
+        if os.environ.get("CI"):
+            pytest.fail(message)  # under CI, engine tests fail, never skip
+        pytest.skip(message)
+    engines = [ExtraEngine(host) for host in free_loopback_hosts(2)]
+    try:
+        for engine in engines:
+            engine.start()
+        yield engines
+    finally:
+        for engine in engines:
+            engine.remove()
+
+
+@pytest.fixture
+def pool_run(
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[[str, str], Path],
+    extra_engines: list[ExtraEngine],
+) -> Callable[..., Path]:
+    """A run file: `tasks` offline tasks x `attempts` of a harness that sleeps, over the pool
+    main (this machine's engine), b and c (the extra ones), one slot each."""
+
+    def write(tasks: int, attempts: int, sleep: float, name: str = "run.toml") -> Path:
+        for n in range(tasks):
+            if not (tmp_path / "datasets" / "ds" / f"task-{n}").exists():
+                make_task(f"task-{n}", task_toml=OFFLINE_TASK)
+        write_harness(
+            "sleeper",
+            f"""\
+            kind = "program"
+            command = ["bash", "-c", "sleep {sleep}; echo hi > /app/out.txt"]
+            """,
+        )
+        b, c = extra_engines
+        run_file = tmp_path / name
+        run_file.write_text(
+            textwrap.dedent(
+                f"""\
+                harnesses = ["sleeper"]
+                datasets = ["ds"]
+                attempts = {attempts}
+                max_infra_retries = 2
+
+                [[sandbox.engines]]
+                name = "main"
+                address = "{MAIN}"
+                capacity = 1
+
+                [[sandbox.engines]]
+                name = "b"
+                address = "{b.address}"
+                capacity = 1
+
+                [[sandbox.engines]]
+                name = "c"
+                address = "{c.address}"
+                capacity = 1
+                """
+            )
+        )
+        return run_file
+
+    return write
+
+
+def containers(address: str, run_id: str) -> list[Any]:
+    client = docker.DockerClient(base_url=address, timeout=30)
+    try:
+        return list(client.containers.list(all=True, filters={"label": f"hemra.run={run_id}"}))
+    finally:
+        client.close()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    ("engine", "expected"),
+    [
+        (
+            'address = "http://box:2375"\ncapacity = 2',
+            "key 'sandbox.engines[0].address': expected unix:///path/docker.sock,"
+            " tcp://host:port or ssh://[user@]host[:port], got 'http://box:2375'",
+        ),
+        (
+            'address = "tcp://box:2375"\ncapacity = 0',
+            "key 'sandbox.engines[0].capacity': input should be greater than 0, got 0",
+        ),
+        ('address = "tcp://box:2375"', "key 'sandbox.engines[0].capacity' is required"),
+        (
+            'address = "unix:///run/docker.sock"\ncapacity = 1\ntls = { ca = "ca.pem" }',
+            "key 'sandbox.engines[0].tls': expected no TLS settings: they are for tcp:// engines",
+        ),
+        (
+            'address = "tcp://box:2376"\ncapacity = 1\ntls = { cert = "cert.pem" }',
+            "key 'sandbox.engines[0].tls': expected both 'cert' and 'key', or neither",
+        ),
+        (
+            'address = "tcp://box:2375"\ncapacity = 1\n[[sandbox.engines]]\n'
+            'address = "tcp://box:2375"\ncapacity = 1',
+            "key 'sandbox.engines': expected each engine address once, 'tcp://box:2375' is",
+        ),
+    ],
+    ids=["address", "capacity", "no-capacity", "tls-unix", "cert-without-key", "twice"],
+)
+def test_bad_engine_settings_are_refused_in_one_line_naming_the_key(
+    tmp_path: Path, engine: str, expected: str
+) -> None:
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(f'harnesses = ["oracle"]\ndatasets = ["ds"]\n[[sandbox.engines]]\n{engine}')
+    with pytest.raises(SpecError) as refused:
+        load_run_spec(run_file, Overrides())
+    message = str(refused.value)
+    assert message.startswith(f"{run_file}: {expected}") and "\n" not in message
+
+
+def test_an_engine_on_another_machine_needs_a_gateway_host_and_nothing_is_recorded(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
+    make_task("one", task_toml=OFFLINE_TASK)
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(
+        'harnesses = ["oracle"]\ndatasets = ["ds"]\n'
+        '[[sandbox.engines]]\naddress = "tcp://192.0.2.250:2376"\ncapacity = 4\n'
+        'tls = { ca = "certs/ca.pem" }\n'
+    )
+    result = pytester.runpytest("--hemra-run", str(run_file))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    shown = str(result.stderr)
+    assert f"{run_file}: key 'sandbox.engines[0].tls.ca': no file {tmp_path}/certs/ca.pem" in shown
+    (tmp_path / "certs").mkdir()
+    (tmp_path / "certs" / "ca.pem").write_text("not checked before the engine is reached\n")
+    result = pytester.runpytest("--hemra-run", str(run_file))
+    assert (
+        f"{run_file}: key 'sandbox.engines[0].gateway_host' is required: engine"
+        " 192.0.2.250:2376 is on another machine"
+    ) in str(result.stderr)
+    assert not (tmp_path / ".hemra" / "hemra.db").exists()
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_trials_are_spread_over_every_engine_of_the_pool(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    pool_run: Callable[..., Path],
+    extra_engines: list[ExtraEngine],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run_file = pool_run(tasks=3, attempts=7, sleep=1)
+    junit = tmp_path / "junit.xml"
+
+    result = pytester.runpytest("--hemra-run", str(run_file), "-n", "3", f"--junitxml={junit}")
+
+    result.assert_outcomes(passed=21)
+    store = Store(tmp_path / ".hemra" / "hemra.db")
+    (run,) = store.runs()
+    trials = store.trials(run.id, history=True)
+    assert len(trials) == 21 and all(t.outcome == "pass" for t in trials)
+    assert {t.engine for t in trials} == {"main", "b", "c"}
+    for trial in trials:  # the trial folder says where it ran, as the store does
+        result_json = json.loads((Path(trial.trial_dir or "") / "result.json").read_text())
+        assert result_json["engine"] == trial.engine
+        assert "place" in result_json["phases"]
+    cases = list(ET.parse(junit).getroot().iter("testcase"))
+    engines = [{p.get("name"): p.get("value") for p in c.iter("property")}["engine"] for c in cases]
+    assert sorted(engines) == sorted(t.engine for t in trials)
+    for engine in extra_engines:  # started empty: the base image was copied over, then built on
+        client = docker.DockerClient(base_url=engine.address, timeout=30)
+        assert client.images.get(BASE_IMAGE)
+        assert client.images.list(name="hemra-task") and client.images.list(name="hemra-sandbox")
+        client.close()
+    assert store.engine_load() == {}  # every slot given back
+    for address in (MAIN, *(engine.address for engine in extra_engines)):
+        assert containers(address, run.id) == []
+
+    capsys.readouterr()
+    assert hemra(["engines", str(run_file)]) == 0
+    listing = capsys.readouterr().out
+    for engine in ("main", "b", "c"):
+        assert any(
+            line.startswith(f"{engine} ") and " up (" in line for line in listing.splitlines()
+        )
+    assert "3/3 engines up, 3 trial slots" in listing
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_an_engine_killed_mid_run_loses_no_trial_and_is_used_again_when_back(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    pool_run: Callable[..., Path],
+    extra_engines: list[ExtraEngine],
+) -> None:
+    run_file = pool_run(tasks=3, attempts=7, sleep=2)
+    store_path = tmp_path / ".hemra" / "hemra.db"
+    b, c = extra_engines
+    log = (tmp_path / "runner.log").open("wb")
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--hemra-run"]
+    runner = subprocess.Popen(
+        [*argv, str(run_file), "-n", "3"],
+        cwd=tmp_path,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        },
+        start_new_session=True,
+    )
+    try:
+
+        def running_on_c() -> bool:
+            if not store_path.exists():
+                return False
+            store = Store(store_path)
+            try:
+                runs = store.runs()
+                return (
+                    bool(runs)
+                    and any(
+                        t.status == "running" and t.engine == "c" for t in store.trials(runs[0].id)
+                    )
+                    and bool(containers(c.address, runs[0].id))
+                )
+            finally:
+                store.close()
+
+        wait_for(running_on_c, 120, "a trial running on engine c")
+        c.kill()  # SIGKILL by PID, with a trial in its sandbox there
+        assert runner.wait(300) == 0, (tmp_path / "runner.log").read_text()[-3000:]
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait()
+        log.close()
+
+    store = Store(store_path)
+    (run,) = store.runs()
+    current = store.trials(run.id)
+    assert len(current) == 21 and len({t.item_id for t in current}) == 21
+    assert all(t.status == "finished" and t.outcome == "pass" for t in current)
+    history = store.trials(run.id, history=True)
+    lost = [t for t in history if t.status == "replaced"]
+    assert lost and all(t.outcome == "infra_error" and t.engine == "c" for t in lost)
+    assert all("engine c stopped answering" in (t.error or "") for t in lost)
+    retried = {t.replaces: t for t in current if t.replaces}
+    assert set(retried) == {t.id for t in lost}
+    assert all(t.engine in ("main", "b") for t in retried.values())
+    assert store.run(run.id).status == "finished" and store.engine_load() == {}
+    for address in (MAIN, b.address):
+        assert containers(address, run.id) == []
+
+    c.start()  # back: what the lost trials left there is removed when the pool sees it
+    assert containers(c.address, run.id)
+    pool = EnginePool(load_run_spec(run_file, Overrides()).sandbox.engines, store)
+    assert pool.ping(pool.engines[2]) is None
+    assert containers(c.address, run.id) == []
+
+    again = pytester.runpytest("--hemra-run", str(pool_run(3, 2, 2, name="again.toml")), "-n", "3")
+    again.assert_outcomes(passed=6)
+    later = store.runs()[-1]
+    assert "c" in {t.engine for t in store.trials(later.id)}  # used again
