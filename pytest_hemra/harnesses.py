@@ -17,6 +17,12 @@ from pytest_hemra.datasets import bundled_dir
 from pytest_hemra.errors import SpecError
 from pytest_hemra.spec import PLACEHOLDER_PATTERN, HarnessSpec, is_valid_name, load_harness_spec
 
+UNSUPPORTED_BECAUSE = {
+    "computer-use": (
+        ": a computer-use agent acts on a screen through a model that reads screenshots, and"
+        " HEMRA's sandboxes have no display and its offline scripted model cannot read one"
+    ),
+}
 RUNNABLE_KINDS = frozenset({"program", "cli", "sdk", "acp", "harbor"})
 HARBOR_PACKAGE = re.compile(r"^pypi:harbor==[A-Za-z0-9.+!-]+$")
 # keys that say how HEMRA runs an agent in its own sandbox: Harbor runs its agent itself
@@ -64,9 +70,10 @@ def resolve_harness(name: str, base_dir: Path, source: str, run_model: str | Non
     path = find_harness(name, base_dir, source)
     spec = load_harness_spec(path)
     if spec.kind not in RUNNABLE_KINDS:
+        why = UNSUPPORTED_BECAUSE.get(spec.kind, "")
         raise SpecError(
             f"{path}: key 'kind': harness kind {spec.kind!r} is not supported yet by this "
-            f"version of HEMRA (supported: {', '.join(sorted(RUNNABLE_KINDS))})"
+            f"version of HEMRA{why} (supported: {', '.join(sorted(RUNNABLE_KINDS))})"
         )
     if spec.kind == "harbor":
         _check_harbor(path, spec)
