@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -54,10 +55,14 @@ def free_loopback_hosts(count: int, first: int = 2) -> list[str]:
 
 
 class UnixForwarder:
-    """TCP on (host, port) forwarded to a unix socket, a thread per direction of a connection."""
+    """TCP on (host, port) forwarded to a unix socket, a thread per direction of a connection;
+    with `tls`, each connection's TLS is ended here first (as `dockerd --tlsverify` would)."""
 
-    def __init__(self, host: str, port: int, target: Path) -> None:
+    def __init__(
+        self, host: str, port: int, target: Path, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.target = target
+        self.tls = tls
         self.server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.server.bind((host, port))
@@ -75,6 +80,14 @@ class UnixForwarder:
                 client, _ = self.server.accept()
             except OSError:
                 return
+            if self.tls is not None:
+                try:
+                    client.settimeout(10)
+                    client = self.tls.wrap_socket(client, server_side=True)
+                    client.settimeout(None)
+                except (OSError, ssl.SSLError):
+                    client.close()  # a client without the right certificate is turned away
+                    continue
             upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 upstream.connect(str(self.target))

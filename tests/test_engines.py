@@ -5,9 +5,11 @@ starting with no image; one of them killed by PID in the middle of a run."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -23,10 +25,11 @@ import pytest
 from conftest import BASE_IMAGE, REPO, TaskMaker
 from pytest_hemra.cli import main as hemra
 from pytest_hemra.errors import SpecError
+from pytest_hemra.records import EngineSlot, PlannedTrial
 from pytest_hemra.sandbox.pool import EnginePool
 from pytest_hemra.spec import Overrides, load_run_spec
 from pytest_hemra.store import Store
-from tests.dockerd import ExtraEngine, free_loopback_hosts
+from tests.dockerd import ExtraEngine, UnixForwarder, free_loopback_hosts
 
 MAIN = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 OFFLINE_TASK = "[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 30\n" + (
@@ -186,6 +189,43 @@ def test_an_engine_on_another_machine_needs_a_gateway_host_and_nothing_is_record
     assert not (tmp_path / ".hemra" / "hemra.db").exists()
 
 
+SLOTS = (EngineSlot("a", "tcp://a:2375", 2), EngineSlot("b", "tcp://b:2375", 1, has_image=True))
+
+
+def place_each(store_path: str, trials: list[str], worker: str) -> list[dict[str, int]]:
+    """Claim each trial's job, wait for an engine slot, hold it a moment, give it back; what the
+    store counted on each engine right after every placement."""
+    store = Store(Path(store_path))
+    owner = f"{worker}@{os.uname().nodename}:{os.getpid()}"
+    seen = []
+    for trial in trials:
+        assert store.claim(trial, owner, 30) == "leased"
+        while store.claim_engine(trial, owner, SLOTS, lambda holder: True) is None:
+            time.sleep(0.001)
+        seen.append(store.engine_load())
+        time.sleep(0.002)
+        store.release_engine(trial)
+    store.close()
+    return seen
+
+
+def test_runners_placing_at_once_never_fill_an_engine_past_its_capacity(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    plan = [PlannedTrial("ds", f"t{n}", "h", 1) for n in range(120)]
+    store.record_plan("r1", "run", {}, tmp_path, plan)
+    ids = [t.id for t in store.trials("r1")]
+    with multiprocessing.get_context("fork").Pool(8) as workers:
+        seen = workers.starmap(
+            place_each, [(str(store.path), ids[n::8], f"gw{n}") for n in range(8)]
+        )
+    loads = [load for each in seen for load in each]
+    assert len(loads) == 120
+    assert max(load.get("tcp://a:2375", 0) for load in loads) <= 2
+    assert max(load.get("tcp://b:2375", 0) for load in loads) <= 1
+    assert {t.engine for t in store.trials("r1")} == {"a", "b"}  # b holds the image: first
+    assert store.engine_load() == {}
+
+
 @pytest.mark.usefixtures("docker_test")
 def test_trials_are_spread_over_every_engine_of_the_pool(
     pytester: pytest.Pytester,
@@ -307,3 +347,72 @@ def test_an_engine_killed_mid_run_loses_no_trial_and_is_used_again_when_back(
     again.assert_outcomes(passed=6)
     later = store.runs()[-1]
     assert "c" in {t.engine for t in store.trials(later.id)}  # used again
+
+
+def make_certificates(folder: Path, host: str) -> ssl.SSLContext:
+    """A CA, a server certificate for `host` and a client certificate (ca.pem, cert.pem,
+    key.pem, as a run file names them); returns the server's TLS context, which asks every
+    client for a certificate signed by that CA."""
+    folder.mkdir()
+
+    def openssl(*argv: str) -> None:
+        subprocess.run(["openssl", *argv], cwd=folder, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca-key.pem",
+            "-out", "ca.pem", "-days", "2", "-subj", "/CN=hemra-test-ca")  # fmt: skip
+    for name, usage in (("server", f"subjectAltName=IP:{host}"), ("client", "")):
+        (folder / f"{name}.ext").write_text(
+            (usage + "\n" if usage else "")
+            + f"extendedKeyUsage={'serverAuth' if name == 'server' else 'clientAuth'}\n"
+        )
+        key = "key.pem" if name == "client" else "server-key.pem"
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", f"{name}.csr",
+                "-subj", f"/CN={name}")  # fmt: skip
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem",
+                "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext",
+                "-out", "cert.pem" if name == "client" else "server.pem")  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(folder / "server.pem", folder / "server-key.pem")
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(folder / "ca.pem")
+    return context
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_a_tcp_engine_behind_tls_is_reached_with_the_run_files_certificates(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    pool_run: Callable[..., Path],
+    extra_engines: list[ExtraEngine],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pool_run(tasks=2, attempts=1, sleep=0, name="unused.toml")  # the tasks and the harness
+    (host,) = free_loopback_hosts(1, first=20)
+    tls = UnixForwarder(
+        host, 2375, extra_engines[0].socket_path, make_certificates(tmp_path / "certs", host)
+    )
+    try:
+        run_file = tmp_path / "tls.toml"
+        engine = (
+            f'[[sandbox.engines]]\nname = "secure"\naddress = "tcp://{host}:2375"\ncapacity = 2\n'
+        )
+        run_file.write_text(
+            'harnesses = ["sleeper"]\ndatasets = ["ds"]\n'
+            + engine
+            + 'tls = { ca = "certs/ca.pem", cert = "certs/cert.pem", key = "certs/key.pem" }\n'
+        )
+        result = pytester.runpytest("--hemra-run", str(run_file), "-n", "2")
+        result.assert_outcomes(passed=2)
+        capsys.readouterr()
+        assert hemra(["engines", str(run_file)]) == 0
+        assert " up (" in capsys.readouterr().out
+
+        run_file.write_text(  # the engine asks for a client certificate: without one, down
+            'harnesses = ["sleeper"]\ndatasets = ["ds"]\n'
+            + engine
+            + 'tls = { ca = "certs/ca.pem" }\n'
+        )
+        assert hemra(["engines", str(run_file)]) == 1
+        assert "down: " in capsys.readouterr().out
+    finally:
+        tls.close()

@@ -115,6 +115,23 @@ def client_options(engine: Engine, timeout: float) -> dict[str, Any]:
     return options
 
 
+def with_engine_ca(api: Any, engine: Engine) -> Any:
+    """Verify the engine against its own `tls.ca`, whatever REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE
+    say: requests lets those override a session's CA on every request."""
+    ca = engine.tls.ca if engine.tls is not None and engine.tls.verify else None
+    if ca is None:
+        return api
+    merge = api.merge_environment_settings
+
+    def merged(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        settings: dict[str, Any] = merge(*args, **kwargs)
+        settings["verify"] = ca
+        return settings
+
+    api.merge_environment_settings = merged
+    return api
+
+
 @dataclass
 class _Health:
     answers: bool
@@ -155,12 +172,7 @@ class EnginePool:
         """Ping the engine now: None when it answers, else why not (and it is marked down)."""
         error: str | None = None
         try:
-            probe = self._probes.get(engine.name)
-            if probe is None:
-                options = client_options(engine, PING_TIMEOUT_SECS)
-                probe = docker.APIClient(version=PROBE_API_VERSION, **options)
-                self._probes[engine.name] = probe
-            probe.ping()
+            self._probe(engine).ping()
         except DOCKER_ERRORS as failure:
             error = _one_line(failure)
         was = self._health.get(engine.name)
@@ -168,6 +180,15 @@ class EnginePool:
         if error is None and (was is None or not was.answers):
             self._reap(engine)  # first seen, or back: what trials that are over left there
         return error
+
+    def _probe(self, engine: Engine) -> Any:
+        """A client with a short timeout, for pings (made without asking the engine anything)."""
+        probe = self._probes.get(engine.name)
+        if probe is None:
+            options = client_options(engine, PING_TIMEOUT_SECS)
+            probe = with_engine_ca(docker.APIClient(version=PROBE_API_VERSION, **options), engine)
+            self._probes[engine.name] = probe
+        return probe
 
     def answers(self, engine: Engine, within: float = UP_FOR_SECS) -> bool:
         """Whether the engine answers, by a ping at most `within` seconds old (an engine marked
@@ -190,7 +211,10 @@ class EnginePool:
         found = self._providers.get(engine.name)
         if found is None:
             try:
-                client = docker.DockerClient(**client_options(engine, CLIENT_TIMEOUT_SECS))
+                served = self._probe(engine).version(api_version=False)["ApiVersion"]
+                options = client_options(engine, CLIENT_TIMEOUT_SECS)
+                client = docker.DockerClient(version=str(served), **options)
+                with_engine_ca(client.api, engine)
             except DOCKER_ERRORS as error:
                 raise InfraError(f"engine {engine.name}: no answer ({_one_line(error)})") from error
             found = DockerProvider(client, engine=engine.address, image_source=self._runner_engine)
