@@ -58,6 +58,10 @@ def _events(text: str) -> Iterator[dict[str, Any]]:
                 yield event
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
@@ -169,11 +173,45 @@ def _aider(text: str) -> SelfReport | None:
     return report if seen else None
 
 
+def _mini_swe_agent(text: str) -> SelfReport | None:
+    """mini-swe-agent's trajectory file (`-o`): each assistant message keeps the raw response
+    (`extra.response.usage`, Chat Completions counts: cached input inside `prompt_tokens`), and
+    `info.model_stats` its cost and calls; the exit message says how it ended."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        return None
+    report, seen = SelfReport(turns=0), False
+    for message in data["messages"]:
+        if not isinstance(message, dict):
+            continue
+        extra = _mapping(message.get("extra"))
+        usage = _mapping(_mapping(extra.get("response")).get("usage"))
+        if message.get("role") == "assistant" and usage:
+            seen = True
+            cached = _int(_mapping(usage.get("prompt_tokens_details")).get("cached_tokens"))
+            report.input_tokens += max(_int(usage.get("prompt_tokens")) - cached, 0)
+            report.cache_read_tokens += cached
+            report.output_tokens += _int(usage.get("completion_tokens"))
+        if message.get("role") == "exit":
+            status = extra.get("exit_status")
+            report.final_message = str(extra.get("submission") or status or "")
+            report.is_error = status not in ("Submitted", None)
+    stats = _mapping(_mapping(data.get("info")).get("model_stats"))
+    if isinstance(stats.get("instance_cost"), int | float):
+        report.cost_usd = float(stats["instance_cost"])
+    report.turns = _int(stats.get("api_calls")) or None
+    return report if seen else None
+
+
 PARSERS: dict[str, Callable[[str], SelfReport | None]] = {
     "claude-code": _claude_code,
     "codex": _codex,
     "pi": _pi,
     "aider": _aider,
+    "mini-swe-agent": _mini_swe_agent,
 }
 
 

@@ -46,7 +46,11 @@ PLACEHOLDERS = frozenset(
     }
 )
 PACKAGE_PATTERN = r"^(npm|pypi):[^\s]+$"
-ADDED_HARNESS_KEYS = ("edit_format", "agent")  # harness keys left out of digests while unset
+ADDED_HARNESS_KEYS = (
+    "edit_format",
+    "agent",
+    "output_file",
+)  # harness keys left out of digests while unset
 
 
 def is_valid_name(name: str) -> bool:
@@ -251,6 +255,7 @@ class HarnessSpec(Strict):
     environment: dict[str, str] = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)
     output: Literal["claude-code", "codex", "pi", "mini-swe-agent", "aider"] | None = None
+    output_file: str | None = None  # where `output` is read from in the sandbox (else stdout)
     entry: str | None = Field(default=None, pattern=r"^[\w./-]+:[A-Za-z_]\w*$")
     finish_command: str | None = None  # how the agent declares it is done (scripted replays)
     # no tools: the harness edits files from blocks in the model's text reply, in this format

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pytest_hemra import openended, swe
@@ -442,7 +442,12 @@ def _run_agent(
         )
     progress.exit_code, progress.timed_out = result.exit_code, result.timed_out
     if spec.output:
-        progress.own_report = parse_output(spec.output, out.read_text(errors="replace"))
+        text = out.read_text(errors="replace")
+        if spec.output_file:  # the harness writes its own numbers to a file, not stdout
+            wanted = PurePosixPath(render(spec.output_file, values))
+            found = sandbox.read_tree(str(wanted.parent)).get(wanted.name)
+            text = found.decode(errors="replace") if found is not None else ""
+        progress.own_report = parse_output(spec.output, text)
 
 
 def _verify(context: TrialContext, sandbox: Sandbox) -> tuple[float, dict[str, float]]:

@@ -27,7 +27,7 @@ WIRE_OF = {
     "aider": Wire.CHAT,
 }
 EDIT_FORMAT = {"aider"}  # no tools: one reply holding the task's files whole, then it exits
-NO_OWN_NUMBERS = {"claude-code-acp", "mini-swe-agent"}  # ACP carries no usage; mini: not parsed
+NO_OWN_NUMBERS = {"claude-code-acp"}  # ACP carries no usage
 SENTINEL = "sk-sentinel-7e21d4a9c0"
 
 

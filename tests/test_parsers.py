@@ -170,3 +170,42 @@ def test_aider_sums_its_calls_reads_k_counts_and_keeps_the_session_cost() -> Non
 
 def test_aider_output_without_a_tokens_line_reports_nothing() -> None:
     assert parse_output("aider", "Aider v0.86.2\nlitellm.APIConnectionError: refused\n") is None
+
+
+def test_mini_swe_agent_numbers_are_read_from_its_trajectory_file() -> None:
+    usage = {"prompt_tokens": 120, "completion_tokens": 50}
+    response = {"usage": {**usage, "prompt_tokens_details": {"cached_tokens": 20}}}
+    trajectory = {
+        "info": {"model_stats": {"instance_cost": 0.25, "api_calls": 2}},
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "assistant", "content": "", "extra": {"response": response}},
+            {"role": "tool", "content": "", "extra": {"returncode": 0}},
+            {"role": "assistant", "content": "", "extra": {"response": {"usage": usage}}},
+            {
+                "role": "exit",
+                "content": "",
+                "extra": {"exit_status": "Submitted", "submission": ""},
+            },
+        ],
+    }
+    own = parse_output("mini-swe-agent", json.dumps(trajectory))
+    assert own == SelfReport(
+        input_tokens=100 + 120,
+        output_tokens=100,
+        cache_read_tokens=20,
+        cost_usd=0.25,
+        turns=2,
+        final_message="Submitted",
+        is_error=False,
+    )
+    assert parse_output("mini-swe-agent", "not json") is None
+    limit = {
+        **trajectory,
+        "messages": [
+            *trajectory["messages"][:-1],
+            {"role": "exit", "extra": {"exit_status": "LimitsExceeded"}},
+        ],
+    }
+    found = parse_output("mini-swe-agent", json.dumps(limit))
+    assert found is not None and found.is_error
