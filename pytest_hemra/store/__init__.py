@@ -1,0 +1,19 @@
+"""The SQLite store (WAL): runs, trials, jobs, calls and events. The only module that speaks SQL.
+
+Every process talks through it: the pytest controller, xdist workers, the CLI. A run, its
+resolved spec and every planned trial and job are written in one transaction.
+"""
+
+from __future__ import annotations
+
+from pytest_hemra.store.queue import QueueStore
+from pytest_hemra.store.schema import OLDEST_MIGRATED, SCHEMA, SCHEMA_VERSION, trial_id
+
+
+class Store(QueueStore):
+    """A handle on one store file; cheap to open, one per process. Only this package speaks
+    SQL: `schema` (tables, versions, rows to records), `base` (opening, migrating,
+    transactions), `results` (runs, trials, results, calls), `queue` (jobs, leases, engines)."""
+
+
+__all__ = ["OLDEST_MIGRATED", "SCHEMA", "SCHEMA_VERSION", "Store", "trial_id"]

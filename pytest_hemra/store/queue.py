@@ -1,0 +1,347 @@
+"""The queue: the plan recorded, jobs leased and renewed, cancelled, replaced; engine slots."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_hemra.errors import StoreError
+from pytest_hemra.records import (
+    EngineSlot,
+    PlannedTrial,
+    TrialRecord,
+)
+from pytest_hemra.store.results import ResultStore
+from pytest_hemra.store.schema import (
+    SCHEMA_VERSION,
+    trial_id,
+)
+
+
+class QueueStore(ResultStore):
+    """Jobs with leases: who runs what, and what is left."""
+
+    def record_plan(
+        self,
+        run_id: str,
+        name: str,
+        spec: dict[str, Any],
+        trials_dir: Path,
+        trials: Sequence[PlannedTrial],
+        status: str = "recorded",
+    ) -> None:
+        """Write the run, its resolved spec, every trial and its job, all or nothing.
+
+        `status` is `queued` for a detached run, left for `hemra serve` to work."""
+        now = time.time()
+        with self._transaction() as tx:
+            tx.execute(
+                "INSERT INTO runs (id, name, created_at, status, spec, trials_dir, schema_version)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    run_id,
+                    name,
+                    now,
+                    status,
+                    json.dumps(spec, sort_keys=True),
+                    str(trials_dir),
+                    SCHEMA_VERSION,
+                ],
+            )
+            tx.executemany(
+                "INSERT INTO trials (id, run_id, seq, plan_seq, item_id, dataset, task, harness,"
+                " attempt, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'planned')",
+                [
+                    (
+                        trial_id(run_id, seq),
+                        run_id,
+                        seq,
+                        seq,
+                        t.item_id,
+                        t.dataset,
+                        t.task,
+                        t.harness,
+                        t.attempt,
+                    )
+                    for seq, t in enumerate(trials)
+                ],
+            )
+            tx.executemany(
+                "INSERT INTO jobs (id, run_id, trial_id, state, created_at)"
+                " VALUES (?, ?, ?, 'queued', ?)",
+                [
+                    (trial_id(run_id, seq), run_id, trial_id(run_id, seq), now)
+                    for seq in range(len(trials))
+                ],
+            )
+            self._event(tx, run_id, None, "recorded", {"trials": len(trials)})
+
+    def claim(self, trial: str, worker: str, lease_secs: float) -> str:
+        """Lease a trial's job to `worker` if it is queued; return the job's state after.
+
+        `leased` by `worker` means it is this worker's to run; anything else (`cancelled`,
+        `done`, `leased` by another live runner) means it is not."""
+        now = time.time()
+        with self._transaction() as tx:
+            claimed = tx.execute(
+                "UPDATE jobs SET state = 'leased', lease_owner = ?, lease_expires = ?,"
+                " heartbeat_at = ? WHERE id = ? AND state = 'queued'",
+                [worker, now + lease_secs, now, trial],
+            ).rowcount
+            if claimed:
+                tx.execute(
+                    "UPDATE trials SET status = 'running', started_at = ?, worker = ? WHERE id = ?",
+                    [now, worker, trial],
+                )
+                tx.execute(
+                    "UPDATE runs SET status = 'running' WHERE id ="
+                    " (SELECT run_id FROM trials WHERE id = ?) AND status != 'cancelled'",
+                    [trial],
+                )
+                return "leased"
+            found = tx.execute(
+                "SELECT state, lease_owner FROM jobs WHERE id = ?", [trial]
+            ).fetchone()
+        if found is None:
+            raise StoreError(f"{self.path}: no job for trial {trial!r}")
+        return "taken" if found[0] == "leased" else str(found[0])
+
+    def heartbeat(self, trial: str, worker: str, lease_secs: float) -> str | None:
+        """Renew `worker`'s lease on a running trial; return the job's state (`cancelling`
+        when `hemra cancel` asked it to stop), None when the lease is no longer this worker's."""
+        now = time.time()
+        with self._transaction() as tx:
+            tx.execute(
+                "UPDATE jobs SET lease_expires = ?, heartbeat_at = ?"
+                " WHERE id = ? AND lease_owner = ? AND state IN ('leased', 'cancelling')",
+                [now + lease_secs, now, trial, worker],
+            )
+            found = tx.execute(
+                "SELECT state FROM jobs WHERE id = ? AND lease_owner = ?", [trial, worker]
+            ).fetchone()
+        return None if found is None else str(found[0])
+
+    def cancel_trials(self, trials: Sequence[str], reason: str) -> int:
+        """Record unfinished trials cancelled (never failed); finished ones are left alone."""
+        now = time.time()
+        cancelled = 0
+        with self._transaction() as tx:
+            for trial in trials:
+                cancelled += tx.execute(
+                    "UPDATE trials SET status = 'cancelled', outcome = 'cancelled', error = ?,"
+                    " finished_at = ? WHERE id = ? AND status IN ('planned', 'running')",
+                    [reason, now, trial],
+                ).rowcount
+                tx.execute(
+                    "UPDATE jobs SET state = 'cancelled', lease_owner = NULL"
+                    " WHERE id = ? AND state IN ('queued', 'leased', 'cancelling')",
+                    [trial],
+                )
+            for (run_id,) in tx.execute(
+                "SELECT DISTINCT run_id FROM trials WHERE id IN (SELECT value FROM json_each(?))",
+                [json.dumps(list(trials))],
+            ).fetchall():
+                self._close_run(tx, run_id)
+        return cancelled
+
+    def cancel_run(self, run_id: str, is_alive: Callable[[str], bool]) -> tuple[int, int]:
+        """`hemra cancel`: queued jobs are cancelled now; running ones are asked to stop
+        (`cancelling`, seen by their runner's heartbeat), or cancelled now if their runner is
+        gone. Returns (cancelled now, asked to stop)."""
+        self.run(run_id)
+        now = time.time()
+        with self._transaction() as tx:
+            tx.execute("UPDATE runs SET status = 'cancelled' WHERE id = ?", [run_id])
+            leased = tx.execute(
+                "SELECT id, lease_owner, lease_expires FROM jobs WHERE run_id = ?"
+                " AND state IN ('leased', 'cancelling')",
+                [run_id],
+            ).fetchall()
+            live = [job for job, owner, expires in leased if is_alive(owner) and expires > now]
+            tx.executemany(
+                "UPDATE jobs SET state = 'cancelling' WHERE id = ?", [(job,) for job in live]
+            )
+            self._event(tx, run_id, None, "cancel", {"running": len(live)})
+        dead = [job for job, *_ in leased if job not in live]
+        queued = [
+            r[0]
+            for r in self.db.execute(
+                "SELECT id FROM jobs WHERE run_id = ? AND state = 'queued'", [run_id]
+            )
+        ]
+        return self.cancel_trials(queued + dead, "cancelled by hemra cancel"), len(live)
+
+    def replace_trial(self, trial: str, *, retry: bool) -> TrialRecord:
+        """Run a trial again under a new row linked to it (`replaces`): an infrastructure
+        retry (`retry`), or a resume of a trial whose runner died or that was cancelled."""
+        with self._transaction() as tx:
+            old = tx.execute(
+                "SELECT run_id, item_id, dataset, task, harness, attempt, coalesce(retries, 0),"
+                " plan_seq FROM trials WHERE id = ?",
+                [trial],
+            ).fetchone()
+            if old is None:
+                raise StoreError(f"{self.path}: no trial {trial!r}")
+            run_id = old[0]
+            seq = tx.execute("SELECT max(seq) + 1 FROM trials WHERE run_id = ?", [run_id])
+            new_id = trial_id(run_id, seq.fetchone()[0])
+            tx.execute("UPDATE trials SET status = 'replaced' WHERE id = ?", [trial])
+            tx.execute(
+                "UPDATE jobs SET state = 'replaced', lease_owner = NULL WHERE id = ?", [trial]
+            )
+            tx.execute(
+                "INSERT INTO trials (id, run_id, seq, plan_seq, item_id, dataset, task, harness,"
+                " attempt, replaces, retries, status)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'planned')",
+                [
+                    new_id,
+                    run_id,
+                    int(new_id.rsplit(".", 1)[1]),
+                    old[7],
+                    *old[1:6],
+                    trial,
+                    old[6] + int(retry),
+                ],
+            )
+            tx.execute(
+                "INSERT INTO jobs (id, run_id, trial_id, state, created_at)"
+                " VALUES (?, ?, ?, 'queued', ?)",
+                [new_id, run_id, new_id, time.time()],
+            )
+            tx.execute(
+                "UPDATE runs SET status = 'running' WHERE id = ? AND status = 'finished'",
+                [run_id],
+            )
+            self._event(tx, run_id, new_id, "retry" if retry else "resume", {"replaces": trial})
+        return self.trial(new_id)
+
+    def claim_engine(
+        self,
+        trial: str,
+        owner: str,
+        slots: Sequence[EngineSlot],
+        is_alive: Callable[[str], bool],
+    ) -> EngineSlot | None:
+        """Place a running trial on one of `slots` with a free slot: one that holds the trial's
+        image first, then the least loaded (by share of its capacity), then the first listed;
+        None when every one is full.
+
+        One write transaction, so runners placing at once never fill an engine past its
+        capacity; slots are counted by address across every run of the store. A placement ends
+        with `release_engine`, or when its trial's runner is gone (lease expired, process dead).
+        """
+        now = time.time()
+        with self._transaction() as tx:
+            held = tx.execute(
+                "SELECT p.trial_id, p.owner, j.state, j.lease_expires FROM placements p"
+                " LEFT JOIN jobs j ON j.id = p.trial_id"
+            ).fetchall()
+            gone = [
+                (placed,)
+                for placed, holder, state, expires in held
+                if state not in ("leased", "cancelling")
+                or (expires or 0) < now
+                or not is_alive(holder)
+            ]
+            tx.executemany("DELETE FROM placements WHERE trial_id = ?", gone)
+            load = {
+                address: int(count)
+                for address, count in tx.execute(
+                    "SELECT address, count(*) FROM placements WHERE trial_id != ? GROUP BY address",
+                    [trial],
+                )
+            }
+            free = [slot for slot in slots if load.get(slot.address, 0) < slot.capacity]
+            if not free:
+                return None
+            listed = {slot.address: index for index, slot in enumerate(slots)}
+            chosen = min(
+                free,
+                key=lambda slot: (
+                    not slot.has_image,
+                    load.get(slot.address, 0) / slot.capacity,
+                    listed[slot.address],
+                ),
+            )
+            tx.execute(
+                "INSERT OR REPLACE INTO placements (trial_id, run_id, engine, address, owner, at)"
+                " VALUES (?, (SELECT run_id FROM trials WHERE id = ?), ?, ?, ?, ?)",
+                [trial, trial, chosen.name, chosen.address, owner, now],
+            )
+            tx.execute("UPDATE trials SET engine = ? WHERE id = ?", [chosen.name, trial])
+        return chosen
+
+    def release_engine(self, trial: str) -> None:
+        """A trial's engine slot is free again (its sandbox is gone)."""
+        with self._transaction() as tx:
+            tx.execute("DELETE FROM placements WHERE trial_id = ?", [trial])
+
+    def engine_load(self) -> dict[str, int]:
+        """Trials placed on each engine address right now (as the store counts slots)."""
+        rows = self.db.execute("SELECT address, count(*) FROM placements GROUP BY address")
+        return {address: int(count) for address, count in rows}
+
+    def stale_trials(self, run_id: str, is_alive: Callable[[str], bool]) -> list[str]:
+        """Running trials whose runner is gone: its lease expired, or its process is dead."""
+        now = time.time()
+        rows = self.db.execute(
+            "SELECT id, lease_owner, lease_expires FROM jobs WHERE run_id = ?"
+            " AND state IN ('leased', 'cancelling')",
+            [run_id],
+        ).fetchall()
+        return [job for job, owner, expires in rows if (expires or 0) < now or not is_alive(owner)]
+
+    def runnable_runs(self, is_alive: Callable[[str], bool]) -> list[str]:
+        """Runs `hemra serve` should work: queued jobs, or running ones whose runner is gone."""
+        ids = [
+            r[0]
+            for r in self.db.execute(
+                "SELECT id FROM runs WHERE status NOT IN ('cancelled', 'finished')"
+                " ORDER BY created_at"
+            )
+        ]
+        return [
+            run_id
+            for run_id in ids
+            if self.db.execute(
+                "SELECT 1 FROM jobs WHERE run_id = ? AND state = 'queued' LIMIT 1", [run_id]
+            ).fetchone()
+            or self.stale_trials(run_id, is_alive)
+        ]
+
+    def job_state(self, trial: str) -> str | None:
+        found = self.db.execute("SELECT state FROM jobs WHERE id = ?", [trial]).fetchone()
+        return None if found is None else str(found[0])
+
+    def reopen_run(self, run_id: str) -> None:
+        """A cancelled run asked to finish after all (`--hemra-resume-cancelled`)."""
+        with self._transaction() as tx:
+            tx.execute(
+                "UPDATE runs SET status = 'running' WHERE id = ? AND status = 'cancelled'",
+                [run_id],
+            )
+
+    def job_counts(self, run_id: str) -> dict[str, int]:
+        rows = self.db.execute(
+            "SELECT state, count(*) FROM jobs WHERE run_id = ? GROUP BY state", [run_id]
+        )
+        return {state: count for state, count in rows}
+
+    def deselect_trials(self, run_id: str, item_ids: Sequence[str]) -> None:
+        """Trials left out by pytest's -k or -m: never run in this session, never scored."""
+        with self._transaction() as tx:
+            tx.executemany(
+                "UPDATE trials SET status = 'deselected' WHERE run_id = ? AND item_id = ?"
+                " AND status = 'planned'",
+                [(run_id, item) for item in item_ids],
+            )
+            tx.executemany(
+                "UPDATE jobs SET state = 'deselected' WHERE trial_id IN"
+                " (SELECT id FROM trials WHERE run_id = ? AND item_id = ?"
+                " AND status = 'deselected')"
+                " AND state = 'queued'",
+                [(run_id, item) for item in item_ids],
+            )
