@@ -7,6 +7,7 @@ everything after `--` goes to pytest unchanged (`-- -v --junitxml=report.xml`).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -85,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--store", default=str(DEFAULT_STORE))
     report.add_argument("--format", choices=FORMATS, default="text")
     report.add_argument("-o", "--output", help="write to this file (default: stdout)")
+
+    show = commands.add_parser("show", help="one trial: outcome, rewards, phases, usage, calls")
+    show.add_argument(
+        "trial_id", help="a trial id (RUN_ID.NNNNN, as in the JUnit 'trial' property)"
+    )
+    show.add_argument("--store", default=str(DEFAULT_STORE))
 
     runs = commands.add_parser("runs", help="list the runs in a store")
     runs.add_argument("--store", default=str(DEFAULT_STORE))
@@ -320,6 +327,49 @@ def report_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def show_command(args: argparse.Namespace) -> int:
+    """Everything the store holds of one trial, for a terminal (the viewer shows the rest)."""
+    store = _open_store(args.store)
+    detail = store.trial_detail(args.trial_id)
+    trial = detail.trial
+    reward = "-" if trial.reward is None else f"{trial.reward:g}"
+    cost = "unknown" if trial.cost is None else f"${trial.cost:.4f}"
+    lines = [
+        f"trial {trial.id}: {trial.item_id}",
+        f"  status {trial.status}, outcome {trial.outcome or '-'}, reward {reward}"
+        + (f", class {trial.error_class}" if trial.error_class else "")
+        + (f", retries {trial.retries} (replaces {trial.replaces})" if trial.replaces else ""),
+        f"  rewards {json.dumps(trial.rewards, sort_keys=True)}",
+        f"  tokens {trial.tokens} (input {detail.input_tokens}, output {detail.output_tokens},"
+        f" cache read {detail.cache_read_tokens}, cache write {detail.cache_write_tokens});"
+        f" {detail.calls} calls; cost {cost}",
+        "  phases " + ", ".join(f"{k} {v:.2f}s" for k, v in detail.phases.items()),
+        f"  worker {detail.worker or '-'}, job {detail.job_state or '-'}",
+    ]
+    if trial.error:
+        lines.append(f"  error: {trial.error}")
+    lines += [
+        f"  step {step['seq']} {step['name']}: reward {step['reward']}"
+        for step in store.steps(trial.id)
+    ]
+    lines += [
+        f"  judge {j['judge']}: score {j['score']}" + (f" ({j['error']})" if j["error"] else "")
+        for j in store.judgments(trial.id)
+    ]
+    calls = store.calls(trial=trial.id)
+    if calls:
+        rows = [
+            [c.role, c.model or c.model_requested or "", c.status, c.input_tokens,
+             c.output_tokens, f"{c.latency:.3f}s", c.error or ""]
+            for c in calls
+        ]  # fmt: skip
+        table = tabulate(rows, headers=["role", "model", "status", "in", "out", "latency", ""])
+        lines += ["", table]
+    lines.append(f"\nfolder {trial.trial_dir or '-'}")
+    print("\n".join(lines))
+    return 0
+
+
 def runs_command(args: argparse.Namespace) -> int:
     store = _open_store(args.store)
     rows = []
@@ -522,6 +572,7 @@ COMMANDS: dict[str, Any] = {
     "run": run_command,
     "report": report_command,
     "runs": runs_command,
+    "show": show_command,
     "serve": serve_command,
     "view": view_command,
     "cancel": cancel_command,

@@ -194,3 +194,20 @@ def test_html_report_opens_in_headless_chromium(unfair: Store, tmp_path: Path) -
     )
     assert shot_run.returncode == 0 and shot.stat().st_size > 10_000
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_hemra_show_prints_one_trial(pytester: pytest.Pytester, unfair: Store) -> None:
+    trial = next(t for t in unfair.trials("unfair") if t.harness == "chatty")
+    result = pytester.run("hemra", "show", trial.id, "--store", str(unfair.path))
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(
+        [
+            f"trial {trial.id}: {trial.item_id}",
+            "  status finished, outcome pass, reward 1",
+            '  rewards {"reward": 1.0}',
+            "  tokens 150 (input 100, output 50, cache read 0, cache write 0); 1 calls*",
+            "folder x",
+        ]
+    )
+    missing = pytester.run("hemra", "show", "nope.00001", "--store", str(unfair.path))
+    assert missing.ret == 2 and "no trial 'nope.00001'" in missing.stderr.str()
