@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -16,7 +15,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from pytest_hemra import openended, swe
 from pytest_hemra.acp import run_acp
 from pytest_hemra.datasets import Task
 from pytest_hemra.errors import HemraError, InfraError, VerifierError, outcome_of
@@ -34,19 +32,15 @@ from pytest_hemra.harnesses import Harness, render, render_argv
 from pytest_hemra.installs import HARNESS_DIR, Installed, ensure_installed
 from pytest_hemra.judges import (
     Judge,
-    JudgeCall,
     Judgment,
-    ask_model,
     material,
     run_judge,
-    with_usage,
 )
 from pytest_hemra.output import SelfReport, parse_output
-from pytest_hemra.reward import is_pass, parse_reward
+from pytest_hemra.reward import is_pass
 from pytest_hemra.sandbox import (
     AGENT_HOME,
     AGENT_USER,
-    ROOT_USER,
     WORKDIR,
     Limits,
     Sandbox,
@@ -57,6 +51,14 @@ from pytest_hemra.sandbox import (
 from pytest_hemra.sdk import run_sdk
 from pytest_hemra.spec import HarnessSpec, RunSpec
 from pytest_hemra.trajectory import build_trajectory
+from pytest_hemra.verification import (
+    provider_keys,
+    runner_env,
+    verify_open,
+    verify_reward,
+    verify_step,
+    verify_swe,
+)
 
 RESULT_SCHEMA_VERSION = 1
 DEFAULT_TIMEOUT_SECS = 900.0
@@ -132,7 +134,7 @@ class StepResult:
 
 
 @dataclass
-class _Progress:
+class Progress:
     phases: dict[str, float] = field(default_factory=dict)
     exit_code: int | None = None
     timed_out: bool = False
@@ -158,7 +160,7 @@ def run_trial(context: TrialContext) -> TrialResult:
     started_at = time.time()
     clock = time.monotonic()
     context.trial_dir.mkdir(parents=True, exist_ok=True)
-    progress = _Progress()
+    progress = Progress()
     reward: float | None = None
     rewards: dict[str, float] = {}
     error: str | None = None
@@ -202,7 +204,7 @@ def run_trial(context: TrialContext) -> TrialResult:
 
 
 @contextmanager
-def _placed(context: TrialContext, progress: _Progress) -> Iterator[TrialContext]:
+def _placed(context: TrialContext, progress: Progress) -> Iterator[TrialContext]:
     """The trial bound to an engine of its pool for as long as its sandbox lives (no pool:
     the trial as it is). Waiting for a free slot is the `place` phase."""
     if context.pool is None:
@@ -227,30 +229,14 @@ def _judge(context: TrialContext, reward: float | None) -> list[Judgment]:
             gateway=context.gateway,
             trial_id=context.trial_id,
             run_id=context.run_id,
-            keys=_provider_keys(context),
+            keys=provider_keys(context),
             run_model=context.spec.model,
         )
         for judge in context.judges
     ]
 
 
-def _provider_keys(context: TrialContext) -> dict[str, str]:
-    """Real keys by provider, read from the runner's environment (kept in memory only)."""
-    gateway = context.gateway
-    if gateway is None:
-        return {}
-    keys = {
-        name: os.environ[provider.key_env]
-        for name, provider in gateway.providers.items()
-        if provider.key_env and provider.key_env in os.environ
-    }
-    harness = context.harness.spec
-    if harness.provider and harness.key_env and harness.key_env in os.environ:
-        keys[harness.provider] = os.environ[harness.key_env]
-    return keys
-
-
-def _classify(reward: float, progress: _Progress) -> str:
+def _classify(reward: float, progress: Progress) -> str:
     if progress.timed_out:
         return "timeout"
     if progress.exit_code != 0:
@@ -260,7 +246,7 @@ def _classify(reward: float, progress: _Progress) -> str:
     return "pass" if is_pass(reward) else "fail"
 
 
-def _run_in_sandbox(context: TrialContext, progress: _Progress) -> tuple[float, dict[str, float]]:
+def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, dict[str, float]]:
     task, harness, folder = context.task, context.harness, context.trial_dir
     (folder / "agent").mkdir(exist_ok=True)
     (folder / "verifier").mkdir(exist_ok=True)
@@ -300,23 +286,23 @@ def _run_in_sandbox(context: TrialContext, progress: _Progress) -> tuple[float, 
         with progress.phase("verifier"):
             hemra = task.config.hemra
             if hemra.track == "swe":
-                return _verify_swe(context, sandbox, progress)
+                return verify_swe(context, sandbox, progress)
             if hemra.track == "open":
-                return _verify_open(context, sandbox, progress, after)
-            return _verify(context, sandbox)
+                return verify_open(context, sandbox, progress, after)
+            return verify_reward(context, sandbox)
     finally:
         with progress.phase("teardown"):
             sandboxes.close()
 
 
 @contextmanager
-def _model_access(context: TrialContext, progress: _Progress) -> Iterator[dict[str, str]]:
+def _model_access(context: TrialContext, progress: Progress) -> Iterator[dict[str, str]]:
     """A gateway token for the agent phase: its base URL and key, ended when the agent is."""
     gateway = context.gateway
     if gateway is None:
         yield {"base_url": "", "host_base_url": "", "api_key": ""}
         return
-    keys = _provider_keys(context)
+    keys = provider_keys(context)
     limits = context.spec.gateway
     access = gateway.open_trial(
         context.trial_id,
@@ -378,7 +364,7 @@ def _keep_agent_logs(sandbox: Sandbox, target: Path) -> None:
 def _run_agent(
     context: TrialContext,
     sandbox: Sandbox,
-    progress: _Progress,
+    progress: Progress,
     access: dict[str, str],
     installed: Installed | None,
 ) -> None:
@@ -406,7 +392,7 @@ def _run_agent(
         "HEMRA_BASE_URL": values["base_url"],
         "HEMRA_API_KEY": values["api_key"],
         **({"PATH": installed.path} if installed else {}),
-        **{name: _runner_env(name) for name in spec.env},
+        **{name: runner_env(name) for name in spec.env},
         **{render(name, values): render(value, values) for name, value in spec.environment.items()},
     }
     for path, content in spec.files.items():
@@ -450,34 +436,8 @@ def _run_agent(
         progress.own_report = parse_output(spec.output, text)
 
 
-def _verify(context: TrialContext, sandbox: Sandbox) -> tuple[float, dict[str, float]]:
-    settings = context.spec.verifier
-    sandbox.put_dir(context.task.path / "tests", "/tests")
-    if settings.network == "none":
-        sandbox.disconnect_network()
-    env = {"HOME": "/root", **{name: _runner_env(name) for name in settings.env}}
-    folder = context.trial_dir / "verifier"
-    result = sandbox.exec(
-        ["bash", "/tests/test.sh"],
-        user=ROOT_USER,
-        env=env,
-        timeout=context.task.config.verifier.timeout_sec,
-        stdout=folder / "stdout.txt",
-        stderr=folder / "stderr.txt",
-    )
-    logs = sandbox.read_tree("/logs/verifier")
-    for name, content in logs.items():
-        if "/" not in name:
-            (folder / name).write_bytes(content)
-    if result.timed_out:
-        raise VerifierError(
-            f"verifier ran past its {context.task.config.verifier.timeout_sec:g}s timeout"
-        )
-    return parse_reward(logs)
-
-
 def _run_steps(
-    context: TrialContext, sandbox: Sandbox, progress: _Progress, installed: Installed | None
+    context: TrialContext, sandbox: Sandbox, progress: Progress, installed: Installed | None
 ) -> tuple[float, dict[str, float]]:
     """A multi-step task: each step's instruction and agent turn in the same sandbox, then its
     verifier (the task's tests/ with the step's over them); the reward rolls up by the task's
@@ -500,7 +460,7 @@ def _run_steps(
             if context.harness.spec.uses_solution and (step_path / "solution").is_dir():
                 sandbox.put_dir(step_path / "solution", "/solution")
             before = sandbox.read_tree(WORKDIR)
-            turn = _Progress()
+            turn = Progress()
             with _model_access(step_context, turn) as access:
                 _run_agent(step_context, sandbox, turn, access, installed)
             progress.usage = _added_usage(progress.usage, turn.usage)
@@ -510,7 +470,7 @@ def _run_steps(
             rewards: dict[str, float] = {}
             error: str | None = None
             try:
-                reward, rewards = _verify_step(context, sandbox, task.path, step_path, step_dir)
+                reward, rewards = verify_step(context, sandbox, task.path, step_path, step_dir)
             except VerifierError as failure:
                 error = str(failure)
         progress.steps.append(
@@ -540,46 +500,6 @@ def _run_steps(
     return reward, {"reward": reward, **{f"step:{s.name}": s.reward or 0.0 for s in progress.steps}}
 
 
-def _verify_step(
-    context: TrialContext, sandbox: Sandbox, task_path: Path, step_path: Path, step_dir: Path
-) -> tuple[float, dict[str, float]]:
-    """One step's verifier: the task's tests/, the step's over them, the network cut meanwhile."""
-    settings = context.spec.verifier
-    sandbox.exec(
-        ["bash", "-c", "rm -rf /tests /logs/verifier/* 2>/dev/null; true"],
-        user=ROOT_USER,
-        env={"HOME": "/root"},
-        timeout=30,
-        stdout=step_dir / "verifier" / "clear.txt",
-        stderr=step_dir / "verifier" / "clear.txt",
-    )
-    if (task_path / "tests").is_dir():
-        sandbox.put_dir(task_path / "tests", "/tests")
-    if (step_path / "tests").is_dir():
-        sandbox.put_dir(step_path / "tests", "/tests")
-    if settings.network == "none":
-        sandbox.disconnect_network()
-    try:
-        result = sandbox.exec(
-            ["bash", "/tests/test.sh"],
-            user=ROOT_USER,
-            env={"HOME": "/root", **{name: _runner_env(name) for name in settings.env}},
-            timeout=context.task.config.verifier.timeout_sec,
-            stdout=step_dir / "verifier" / "stdout.txt",
-            stderr=step_dir / "verifier" / "stderr.txt",
-        )
-    finally:
-        if settings.network == "none":
-            sandbox.reconnect_network()
-    logs = sandbox.read_tree("/logs/verifier")
-    for name, content in logs.items():
-        if "/" not in name:
-            (step_dir / "verifier" / name).write_bytes(content)
-    if result.timed_out:
-        raise VerifierError("the step's verifier ran past its timeout")
-    return parse_reward(logs)
-
-
 def _added_usage(total: TrialUsage, more: TrialUsage) -> TrialUsage:
     """Two token windows of one trial added up (a multi-step task has one per step)."""
     if not total.calls:
@@ -599,99 +519,6 @@ def _added_usage(total: TrialUsage, more: TrialUsage) -> TrialUsage:
         models=list(dict.fromkeys([*total.models, *more.models])),
         stopped_by=total.stopped_by or more.stopped_by,
     )
-
-
-def _verify_swe(
-    context: TrialContext, sandbox: Sandbox, progress: _Progress
-) -> tuple[float, dict[str, float]]:
-    """The SWE track: hidden tests on top of the agent's changes, passed / total (swe.py)."""
-    hemra = context.task.config.hemra
-    folder = context.trial_dir
-    if context.spec.verifier.network == "none":
-        sandbox.disconnect_network()
-    result = swe.score(
-        sandbox,
-        context.task.path,
-        hemra.test_patch or "",
-        hemra.test_command or [],
-        hemra.test_timeout_sec,
-        agent_diff=(folder / "diff.patch").read_text(errors="replace"),
-        agent_output=_text(folder / "agent" / "stdout.txt"),
-        agent_timed_out=progress.timed_out,
-        logs=folder / "verifier",
-    )
-    progress.error_class = result.error_class
-    (folder / "verifier" / "swe.txt").write_text(f"{result.error_class}: {result.detail}\n")
-    rewards = {"reward": result.reward}
-    if result.counts is not None:
-        rewards |= {"tests_passed": result.counts.passed, "tests_total": result.counts.total}
-    return result.reward, rewards
-
-
-def _verify_open(
-    context: TrialContext, sandbox: Sandbox, progress: _Progress, files: dict[str, bytes]
-) -> tuple[float, dict[str, float]]:
-    """The open-ended track: structural checks, then the frozen rubric prompt (openended.py)."""
-    hemra, task = context.task.config.hemra, context.task
-    folder = context.trial_dir
-    if context.spec.verifier.network == "none":
-        sandbox.disconnect_network()
-    structure = openended.check_structure(sandbox, hemra, files, folder / "verifier")
-    shown = {
-        name: files[name.lstrip("/")][: openended.MAX_FILE_BYTES].decode(errors="replace")
-        for name in hemra.expected_files
-        if name.lstrip("/") in files
-    }
-    prompt = openended.judge_prompt(
-        task.instruction, hemra.criteria, _text(folder / "diff.patch"), shown
-    )
-    progress.pass_threshold = hemra.pass_threshold
-    started = time.monotonic()
-    text, usage = "", TrialUsage()
-    error: str | None = "no gateway in this session"
-    if context.gateway is not None:
-        text, error, usage = ask_model(
-            context.gateway,
-            JudgeCall(
-                context.trial_id,
-                context.run_id,
-                hemra.judge_model or context.spec.model or "",
-                prompt,
-                role=f"judge:{openended.JUDGE_NAME}",
-                calls_dir=folder / "judges" / openended.JUDGE_NAME,
-                scripted_reply=openended.scripted_reply(task.path, hemra.criteria),
-            ),
-            _provider_keys(context),
-            context.spec.model,
-        )
-    score: float | None = None
-    rewards: dict[str, float] = {"structure_ok": float(structure.ok)}
-    if error is None:
-        try:
-            verdict = openended.parse_verdict(text, hemra.criteria)
-        except ValueError as failure:
-            error = str(failure)
-        else:
-            score = openended.composite(verdict, hemra.criteria, structure)
-            rewards |= {f"criterion:{name}": value for name, value in verdict.scores.items()}
-    (folder / "verifier" / "open.txt").write_text(
-        f"{openended.PROMPT_VERSION}: {structure.describe()}; "
-        + (f"composite {score:.4f}\n" if score is not None else f"judge error: {error}\n")
-    )
-    judgment = Judgment(openended.JUDGE_NAME, score, text.strip(), error)
-    progress.judgments.append(
-        replace(with_usage(judgment, usage), duration=round(time.monotonic() - started, 4))
-    )
-    reward = score if score is not None else 0.0  # a judge error scores 0 (and is flagged)
-    return reward, {"reward": reward, **rewards}
-
-
-def _text(path: Path) -> str:
-    return path.read_text(errors="replace") if path.is_file() else ""
-
-
-def _runner_env(name: str) -> str:
-    return os.environ.get(name, "")
 
 
 def tree_diff(before: dict[str, bytes], after: dict[str, bytes]) -> str:
