@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_hemra.datasets import Criterion, HemraTask
-from pytest_hemra.sandbox import AGENT_USER, WORKDIR, Sandbox
+from pytest_hemra.sandbox import Sandbox, run_as_owner
 
 PROMPT_VERSION = "hemra-open-judge/1"
 JUDGE_NAME = "open-rubric"  # its calls: role judge:open-rubric, counted apart from the agent's
@@ -78,30 +78,17 @@ def check_structure(
     """Expected files, compiling Python, and the test command, in the sandbox as /app's owner."""
     missing = [name for name in hemra.expected_files if name.lstrip("/") not in files]
     python_files = sorted(name for name in files if name.endswith(".py"))
+    parse = "import ast, sys; ast.parse(open(sys.argv[1], 'rb').read())"
     uncompiled = []
     for name in python_files:
-        result = sandbox.exec(
-            ["python3", "-c", "import ast, sys; ast.parse(open(sys.argv[1], 'rb').read())", name],
-            user=AGENT_USER,
-            env={"HOME": "/tmp"},
-            timeout=60,
-            stdout=logs / "compile.stdout.txt",
-            stderr=logs / "compile.stderr.txt",
-            workdir=WORKDIR,
+        checked = run_as_owner(
+            sandbox, ["python3", "-c", parse, name], timeout=60, logs=logs, name="compile"
         )
-        if result.exit_code != 0:
+        if checked.exit_code != 0:
             uncompiled.append(name)
     test_exit, timed_out = None, False
     if hemra.test_command:
-        ran = sandbox.exec(
-            hemra.test_command,
-            user=AGENT_USER,
-            env={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
-            timeout=hemra.test_timeout_sec,
-            stdout=logs / "stdout.txt",
-            stderr=logs / "stderr.txt",
-            workdir=WORKDIR,
-        )
+        ran = run_as_owner(sandbox, hemra.test_command, timeout=hemra.test_timeout_sec, logs=logs)
         test_exit, timed_out = ran.exit_code, ran.timed_out
     return Structure(missing, uncompiled, test_exit, timed_out)
 

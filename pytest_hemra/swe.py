@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_hemra.sandbox import AGENT_USER, WORKDIR, Sandbox
+from pytest_hemra.sandbox import Sandbox, output_of, run_as_owner
 
 HIDDEN_PATCH = "/hemra/hidden-tests.patch"
 CLASSES = (
@@ -86,41 +86,15 @@ def score(
     sandbox.put_file(patch_text, HIDDEN_PATCH)
     folders = _new_folders(patch_text.decode(errors="replace"))
     if folders:  # patch makes new files, but not the folders they go in
-        sandbox.exec(
-            ["mkdir", "-p", "--", *folders],
-            user=AGENT_USER,
-            env={"HOME": "/tmp"},
-            timeout=30,
-            stdout=logs / "patch.stdout.txt",
-            stderr=logs / "patch.stderr.txt",
-            workdir=WORKDIR,
-        )
-    applied = sandbox.exec(
-        ["patch", "-p1", "--forward", "--batch", "-i", HIDDEN_PATCH],
-        user=AGENT_USER,
-        env={"HOME": "/tmp"},
-        timeout=60,
-        stdout=logs / "patch.stdout.txt",
-        stderr=logs / "patch.stderr.txt",
-        workdir=WORKDIR,
-    )
+        run_as_owner(sandbox, ["mkdir", "-p", "--", *folders], timeout=30, logs=logs, name="patch")
+    patch_argv = ["patch", "-p1", "--forward", "--batch", "-i", HIDDEN_PATCH]
+    applied = run_as_owner(sandbox, patch_argv, timeout=60, logs=logs, name="patch")
     if applied.exit_code != 0:
-        said = (logs / "patch.stdout.txt").read_text(errors="replace")
-        said += (logs / "patch.stderr.txt").read_text(errors="replace")
-        last = said.strip().splitlines()[-1] if said.strip() else f"exit {applied.exit_code}"
+        said = output_of(logs, "patch").strip()
+        last = said.splitlines()[-1] if said else f"exit {applied.exit_code}"
         return SweScore(0.0, "crash", None, f"the hidden test patch did not apply: {last}")
-    ran = sandbox.exec(
-        test_command,
-        user=AGENT_USER,
-        env={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
-        timeout=timeout,
-        stdout=logs / "stdout.txt",
-        stderr=logs / "stderr.txt",
-        workdir=WORKDIR,
-    )
-    output = (logs / "stdout.txt").read_text(errors="replace") + (logs / "stderr.txt").read_text(
-        errors="replace"
-    )
+    ran = run_as_owner(sandbox, test_command, timeout=timeout, logs=logs)
+    output = output_of(logs)
     counts = parse_test_output(output)
     hidden = patch_text.decode(errors="replace")
     error_class = classify(

@@ -127,3 +127,30 @@ class SandboxPool(Protocol):
     ) -> AbstractContextManager[Placement]:
         """Hold a slot on an engine for the trial until the context exits; an exception from
         the trial makes the pool check that engine (one that stopped answering is marked down)."""
+
+
+def run_as_owner(
+    sandbox: Sandbox, argv: Sequence[str], *, timeout: float, logs: Path, name: str = ""
+) -> ExecResult:
+    """Run a check in /app as the user that owns it (the sandbox's root holds no capabilities,
+    so it cannot write there), its output kept as `logs/[name.]stdout.txt` and `stderr.txt`."""
+    return sandbox.exec(
+        argv,
+        user=AGENT_USER,
+        env={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
+        timeout=timeout,
+        stdout=_log(logs, name, "stdout"),
+        stderr=_log(logs, name, "stderr"),
+        workdir=WORKDIR,
+    )
+
+
+def output_of(logs: Path, name: str = "") -> str:
+    """What `run_as_owner` kept of a command: its stdout, then its stderr."""
+    return "".join(
+        _log(logs, name, stream).read_text(errors="replace") for stream in ("stdout", "stderr")
+    )
+
+
+def _log(logs: Path, name: str, stream: str) -> Path:
+    return logs / (f"{name}.{stream}.txt" if name else f"{stream}.txt")
