@@ -21,14 +21,19 @@ from pathlib import Path
 BASE_IMAGE = "debian:bookworm-slim"
 
 
-def write_dataset(root: Path, tasks: int) -> None:
+def write_dataset(root: Path, tasks: int, offline: bool = False) -> None:
+    """`tasks` copies of a task a sleeping harness solves; `offline`: with no network at all
+    (for engines that have no bridge network)."""
+    network = "[environment]\nallow_internet = false\n" if offline else ""
     for n in range(tasks):
         task = root / "datasets" / "bench" / f"task-{n:02d}"
         (task / "environment").mkdir(parents=True)
         (task / "tests").mkdir()
         (task / "environment" / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nWORKDIR /app\n")
         (task / "instruction.md").write_text("Write hi to /app/out.txt.\n")
-        (task / "task.toml").write_text("[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 30\n")
+        (task / "task.toml").write_text(
+            "[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 30\n" + network
+        )
         (task / "tests" / "test.sh").write_text(
             'if [ "$(cat /app/out.txt)" = hi ]; then echo 1; else echo 0; fi'
             " > /logs/verifier/reward.txt\n"

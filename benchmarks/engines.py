@@ -24,36 +24,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from concurrency import write_dataset, write_harness  # noqa: E402
+
 from pytest_hemra.store import Store  # noqa: E402
 from tests.dockerd import ExtraEngine, free_loopback_hosts  # noqa: E402
 
-BASE_IMAGE = "debian:bookworm-slim"
 MAIN = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 TASKS = 10
-
-
-def write_dataset(root: Path) -> None:
-    for n in range(TASKS):
-        task = root / "datasets" / "bench" / f"task-{n:02d}"
-        (task / "environment").mkdir(parents=True)
-        (task / "tests").mkdir()
-        (task / "environment" / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nWORKDIR /app\n")
-        (task / "instruction.md").write_text("Write hi to /app/out.txt.\n")
-        (task / "task.toml").write_text(
-            "[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 30\n"
-            "[environment]\nallow_internet = false\n"  # the extra engines have no bridge
-        )
-        (task / "tests" / "test.sh").write_text(
-            'if [ "$(cat /app/out.txt)" = hi ]; then echo 1; else echo 0; fi'
-            " > /logs/verifier/reward.txt\n"
-        )
-
-
-def write_harness(root: Path, name: str, seconds: float) -> None:
-    (root / "harnesses").mkdir(exist_ok=True)
-    (root / "harnesses" / f"{name}.toml").write_text(
-        f'kind = "program"\ncommand = ["bash", "-c", "sleep {seconds}; echo hi > /app/out.txt"]\n'
-    )
 
 
 def session(
@@ -109,7 +88,7 @@ def main() -> None:
         pool = [("main", MAIN), ("b", extra[0].address), ("c", extra[1].address)]
         with tempfile.TemporaryDirectory() as scratch:
             root = Path(scratch)
-            write_dataset(root)
+            write_dataset(root, TASKS, offline=True)  # the extra engines have no bridge
             write_harness(root, "sleeper", args.sleep)
             write_harness(root, "instant", 0)
             for engine in pool:  # every task image on every engine; not measured
