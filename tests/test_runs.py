@@ -66,6 +66,27 @@ def sleeper(write_harness: Callable[[str, str], Path]) -> Callable[[float], None
     return write
 
 
+@pytest.fixture
+def sleeper_run(
+    tmp_path: Path, make_task: TaskMaker, sleeper: Callable[[float], None]
+) -> Callable[..., tuple[Path, Path]]:
+    """A run file over `tasks` tasks whose `sleeper` harness sleeps `seconds`: (run file, store)."""
+
+    def write(
+        seconds: float, tasks: int = 3, harnesses: str = '"sleeper"', attempts: int = 1
+    ) -> tuple[Path, Path]:
+        for name in ("one", "two", "three", "four")[:tasks]:
+            make_task(name)
+        sleeper(seconds)
+        run_file = tmp_path / "run.toml"
+        run_file.write_text(
+            f'harnesses = [{harnesses}]\ndatasets = ["ds"]\nattempts = {attempts}\n'
+        )
+        return run_file, tmp_path / ".hemra" / "hemra.db"
+
+    return write
+
+
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -168,18 +189,11 @@ def test_retries_exhausted_end_in_an_error_and_a_failing_exit(
 
 def test_a_runner_killed_mid_run_is_resumed_with_every_trial_finished_exactly_once(
     pytester: pytest.Pytester,
-    tmp_path: Path,
-    make_task: TaskMaker,
-    sleeper: Callable[[float], None],
+    sleeper_run: Callable[..., tuple[Path, Path]],
     spawn: Callable[..., subprocess.Popen[bytes]],
     docker_client: Any,
 ) -> None:
-    for name in ("one", "two", "three"):
-        make_task(name)
-    sleeper(2)
-    run_file = tmp_path / "run.toml"
-    run_file.write_text('harnesses = ["sleeper", "oracle"]\ndatasets = ["ds"]\nattempts = 2\n')
-    store_path = tmp_path / ".hemra" / "hemra.db"
+    run_file, store_path = sleeper_run(2, harnesses='"sleeper", "oracle"', attempts=2)
     runner = spawn(
         sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
         "--hemra-run", str(run_file), "-n", "2",
@@ -217,18 +231,11 @@ def test_a_runner_killed_mid_run_is_resumed_with_every_trial_finished_exactly_on
 @pytest.mark.parametrize("xdist", [[], ["--concurrency", "2"]], ids=["serial", "xdist"])
 def test_ctrl_c_cancels_what_did_not_finish_and_removes_its_containers(
     xdist: list[str],
-    tmp_path: Path,
-    make_task: TaskMaker,
-    sleeper: Callable[[float], None],
+    sleeper_run: Callable[..., tuple[Path, Path]],
     spawn: Callable[..., subprocess.Popen[bytes]],
     docker_client: Any,
 ) -> None:
-    for name in ("one", "two", "three"):
-        make_task(name)
-    sleeper(60)
-    run_file = tmp_path / "run.toml"
-    run_file.write_text('harnesses = ["sleeper"]\ndatasets = ["ds"]\n')
-    store_path = tmp_path / ".hemra" / "hemra.db"
+    run_file, store_path = sleeper_run(60)
     runner = spawn("hemra", "run", str(run_file), "--store", str(store_path), *xdist)
     wait_for(lambda: "running" in statuses(store_path), 60, "a running trial")
     time.sleep(1.0)  # its container is up
@@ -245,17 +252,12 @@ def test_ctrl_c_cancels_what_did_not_finish_and_removes_its_containers(
 
 @pytest.fixture
 def detached(
-    tmp_path: Path, make_task: TaskMaker, sleeper: Callable[[float], None]
+    tmp_path: Path, sleeper_run: Callable[..., tuple[Path, Path]]
 ) -> Callable[[float], tuple[str, Path]]:
     """`hemra run --detach` of 4 trials whose harness sleeps: the run id and its store."""
 
     def record(seconds: float) -> tuple[str, Path]:
-        for name in ("one", "two", "three", "four"):
-            make_task(name)
-        sleeper(seconds)
-        run_file = tmp_path / "run.toml"
-        run_file.write_text('harnesses = ["sleeper"]\ndatasets = ["ds"]\n')
-        store_path = tmp_path / ".hemra" / "hemra.db"
+        run_file, store_path = sleeper_run(seconds, tasks=4)
         done = subprocess.run(
             ["hemra", "run", str(run_file), "--detach", "--store", str(store_path)],
             capture_output=True, text=True, check=True, cwd=tmp_path,
