@@ -27,8 +27,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pytest_hemra.gateway.providers import BUILTIN_PROVIDERS, Provider
-from pytest_hemra.gateway.server import Gateway
+from pytest_hemra.execute.gateway.providers import BUILTIN_PROVIDERS, Provider
+from pytest_hemra.execute.gateway.server import Gateway
 from tests.upstream import MODEL, running_upstream
 
 BODY = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}

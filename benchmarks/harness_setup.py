@@ -22,16 +22,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from oracle_trial import floor_trial
 
-from pytest_hemra.datasets import bundled_dir, load_task
-from pytest_hemra.gateway.providers import BUILTIN_PROVIDERS
-from pytest_hemra.gateway.server import Gateway
-from pytest_hemra.harnesses import resolve_harness
-from pytest_hemra.installs import ensure_installed
-from pytest_hemra.records import PlannedTrial
-from pytest_hemra.sandbox.docker import DockerProvider
-from pytest_hemra.spec import RunSpec
+from pytest_hemra.core.records import PlannedTrial
+from pytest_hemra.execute.gateway.providers import BUILTIN_PROVIDERS
+from pytest_hemra.execute.gateway.server import Gateway
+from pytest_hemra.execute.installs import ensure_installed
+from pytest_hemra.execute.sandbox.docker import DockerProvider
+from pytest_hemra.resolve.datasets import bundled_dir, load_task
+from pytest_hemra.resolve.harnesses import resolve_harness
+from pytest_hemra.resolve.spec import RunSpec
+from pytest_hemra.run.trial import TrialContext, run_trial
 from pytest_hemra.store import Store
-from pytest_hemra.trial import TrialContext, run_trial
 
 HARNESSES = ("claude-code", "codex", "pi")
 

@@ -20,14 +20,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from pytest_hemra.datasets import bundled_dir, load_task
-from pytest_hemra.harnesses import Harness
-from pytest_hemra.records import PlannedTrial
-from pytest_hemra.sandbox import AGENT_USER, ROOT_USER, WORKDIR
-from pytest_hemra.sandbox.docker import DockerProvider
-from pytest_hemra.spec import HarnessSpec, RunSpec
+from pytest_hemra.core.records import PlannedTrial
+from pytest_hemra.execute.sandbox import AGENT_USER, ROOT_USER, WORKDIR
+from pytest_hemra.execute.sandbox.docker import DockerProvider
+from pytest_hemra.resolve.datasets import bundled_dir, load_task
+from pytest_hemra.resolve.harnesses import Harness
+from pytest_hemra.resolve.spec import HarnessSpec, RunSpec
+from pytest_hemra.run.trial import TrialContext, run_trial
 from pytest_hemra.store import Store
-from pytest_hemra.trial import TrialContext, run_trial
 
 
 def tar_of(folder: Path, name: str) -> bytes:

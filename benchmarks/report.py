@@ -14,9 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_hemra.formats import render_text
-from pytest_hemra.records import PlannedTrial
-from pytest_hemra.report import build_report
+from pytest_hemra.core.records import PlannedTrial
+from pytest_hemra.report.formats import render_text
+from pytest_hemra.report.tables import build_report
 from pytest_hemra.store import Store
 
 

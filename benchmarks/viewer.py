@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pytest_hemra.records import PlannedTrial
-from pytest_hemra.sandbox.docker import DockerProvider
+from pytest_hemra.core.records import PlannedTrial
+from pytest_hemra.execute.sandbox.docker import DockerProvider
 from pytest_hemra.store import Store
 from pytest_hemra.viewer.server import ViewerThread
 

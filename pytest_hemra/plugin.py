@@ -14,36 +14,36 @@ from typing import Any
 import pytest
 from _pytest.runner import runtestprotocol
 
-from pytest_hemra import hookspecs
-from pytest_hemra.comparison import (
+from pytest_hemra.core import hookspecs
+from pytest_hemra.core.errors import HemraError
+from pytest_hemra.core.records import PlannedTrial, TrialRecord
+from pytest_hemra.execute.gateway.ledger import RunBudget
+from pytest_hemra.execute.gateway.providers import configured_providers
+from pytest_hemra.execute.gateway.server import Gateway
+from pytest_hemra.execute.kinds.harbor.trials import run_harbor_trial
+from pytest_hemra.execute.sandbox import SandboxProvider
+from pytest_hemra.execute.sandbox.docker import DockerProvider
+from pytest_hemra.execute.sandbox.pool import EnginePool
+from pytest_hemra.report.comparison import (
     RunComparison,
     compare_runs,
     comparison_dict,
     render_comparison,
 )
-from pytest_hemra.errors import HemraError
-from pytest_hemra.formats import render_text
-from pytest_hemra.gates import Gate, parse_gate, tripped
-from pytest_hemra.gateway.ledger import RunBudget
-from pytest_hemra.gateway.providers import configured_providers
-from pytest_hemra.gateway.server import Gateway
-from pytest_hemra.harbor import run_harbor_trial
-from pytest_hemra.lease import LEASE_SECS, Heartbeat, is_alive, owner_name
-from pytest_hemra.plan import (
+from pytest_hemra.report.formats import render_text
+from pytest_hemra.report.gates import Gate, parse_gate, tripped
+from pytest_hemra.report.tables import RunReport, build_report, report_dict
+from pytest_hemra.resolve.plan import (
     ProviderFactory,
     RecordedRun,
     load_recorded,
     record_plan,
     resolve_plan,
 )
-from pytest_hemra.records import PlannedTrial, TrialRecord
-from pytest_hemra.report import RunReport, build_report, report_dict
-from pytest_hemra.sandbox import SandboxProvider
-from pytest_hemra.sandbox.docker import DockerProvider
-from pytest_hemra.sandbox.pool import EnginePool
-from pytest_hemra.spec import Overrides, RunSpec
+from pytest_hemra.resolve.spec import Overrides, RunSpec
+from pytest_hemra.run.lease import LEASE_SECS, Heartbeat, is_alive, owner_name
+from pytest_hemra.run.trial import TrialContext, run_trial
 from pytest_hemra.store import Store
-from pytest_hemra.trial import TrialContext, run_trial
 
 DEFAULT_STORE = Path(".hemra") / "hemra.db"
 FAILED_OUTCOMES = frozenset({"fail", "timeout", "harness_error"})

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_hemra.calibration import load_anchors
-from pytest_hemra.datasets import bundled_dir
-from pytest_hemra.errors import SpecError
-from pytest_hemra.formats import render
-from pytest_hemra.records import PlannedTrial
-from pytest_hemra.report import build_report
+from pytest_hemra.core.errors import SpecError
+from pytest_hemra.core.records import PlannedTrial
+from pytest_hemra.report.formats import render
+from pytest_hemra.report.tables import build_report
+from pytest_hemra.resolve.datasets import bundled_dir
+from pytest_hemra.score.calibration import load_anchors
 from pytest_hemra.store import Store
 
 EXPECTED = {"none": 0.0, "some": 0.4, "most": 0.8, "all": 1.0}

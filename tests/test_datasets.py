@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from conftest import TaskMaker
-from pytest_hemra.datasets import find_dataset, resolve_dataset, tree_digest
-from pytest_hemra.errors import SpecError
+from pytest_hemra.core.errors import SpecError
+from pytest_hemra.resolve.datasets import find_dataset, resolve_dataset, tree_digest
 
 
 def test_digest_depends_on_content_and_paths_only(tmp_path: Path, make_task: TaskMaker) -> None:

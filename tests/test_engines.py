@@ -23,11 +23,11 @@ import docker
 import pytest
 
 from conftest import BASE_IMAGE, REPO, TaskMaker
-from pytest_hemra.cli import main as hemra
-from pytest_hemra.errors import SpecError
-from pytest_hemra.records import EngineSlot, PlannedTrial
-from pytest_hemra.sandbox.pool import EnginePool
-from pytest_hemra.spec import Overrides, load_run_spec
+from pytest_hemra.cli.main import main as hemra
+from pytest_hemra.core.errors import SpecError
+from pytest_hemra.core.records import EngineSlot, PlannedTrial
+from pytest_hemra.execute.sandbox.pool import EnginePool
+from pytest_hemra.resolve.spec import Overrides, load_run_spec
 from pytest_hemra.store import Store
 from tests.dockerd import ExtraEngine, UnixForwarder, free_loopback_hosts
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from pytest_hemra.gateway.scripted import SCRIPTED_USAGE
+from pytest_hemra.execute.gateway.scripted import SCRIPTED_USAGE
 from pytest_hemra.store import Store
 
 

@@ -13,12 +13,17 @@ import openai
 import pytest
 import requests
 
-from pytest_hemra.gateway.ledger import CallPolicy, RunBudget
-from pytest_hemra.gateway.providers import BUILTIN_PROVIDERS, Provider
-from pytest_hemra.gateway.scripted import SCRIPTED_USAGE, ShellStep, TextStep, scripted_usage
-from pytest_hemra.gateway.server import Gateway
-from pytest_hemra.gateway.wire import Wire
-from pytest_hemra.records import CallRow
+from pytest_hemra.core.records import CallRow
+from pytest_hemra.execute.gateway.ledger import CallPolicy, RunBudget
+from pytest_hemra.execute.gateway.providers import BUILTIN_PROVIDERS, Provider
+from pytest_hemra.execute.gateway.scripted import (
+    SCRIPTED_USAGE,
+    ShellStep,
+    TextStep,
+    scripted_usage,
+)
+from pytest_hemra.execute.gateway.server import Gateway
+from pytest_hemra.execute.gateway.wire import Wire
 from pytest_hemra.store import Store
 from tests.upstream import MODEL, USAGE, Upstream, running_upstream
 

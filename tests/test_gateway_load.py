@@ -9,8 +9,8 @@ from pathlib import Path
 
 import aiohttp
 
-from pytest_hemra.gateway.providers import BUILTIN_PROVIDERS, Provider
-from pytest_hemra.gateway.server import Gateway
+from pytest_hemra.execute.gateway.providers import BUILTIN_PROVIDERS, Provider
+from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.store import Store
 from tests.upstream import MODEL, USAGE, running_upstream
 

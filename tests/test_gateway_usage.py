@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from pytest_hemra.gateway.usage import MAX_LINE_BYTES, UsageReader, is_streaming
-from pytest_hemra.gateway.wire import Usage, Wire
+from pytest_hemra.execute.gateway.usage import MAX_LINE_BYTES, UsageReader, is_streaming
+from pytest_hemra.execute.gateway.wire import Usage, Wire
 
 Feed = Callable[[bytes], Iterator[bytes]]
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from conftest import TaskMaker
-from pytest_hemra.harbor_result import HarborTrialResult, classify
+from pytest_hemra.execute.kinds.harbor.result import HarborTrialResult, classify
 from pytest_hemra.store import Store
 
 HARBOR = 'kind = "harbor"\npackage = "pypi:harbor==0.26.0"\n'

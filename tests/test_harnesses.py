@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, TaskMaker
-from pytest_hemra.datasets import bundled_dir
-from pytest_hemra.gateway.scripted import EditsStep, load_edits, scripted_usage, whole_files
-from pytest_hemra.gateway.wire import Wire
-from pytest_hemra.harnesses import resolve_harness
-from pytest_hemra.installs import MARKER, install_dir, is_installed
+from pytest_hemra.execute.gateway.scripted import EditsStep, load_edits, scripted_usage, whole_files
+from pytest_hemra.execute.gateway.wire import Wire
+from pytest_hemra.execute.installs import MARKER, install_dir, is_installed
+from pytest_hemra.resolve.datasets import bundled_dir
+from pytest_hemra.resolve.harnesses import resolve_harness
 from pytest_hemra.store import Store
 from tests.upstream import running_upstream
 

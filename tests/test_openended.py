@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_hemra.datasets import Criterion, bundled_dir, load_task
-from pytest_hemra.errors import SpecError
-from pytest_hemra.openended import Structure, Verdict, composite, judge_prompt, parse_verdict
+from pytest_hemra.core.errors import SpecError
+from pytest_hemra.resolve.datasets import Criterion, bundled_dir, load_task
+from pytest_hemra.score.openended import Structure, Verdict, composite, judge_prompt, parse_verdict
 from pytest_hemra.store import Store
 
 CRITERIA = [

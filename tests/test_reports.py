@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from pytest_hemra.comparison import compare_runs, render_comparison
-from pytest_hemra.formats import render
-from pytest_hemra.gates import parse_gate, tripped
-from pytest_hemra.records import PlannedTrial
-from pytest_hemra.report import build_report
+from pytest_hemra.core.records import PlannedTrial
+from pytest_hemra.report.comparison import compare_runs, render_comparison
+from pytest_hemra.report.formats import render
+from pytest_hemra.report.gates import parse_gate, tripped
+from pytest_hemra.report.tables import build_report
 from pytest_hemra.store import Store
 
 TASKS = [f"task-{n}" for n in range(8)]

@@ -25,8 +25,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from pytest_hemra.errors import InfraError
-from pytest_hemra.sandbox.docker import DockerProvider
+from pytest_hemra.core.errors import InfraError
+from pytest_hemra.execute.sandbox.docker import DockerProvider
 
 
 class FlakyProvider(DockerProvider):

@@ -19,10 +19,9 @@ import pytest
 from aiohttp import web
 
 from conftest import TaskMaker
-from pytest_hemra.datasets import bundled_dir, load_task, task_dirs
-from pytest_hemra.errors import SpecError
-from pytest_hemra.gateway.replies import respond
-from pytest_hemra.gateway.scripted import (
+from pytest_hemra.core.errors import SpecError
+from pytest_hemra.execute.gateway.replies import respond
+from pytest_hemra.execute.gateway.scripted import (
     NO_EDITS,
     SCRIPTED_USAGE,
     EditsStep,
@@ -36,10 +35,11 @@ from pytest_hemra.gateway.scripted import (
     scripted_usage,
     whole_files,
 )
-from pytest_hemra.gateway.usage import UsageReader, is_streaming
-from pytest_hemra.gateway.wire import Usage, Wire, wire_of
-from pytest_hemra.spec import HarnessSpec
-from pytest_hemra.trial import script_for
+from pytest_hemra.execute.gateway.usage import UsageReader, is_streaming
+from pytest_hemra.execute.gateway.wire import Usage, Wire, wire_of
+from pytest_hemra.resolve.datasets import bundled_dir, load_task, task_dirs
+from pytest_hemra.resolve.spec import HarnessSpec
+from pytest_hemra.run.trial import script_for
 
 COMMAND = "echo hi > hello.txt"
 SCRIPTS: dict[str, Script] = {

@@ -10,7 +10,7 @@ import pytest
 from scipy.special import comb
 from scipy.stats import binom, binomtest
 
-from pytest_hemra.stats import (
+from pytest_hemra.report.stats import (
     Comparison,
     Estimate,
     Spread,

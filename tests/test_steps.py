@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_hemra.datasets import bundled_dir, load_task
-from pytest_hemra.errors import SpecError
+from pytest_hemra.core.errors import SpecError
+from pytest_hemra.resolve.datasets import bundled_dir, load_task
 from pytest_hemra.store import Store
 
 MULTI = bundled_dir("datasets") / "multi-step"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_hemra.errors import StoreError
-from pytest_hemra.records import PlannedTrial
+from pytest_hemra.core.errors import StoreError
+from pytest_hemra.core.records import PlannedTrial
 from pytest_hemra.store import SCHEMA_VERSION, Store
 
 PLAN = [PlannedTrial("ds", "t", "h", 1), PlannedTrial("ds", "t", "h", 2)]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_hemra.datasets import bundled_dir, load_task
-from pytest_hemra.errors import SpecError
+from pytest_hemra.core.errors import SpecError
+from pytest_hemra.resolve.datasets import bundled_dir, load_task
+from pytest_hemra.score.swe import Tally, classify, parse_test_output
 from pytest_hemra.store import Store
-from pytest_hemra.swe import Tally, classify, parse_test_output
 
 SWE_MINI = bundled_dir("datasets") / "swe-mini"
 

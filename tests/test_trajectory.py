@@ -10,11 +10,11 @@ import anthropic
 import openai
 import pytest
 
-from pytest_hemra.gateway.providers import BUILTIN_PROVIDERS
-from pytest_hemra.gateway.scripted import ShellStep, TextStep
-from pytest_hemra.gateway.server import Gateway
+from pytest_hemra.execute.gateway.providers import BUILTIN_PROVIDERS
+from pytest_hemra.execute.gateway.scripted import ShellStep, TextStep
+from pytest_hemra.execute.gateway.server import Gateway
+from pytest_hemra.execute.trajectory import build_trajectory
 from pytest_hemra.store import Store
-from pytest_hemra.trajectory import build_trajectory
 
 SCRIPT = (ShellStep("echo hi > out.txt"), TextStep("All done."))
 SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}

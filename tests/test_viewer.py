@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 from conftest import REPO
-from pytest_hemra.records import CallRow, PlannedTrial
-from pytest_hemra.report import build_report, report_dict
-from pytest_hemra.sandbox.docker import DockerProvider
+from pytest_hemra.core.records import CallRow, PlannedTrial
+from pytest_hemra.execute.sandbox.docker import DockerProvider
+from pytest_hemra.report.tables import build_report, report_dict
 from pytest_hemra.store import Store
 from pytest_hemra.viewer.server import ViewerThread
 
@@ -398,7 +398,14 @@ def test_beyond_loopback_every_request_needs_the_token(
 
 def test_hemra_view_prints_its_token_and_stops_on_sigterm(fixture: Fixture) -> None:
     env = {**os.environ, "HEMRA_VIEWER_TOKEN": "s3cret-token"}
-    argv = [sys.executable, "-m", "pytest_hemra.cli", "view", "--store", str(fixture.store.path)]
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest_hemra.cli.main",
+        "view",
+        "--store",
+        str(fixture.store.path),
+    ]
     child = subprocess.Popen(
         [*argv, "--host", "0.0.0.0", "--port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -423,7 +430,14 @@ def test_hemra_view_prints_its_token_and_stops_on_sigterm(fixture: Fixture) -> N
 def test_hemra_serve_runs_the_viewer_beside_the_queue(tmp_path: Path) -> None:
     """A store with nothing queued: the server serves the viewer, and SIGTERM stops both."""
     finished = make_store(tmp_path, live=False)
-    argv = [sys.executable, "-m", "pytest_hemra.cli", "serve", "--store", str(finished.store.path)]
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest_hemra.cli.main",
+        "serve",
+        "--store",
+        str(finished.store.path),
+    ]
     child = subprocess.Popen(
         [*argv, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         cwd=tmp_path,

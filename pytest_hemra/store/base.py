@@ -12,7 +12,7 @@ from typing import Any
 
 import sqlite_utils
 
-from pytest_hemra.errors import StoreError
+from pytest_hemra.core.errors import StoreError
 from pytest_hemra.store.schema import (
     CURRENT,
     INDEXES,

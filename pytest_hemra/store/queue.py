@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_hemra.errors import StoreError
-from pytest_hemra.records import (
+from pytest_hemra.core.errors import StoreError
+from pytest_hemra.core.records import (
     EngineSlot,
     PlannedTrial,
     TrialRecord,

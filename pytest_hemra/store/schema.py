@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_hemra.records import (
+from pytest_hemra.core.records import (
     TrialFilter,
     TrialRecord,
 )

@@ -10,10 +10,10 @@ from typing import Any
 
 from aiohttp import web
 
-from pytest_hemra.cancellation import cancel_run
-from pytest_hemra.comparison import compare_runs, comparison_dict
-from pytest_hemra.records import RunRecord, TrialCounts, TrialFilter, TrialRecord
-from pytest_hemra.sandbox import SandboxProvider
+from pytest_hemra.core.records import RunRecord, TrialCounts, TrialFilter, TrialRecord
+from pytest_hemra.execute.sandbox import SandboxProvider
+from pytest_hemra.report.comparison import compare_runs, comparison_dict
+from pytest_hemra.run.cancellation import cancel_run
 from pytest_hemra.store import Store
 from pytest_hemra.viewer.context import viewer
 from pytest_hemra.viewer.pairing import Side, pair_sides

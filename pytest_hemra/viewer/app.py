@@ -17,8 +17,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from pytest_hemra.errors import HemraError, InfraError, StoreError
-from pytest_hemra.sandbox import SandboxProvider
+from pytest_hemra.core.errors import HemraError, InfraError, StoreError
+from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.viewer import api, trials
 from pytest_hemra.viewer.context import VIEWER, Viewer, viewer
 from pytest_hemra.viewer.params import BadRequest, NotFound

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from pytest_hemra.sandbox import SandboxProvider
+from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.viewer.pool import StorePool
 from pytest_hemra.viewer.reports import ReportCache
 

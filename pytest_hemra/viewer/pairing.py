@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pytest_hemra.records import TrialFilter, TrialRecord
-from pytest_hemra.report import by_task
-from pytest_hemra.stats import mean_ci, paired_difference
+from pytest_hemra.core.records import TrialFilter, TrialRecord
+from pytest_hemra.report.stats import mean_ci, paired_difference
+from pytest_hemra.report.tables import by_task
 from pytest_hemra.store import Store
 
 

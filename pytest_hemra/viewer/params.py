@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pytest_hemra.errors import HemraError
+from pytest_hemra.core.errors import HemraError
 
 
 class BadRequest(HemraError):

@@ -1,4 +1,4 @@
-"""Each run's report as the viewer serves it, built by `pytest_hemra.report` (one source of
+"""Each run's report as the viewer serves it, built by `pytest_hemra.report.tables` (one source of
 truth with `hemra report`) and kept until the run changes.
 
 Building the report of 150,000 trials takes seconds, so it is built in a worker thread, once per
@@ -12,8 +12,8 @@ import asyncio
 from collections import OrderedDict
 from typing import Any
 
-from pytest_hemra.formats import chart, table
-from pytest_hemra.report import build_report, report_dict
+from pytest_hemra.report.formats import chart, table
+from pytest_hemra.report.tables import build_report, report_dict
 from pytest_hemra.store import Store
 from pytest_hemra.viewer.pool import StorePool
 

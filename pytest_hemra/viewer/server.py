@@ -22,8 +22,8 @@ from types import FrameType
 
 from aiohttp import web
 
-from pytest_hemra.errors import HemraError
-from pytest_hemra.sandbox import SandboxProvider
+from pytest_hemra.core.errors import HemraError
+from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.viewer.app import make_app
 
 DEFAULT_HOST = "127.0.0.1"

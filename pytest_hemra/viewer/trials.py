@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from pytest_hemra.records import CallRow
+from pytest_hemra.core.records import CallRow
 from pytest_hemra.store import Store
 from pytest_hemra.viewer.api import trial_json
 from pytest_hemra.viewer.context import viewer

@@ -1,0 +1,3 @@
+from pytest_hemra.cli.main import main
+
+raise SystemExit(main())

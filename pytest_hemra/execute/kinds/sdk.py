@@ -1,0 +1,152 @@
+"""The `sdk` harness kind: a Python function of yours, run on the host, acting on the sandbox.
+
+`entry = "my_agent.py:solve"` (a file beside the harness file) or `"package.module:solve"`
+names a function that takes one `SdkAgent`. It runs in the runner's Python, talks to the model
+through the gateway on loopback (`agent.base_url`, `agent.api_key`), and acts only through the
+agent object: `agent.run(...)` executes in the sandbox as the sandbox user, `read_file` and
+`write_file` reach its files. So an agent built on any Python SDK needs nothing installed in the
+task image. The deadline is enforced: past it the sandbox's processes are killed and the trial
+is a timeout, whatever the function is still doing (its thread is left to end by itself).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_hemra.core.errors import InfraError
+from pytest_hemra.execute.sandbox import AGENT_USER, WORKDIR, ExecResult, Sandbox
+from pytest_hemra.resolve.harnesses import Harness
+
+KILL = ["/bin/sh", "-c", "kill -9 -1"]
+
+
+@dataclass(frozen=True)
+class Completed:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+
+
+class SdkAgent:
+    """What an sdk harness function gets: the task, the model access, and the sandbox."""
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        values: Mapping[str, str],
+        env: Mapping[str, str],
+        deadline: float,
+        scratch: Path,
+    ) -> None:
+        self.instruction = values["instruction"]
+        self.model = values["model"]
+        self.base_url = values["host_base_url"]
+        self.api_key = values["api_key"]
+        self.deadline = deadline
+        self.workdir = WORKDIR
+        self._sandbox, self._env, self._scratch = sandbox, dict(env), scratch
+        self._runs = 0
+
+    @property
+    def seconds_left(self) -> float:
+        return max(self.deadline - time.time(), 0.0)
+
+    def run(self, command: str | Sequence[str], timeout: float | None = None) -> Completed:
+        """Run a command in the sandbox (a string goes to `bash -c`); never past the deadline."""
+        argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
+        self._runs += 1
+        out = self._scratch / f"run-{self._runs}.stdout"
+        err = self._scratch / f"run-{self._runs}.stderr"
+        limit = min(timeout or self.seconds_left, self.seconds_left) or 0.001
+        result = self._sandbox.exec(
+            argv, user=AGENT_USER, env=self._env, timeout=limit, stdout=out, stderr=err
+        )
+        return Completed(result.exit_code, _read(out), _read(err), result.timed_out)
+
+    def read_file(self, path: str) -> bytes | None:
+        found = self._sandbox.read_tree(path)
+        return next(iter(found.values())) if len(found) == 1 else None
+
+    def write_file(self, path: str, content: str | bytes) -> None:
+        data = content.encode() if isinstance(content, str) else content
+        self._sandbox.put_file(data, path, owner=AGENT_USER)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def load_entry(harness: Harness) -> Callable[[SdkAgent], Any]:
+    """The harness's function: `file.py:name` beside the harness file, or `module:name`."""
+    location, _, name = str(harness.spec.entry).partition(":")
+    try:
+        if location.endswith(".py"):
+            path = harness.path.parent / location
+            spec = importlib.util.spec_from_file_location(f"hemra_sdk_{harness.name}", path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot load {path}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(location)
+        function = getattr(module, name)
+    except (ImportError, OSError, AttributeError, SyntaxError) as error:
+        raise InfraError(
+            f"{harness.path}: key 'entry': cannot load {harness.spec.entry} ({error})"
+        ) from None
+    if not callable(function):
+        raise InfraError(f"{harness.path}: key 'entry': {harness.spec.entry} is not callable")
+    return function  # type: ignore[no-any-return]
+
+
+def run_sdk(
+    harness: Harness,
+    sandbox: Sandbox,
+    values: Mapping[str, str],
+    env: Mapping[str, str],
+    deadline: float,
+    stdout: Path,
+    stderr: Path,
+) -> ExecResult:
+    """Call the function in a thread with the deadline; its failure is the harness's exit 1."""
+    function = load_entry(harness)
+    scratch = stdout.parent / "sdk"
+    scratch.mkdir(exist_ok=True)
+    agent = SdkAgent(sandbox, values, env, deadline, scratch)
+    outcome: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            outcome["result"] = function(agent)
+        except BaseException:  # the harness's own failure, reported as its exit status
+            outcome["error"] = traceback.format_exc()
+
+    started = time.monotonic()
+    worker = threading.Thread(target=call, name=f"hemra-sdk-{harness.name}", daemon=True)
+    worker.start()
+    worker.join(max(deadline - time.time(), 0.0))
+    if worker.is_alive() or time.time() >= deadline:  # also: its last command hit the deadline
+        sandbox.exec(
+            KILL,
+            user=AGENT_USER,
+            env={},
+            timeout=10,
+            stdout=scratch / "kill.out",
+            stderr=scratch / "kill.err",
+        )
+        return ExecResult(None, True, time.monotonic() - started)
+    if "error" in outcome:
+        stderr.write_text(outcome["error"])
+        return ExecResult(1, False, time.monotonic() - started)
+    if outcome.get("result") is not None:
+        stdout.write_text(str(outcome["result"]) + "\n")
+    return ExecResult(0, False, time.monotonic() - started)

@@ -1,0 +1,156 @@
+"""The Sandbox protocol: what a trial needs from wherever its task runs.
+
+The docker provider is the default; others plug in through the
+`pytest_hemra_sandbox_providers` hook.
+A provider declares its capabilities; a run that `require`s one it lacks is refused at resolve.
+A pool (`SandboxPool`, e.g. `[[sandbox.engines]]`) places each trial on one of several
+providers first; the trial then talks to that provider alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from pytest_hemra.resolve.datasets import Task
+
+AGENT_USER = "1000:1000"
+ROOT_USER = "0:0"
+AGENT_HOME = "/home/agent"
+WORKDIR = "/app"
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpus: float | None = None
+    memory_mb: int | None = None
+    pids: int = 1024
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None
+    timed_out: bool
+    duration: float
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host path made visible in the sandbox (read-only unless said otherwise)."""
+
+    source: Path
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class SandboxRequest:
+    """What one trial asks of a provider: the task's image, limits, labels and network."""
+
+    image: str
+    limits: Limits
+    network: bool
+    labels: Mapping[str, str] = field(default_factory=dict)
+    name: str | None = None
+    mounts: tuple[Mount, ...] = ()
+
+
+class Sandbox(Protocol):
+    """A running sandbox for one trial; closed (and gone) when its context exits."""
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str,
+        env: Mapping[str, str],
+        timeout: float,
+        stdout: Path,
+        stderr: Path,
+        workdir: str = WORKDIR,
+    ) -> ExecResult: ...
+
+    def start_interactive(
+        self, argv: Sequence[str], *, user: str, env: Mapping[str, str], workdir: str = WORKDIR
+    ) -> Any: ...
+
+    def put_dir(self, source: Path, target: str) -> None: ...
+
+    def put_file(self, content: bytes, target: str, owner: str | None = None) -> None: ...
+
+    def read_tree(self, path: str) -> dict[str, bytes]: ...
+
+    def disconnect_network(self) -> None: ...
+
+    def reconnect_network(self) -> None:
+        """Give back the networks `disconnect_network` took (the next step of a task)."""
+
+
+class SandboxProvider(Protocol):
+    name: str
+    capabilities: frozenset[str]
+
+    def check(self) -> None:
+        """Raise InfraError if the provider cannot run anything right now."""
+
+    def prepare(self, task: Task, default_image: str) -> str:
+        """Build (or find cached) the task's sandbox image; return its reference."""
+
+    def open(self, request: SandboxRequest) -> AbstractContextManager[Sandbox]: ...
+
+    def gateway_host(self) -> str | None:
+        """The runner's address as sandboxes see it, where the gateway listens for them."""
+
+    def remove_sandboxes(self, labels: Mapping[str, str]) -> int:
+        """Remove at once every sandbox carrying all `labels` (a cancelled or abandoned trial's,
+        a run's); return how many there were."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a pool put one trial: the engine's name, the provider bound to it, and the
+    runner's address as that engine's sandboxes see it (where the gateway listens for them)."""
+
+    engine: str
+    provider: SandboxProvider
+    gateway_host: str
+
+
+class SandboxPool(Protocol):
+    """Several providers behind one: each trial is placed on one with free capacity."""
+
+    def place(
+        self, trial: str, task: Task, default_image: str
+    ) -> AbstractContextManager[Placement]:
+        """Hold a slot on an engine for the trial until the context exits; an exception from
+        the trial makes the pool check that engine (one that stopped answering is marked down)."""
+
+
+def run_as_owner(
+    sandbox: Sandbox, argv: Sequence[str], *, timeout: float, logs: Path, name: str = ""
+) -> ExecResult:
+    """Run a check in /app as the user that owns it (the sandbox's root holds no capabilities,
+    so it cannot write there), its output kept as `logs/[name.]stdout.txt` and `stderr.txt`."""
+    return sandbox.exec(
+        argv,
+        user=AGENT_USER,
+        env={"HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"},
+        timeout=timeout,
+        stdout=_log(logs, name, "stdout"),
+        stderr=_log(logs, name, "stderr"),
+        workdir=WORKDIR,
+    )
+
+
+def output_of(logs: Path, name: str = "") -> str:
+    """What `run_as_owner` kept of a command: its stdout, then its stderr."""
+    return "".join(
+        _log(logs, name, stream).read_text(errors="replace") for stream in ("stdout", "stderr")
+    )
+
+
+def _log(logs: Path, name: str, stream: str) -> Path:
+    return logs / (f"{name}.{stream}.txt" if name else f"{stream}.txt")

@@ -1,0 +1,78 @@
+"""Images across engines: the bases a Dockerfile builds from, an image copied from the runner's
+engine to another one (`docker save` streamed into `docker load`), and a lock per engine and
+image on the runner, so runners preparing the same image at once do the work once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import re
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pytest_hemra.core.errors import InfraError
+
+LOCK_POLL_SECS = 0.1
+
+
+def base_images(dockerfile: str) -> list[str]:
+    """The images a Dockerfile builds FROM, in order and once each; earlier stages, `scratch`
+    and references with an unexpanded ARG are left out."""
+    stages: set[str] = set()
+    found: list[str] = []
+    for line in re.sub(r"\\\r?\n", " ", dockerfile).splitlines():
+        words = line.split()
+        if not words or words[0].upper() != "FROM":
+            continue
+        args = [word for word in words[1:] if not word.startswith("--")]
+        if not args:
+            continue
+        image = args[0]
+        if image.lower() not in stages and image != "scratch" and "$" not in image:
+            found.append(image)
+        if len(args) >= 3 and args[1].upper() == "AS":
+            stages.add(args[2].lower())
+    return list(dict.fromkeys(found))
+
+
+def copy_image(source: Any, target: Any, reference: str) -> None:
+    """Copy `reference` (with its tag) from the `source` engine to the `target` engine, streamed:
+    what `docker save REF | docker -H TARGET load` does, without holding the image in memory."""
+    try:
+        stream = source.api.get_image(reference)
+        for message in target.api.load_image(stream):
+            if isinstance(message, dict) and message.get("error"):
+                raise InfraError(f"docker load of {reference} failed: {message['error']}")
+    except InfraError:
+        raise
+    except Exception as error:  # the docker SDK and requests raise many kinds
+        raise InfraError(f"copying image {reference} to the engine failed ({error})") from error
+
+
+@contextmanager
+def engine_lock(engine: str, what: str, timeout: float) -> Iterator[None]:
+    """Hold the runner host's lock on (`engine`, `what`) for up to `timeout` seconds of waiting."""
+    folder = Path(tempfile.gettempdir()) / "hemra-locks"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    name = hashlib.sha256(f"{engine}\0{what}".encode()).hexdigest()[:32]
+    deadline = time.monotonic() + timeout
+    with (folder / f"{name}.lock").open("a") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise InfraError(
+                        f"engine {engine}: waited {timeout:g}s for another runner preparing {what}"
+                    ) from None
+                time.sleep(LOCK_POLL_SECS)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

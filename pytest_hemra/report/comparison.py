@@ -1,0 +1,158 @@
+"""Two runs compared: each harness in the later run against itself in the earlier one.
+
+The regression check after a harness upgrade (`hemra report RUN_A RUN_B`): per dataset both
+runs evaluated, the paired difference of each shared harness's mean reward on the tasks both
+runs scored, with its CI and permutation p-value, and flags for what makes the two runs
+unlike (dataset content, task sets, timeouts, the model, harness versions).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tabulate import tabulate
+
+from pytest_hemra.report.fairness import Flag
+from pytest_hemra.report.stats import Comparison, Estimate, mean_ci, paired_difference
+from pytest_hemra.report.tables import SIGNIFICANCE, by_task
+from pytest_hemra.store import Store
+
+
+@dataclass(frozen=True)
+class HarnessChange:
+    harness: str
+    before: Estimate | None
+    after: Estimate | None
+    change: Comparison  # after - before, paired by task
+
+    @property
+    def is_regression(self) -> bool:
+        return self.change.diff < 0 and self.change.p_value < SIGNIFICANCE
+
+
+@dataclass(frozen=True)
+class DatasetChange:
+    name: str
+    harnesses: list[HarnessChange]
+    flags: list[Flag]
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    before: str
+    after: str
+    datasets: list[DatasetChange]
+
+    @property
+    def regressions(self) -> list[tuple[str, HarnessChange]]:
+        return [(d.name, h) for d in self.datasets for h in d.harnesses if h.is_regression]
+
+
+def compare_runs(store: Store, before_id: str, after_id: str) -> RunComparison:
+    before, after = store.run(before_id), store.run(after_id)
+    spec_a, spec_b = before.spec, after.spec
+    trials_a, trials_b = store.trials(before_id), store.trials(after_id)
+    datasets = []
+    for name in [d for d in spec_b["datasets"] if d in spec_a["datasets"]]:
+        flags = _run_flags(spec_a, spec_b, name)
+        changes = []
+        for harness in [h for h in spec_b["spec"]["harnesses"] if h in spec_a["harnesses"]]:
+            rewards_a = by_task([t for t in trials_a if (t.dataset, t.harness) == (name, harness)])
+            rewards_b = by_task([t for t in trials_b if (t.dataset, t.harness) == (name, harness)])
+            if not rewards_a.keys() & rewards_b.keys():
+                flags.append(
+                    Flag("task_set", harness, "no task scored in both runs: nothing to compare")
+                )
+                continue
+            change = paired_difference(rewards_b, rewards_a)
+            changes.append(
+                HarnessChange(
+                    harness,
+                    mean_ci(rewards_a) if rewards_a else None,
+                    mean_ci(rewards_b) if rewards_b else None,
+                    change,
+                )
+            )
+            digest_a = spec_a["harnesses"][harness]["digest"]
+            digest_b = spec_b["harnesses"][harness]["digest"]
+            if digest_a != digest_b:
+                flags.append(
+                    Flag(
+                        "harness_changed",
+                        harness,
+                        f"harness file changed ({digest_a[:12]} -> {digest_b[:12]})",
+                    )
+                )
+            if change.only_a or change.only_b:
+                flags.append(
+                    Flag(
+                        "task_set",
+                        harness,
+                        f"compared on {change.n_tasks} shared tasks; {change.only_b} scored"
+                        f" only before, {change.only_a} only after",
+                    )
+                )
+        datasets.append(DatasetChange(name, changes, flags))
+    return RunComparison(before_id, after_id, datasets)
+
+
+def _run_flags(spec_a: dict[str, object], spec_b: dict[str, object], dataset: str) -> list[Flag]:
+    flags = []
+    entry_a = spec_a["datasets"][dataset]  # type: ignore[index]
+    entry_b = spec_b["datasets"][dataset]  # type: ignore[index]
+    if entry_a["digest"] != entry_b["digest"]:
+        flags.append(Flag("dataset_changed", None, "the dataset's content differs between runs"))
+    for key, what in (("timeout_secs", "timeouts"), ("model", "models"), ("attempts", "attempts")):
+        value_a = spec_a["spec"][key]  # type: ignore[index]
+        value_b = spec_b["spec"][key]  # type: ignore[index]
+        if value_a != value_b:
+            flags.append(Flag(key, None, f"different {what}: {value_a} before, {value_b} after"))
+    return flags
+
+
+def comparison_dict(comparison: RunComparison) -> dict[str, Any]:
+    data = asdict(comparison)
+    for dataset, source in zip(data["datasets"], comparison.datasets, strict=True):
+        dataset["flags"] = [
+            {"kind": f.kind, "harness": f.harness, "message": f.message} for f in source.flags
+        ]
+        for change, harness in zip(dataset["harnesses"], source.harnesses, strict=True):
+            change["is_regression"] = harness.is_regression
+    return data
+
+
+def render_comparison(comparison: RunComparison, fmt: str = "text") -> str:
+    if fmt == "json":
+        return json.dumps(comparison_dict(comparison), indent=2, sort_keys=True) + "\n"
+    tablefmt = "github" if fmt == "markdown" else "simple"
+    sections = [f"HEMRA runs compared: {comparison.before} (before) -> {comparison.after} (after)"]
+    for dataset in comparison.datasets:
+        rows = [
+            [
+                change.harness,
+                _estimate(change.before),
+                _estimate(change.after),
+                f"{change.change.diff:+.3f} [{change.change.low:+.3f}, {change.change.high:+.3f}]",
+                f"{change.change.p_value:.3f}",
+                change.change.n_tasks,
+                "REGRESSION" if change.is_regression else "",
+            ]
+            for change in dataset.harnesses
+        ]
+        table = tabulate(
+            rows,
+            headers=["harness", "before", "after", "change [95% CI]", "p", "tasks", ""],
+            tablefmt=tablefmt,
+            disable_numparse=True,
+        )
+        flags = "".join(f"\n{flag}" for flag in dataset.flags)
+        sections.append(f"\n{dataset.name}\n{table}{flags}")
+    return "\n".join(sections)
+
+
+def _estimate(estimate: Estimate | None) -> str:
+    if estimate is None:
+        return "-"
+    return f"{estimate.mean:.3f} [{estimate.low:.3f}, {estimate.high:.3f}]"

@@ -1,0 +1,184 @@
+"""Fairness flags: everything that makes one dataset's comparison unfair, one line each.
+
+Printed under each table (and exported with it). A flag never changes a number; it says why a
+number should not be read at face value.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_hemra.core.records import TrialRecord
+from pytest_hemra.execute.selfreport import SelfReport, disagrees
+from pytest_hemra.run.trial import SCORED_OUTCOMES
+
+
+@dataclass(frozen=True)
+class Flag:
+    kind: str  # task_set, unfinished, other_models, self_report, unknown_price, stopped,
+    #            too_few_tasks, timeouts, not_metered
+    harness: str | None
+    message: str
+
+    def __str__(self) -> str:
+        return f"! {self.harness}: {self.message}" if self.harness else f"! {self.message}"
+
+
+UNMETERED_KINDS = frozenset({"harbor"})  # kinds whose model calls bypass the gateway
+
+
+def unmetered_harnesses(recorded: dict[str, Any]) -> frozenset[str]:
+    """The run's harnesses (from its recorded plan) whose tokens the gateway cannot count."""
+    return frozenset(
+        name
+        for name, entry in recorded.get("harnesses", {}).items()
+        if entry.get("spec", {}).get("kind") in UNMETERED_KINDS
+    )
+
+
+def dataset_flags(
+    trials: Sequence[TrialRecord],
+    harnesses: Sequence[str],
+    model: str | None,
+    unmetered: frozenset[str] = frozenset(),
+) -> list[Flag]:
+    """The flags a dataset's trials raise by themselves (statistics add `too_few_tasks`)."""
+    counted = [t for t in trials if t.status != "deselected"]
+    by_harness: dict[str, list[TrialRecord]] = defaultdict(list)
+    for trial in counted:
+        by_harness[trial.harness].append(trial)
+    every_task = {t.task for t in counted}
+    flags: list[Flag] = []
+    for harness in harnesses:
+        mine = by_harness.get(harness, [])
+        flags += _task_set(harness, mine, every_task)
+        flags += _unfinished(harness, mine)
+        flags += _other_models(harness, mine, model)
+        if harness in unmetered:  # its own numbers have nothing at the wire to agree with
+            message = "tokens not counted at the wire: a harbor harness (its agent calls the"
+            message += " model directly, not through HEMRA's gateway)"
+            flags.append(Flag("not_metered", harness, message))
+        else:
+            flags += _self_reports(harness, mine)
+        if any(t.status == "finished" and t.cost is None for t in mine):
+            models = sorted({m for t in mine if t.cost is None for m in t.models})
+            flags.append(
+                Flag(
+                    "unknown_price",
+                    harness,
+                    f"cost unknown: no price for {', '.join(models) or 'a model it called'}",
+                )
+            )
+        failed_judges: dict[str, int] = defaultdict(int)
+        for trial in mine:
+            for judge, score in trial.judges.items():
+                failed_judges[judge] += score is None
+        for judge, count in sorted(failed_judges.items()):
+            if count:
+                message = f"judge {judge} gave no score on {count} trial(s)"
+                flags.append(Flag("judge_failed", harness, message))
+        stopped = [t for t in mine if t.stopped_by]
+        if stopped:
+            reasons = ", ".join(sorted({t.stopped_by or "" for t in stopped}))
+            flags.append(Flag("stopped", harness, f"{len(stopped)} trial(s) stopped by {reasons}"))
+    return flags
+
+
+def _task_set(harness: str, mine: list[TrialRecord], every_task: set[str]) -> list[Flag]:
+    scored_tasks = {t.task for t in mine if t.outcome in SCORED_OUTCOMES}
+    missing = sorted(every_task - scored_tasks)
+    if not missing:
+        return []
+    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    return [
+        Flag(
+            "task_set",
+            harness,
+            f"no scored trial on {len(missing)} of {len(every_task)} tasks ({shown}):"
+            " compared on the tasks both ran",
+        )
+    ]
+
+
+def _unfinished(harness: str, mine: list[TrialRecord]) -> list[Flag]:
+    unfinished: dict[str, int] = defaultdict(int)
+    for trial in mine:
+        if trial.outcome not in SCORED_OUTCOMES:
+            unfinished[trial.outcome or trial.status] += 1
+    if not unfinished:
+        return []
+    counts = ", ".join(f"{count} {name}" for name, count in sorted(unfinished.items()))
+    return [Flag("unfinished", harness, f"unfinished cells: {counts} (excluded from scores)")]
+
+
+def _other_models(harness: str, mine: list[TrialRecord], model: str | None) -> list[Flag]:
+    if not model:
+        return []
+    other = sum(t.other_model_tokens for t in mine)
+    total = sum(t.tokens for t in mine)
+    if not other or not total:
+        return []
+    models = sorted({m for t in mine if t.other_model_tokens for m in t.models if m != model})
+    return [
+        Flag(
+            "other_models",
+            harness,
+            f"{other / total:.0%} of its tokens went to other models than {model}"
+            f" ({', '.join(models) or 'unnamed'})",
+        )
+    ]
+
+
+def _self_reports(harness: str, mine: list[TrialRecord]) -> list[Flag]:
+    off = [
+        t
+        for t in mine
+        if t.own_report is not None and disagrees(SelfReport(**t.own_report), t.tokens)
+    ]
+    if not off:
+        return []
+    first = off[0]
+    own = SelfReport(**(first.own_report or {})).total_tokens
+    return [
+        Flag(
+            "self_report",
+            harness,
+            f"its own token counts disagree with the gateway's on {len(off)} trial(s)"
+            f" (e.g. {first.item_id}: reports {own}, the gateway counted {first.tokens})",
+        )
+    ]
+
+
+def calibration_flags(
+    judges: Sequence[tuple[str, str | None]], calibrations: dict[str, dict[str, Any] | None]
+) -> list[Flag]:
+    """A model judge never calibrated against its model (`hemra calibrate`), or that drifted.
+
+    `judges` are (name, model) pairs, model None for program judges; `calibrations` maps a
+    judge's name to its latest calibration against that model, if any."""
+    flags = []
+    for name, model in judges:
+        if model is None:
+            continue
+        found = calibrations.get(name)
+        if found is None:
+            flags.append(
+                Flag(
+                    "judge_uncalibrated",
+                    None,
+                    f"judge {name} was not calibrated against {model} (hemra calibrate)",
+                )
+            )
+        elif not found["reliable"]:
+            flags.append(
+                Flag(
+                    "judge_drift",
+                    None,
+                    f"judge {name} drifted against {model}: mean absolute error"
+                    f" {found['mae']:.2f} > {found['threshold']:.2f} on {found['anchors']} anchors",
+                )
+            )
+    return flags

@@ -1,0 +1,222 @@
+"""Renderings of a `RunReport`: text (the terminal summary), markdown, CSV, JSON and HTML.
+
+Every format holds the same numbers; HTML is one self-contained, autoescaped file with a chart
+of each harness's mean reward and its 95% CI per dataset.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+import jinja2
+from tabulate import tabulate
+
+from pytest_hemra.report.stats import Estimate, Spread
+from pytest_hemra.report.tables import DatasetReport, HarnessSummary, RunReport, report_dict
+
+FORMATS = ("text", "markdown", "csv", "json", "html")
+
+
+def render(report: RunReport, fmt: str) -> str:
+    renderers: dict[str, Callable[[RunReport], str]] = {
+        "text": render_text,
+        "markdown": render_markdown,
+        "csv": render_csv,
+        "json": render_json,
+        "html": render_html,
+    }
+    return renderers[fmt](report)
+
+
+def headers(dataset: DatasetReport) -> list[str]:
+    ks = range(1, dataset.attempts + 1) if dataset.attempts > 1 else ()
+    judges = sorted({name for row in dataset.harnesses for name in row.judges})
+    return [
+        "harness",
+        "trials",
+        "passes",
+        "mean reward [95% CI]",
+        "vs baseline [95% CI]",
+        "p",
+        *(f"pass@{k}" for k in ks),
+        *(f"pass^{k}" for k in ks if k > 1),
+        *(f"judge {name}" for name in judges),
+        "tokens",
+        "tokens/trial",
+        "cost",
+        "cost/trial",
+        "duration/trial",
+        "own tokens",
+        "outcomes",
+        "classes",
+    ]
+
+
+def cells(dataset: DatasetReport, row: HarnessSummary) -> list[Any]:
+    ks = range(1, dataset.attempts + 1) if dataset.attempts > 1 else ()
+    judges = sorted({name for r in dataset.harnesses for name in r.judges})
+    versus = row.versus
+    return [
+        row.harness + (" (baseline)" if row.is_baseline else ""),
+        f"{row.finished}/{row.planned}",
+        row.passes,
+        _estimate(row.reward),
+        "" if versus is None else f"{versus.diff:+.3f} [{versus.low:+.3f}, {versus.high:+.3f}]",
+        "" if versus is None else f"{versus.p_value:.3f}",
+        *(_number(row.pass_at_k.get(k)) for k in ks),
+        *(_number(row.pass_hat_k.get(k)) for k in ks if k > 1),
+        *(_estimate(row.judges.get(name)) for name in judges),
+        int(row.tokens.total or 0),
+        _number(row.tokens.median, digits=0),
+        "unknown" if row.cost is None else f"${row.cost.total or 0:.4f}",
+        "unknown" if row.cost is None else _money(row.cost.median),
+        _number(row.duration.median, "s", digits=2),
+        "-" if row.own_tokens is None else row.own_tokens,
+        ", ".join(f"{name} {count}" for name, count in row.outcomes.items()),
+        ", ".join(f"{name} {count}" for name, count in row.classes.items()),
+    ]
+
+
+def table(dataset: DatasetReport) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of a dataset's table, leaving out columns no harness has a value in."""
+    names = headers(dataset)
+    rows = [[str(cell) for cell in cells(dataset, row)] for row in dataset.harnesses]
+    keep = [
+        index
+        for index, name in enumerate(names)
+        if name == "harness" or any(row[index] not in ("", "-") for row in rows)
+    ]
+    return [names[i] for i in keep], [[row[i] for i in keep] for row in rows]
+
+
+def render_text(report: RunReport, tablefmt: str = "simple") -> str:
+    sections = [f"HEMRA run {report.run_id} ({report.name}) - store {report.store}"]
+    for dataset in report.datasets:
+        names, rows = table(dataset)
+        table_text = tabulate(rows, headers=names, tablefmt=tablefmt, disable_numparse=True)
+        title = f"{dataset.name}@{dataset.digest[:12]} ({dataset.tasks} tasks)"
+        flags = "".join(f"\n{flag}" for flag in dataset.flags)
+        sections.append(f"\n{title}\n{table_text}{flags}")
+    return "\n".join(sections)
+
+
+def render_markdown(report: RunReport) -> str:
+    lines = [f"# HEMRA run {report.run_id} ({report.name})", ""]
+    for dataset in report.datasets:
+        lines += [f"## {dataset.name}@{dataset.digest[:12]} ({dataset.tasks} tasks)", ""]
+        names, rows = table(dataset)
+        lines.append(tabulate(rows, headers=names, tablefmt="github", disable_numparse=True))
+        lines += [
+            "",
+            *(
+                f"- {flag.harness + ': ' if flag.harness else ''}{flag.message}"
+                for flag in dataset.flags
+            ),
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def render_csv(report: RunReport) -> str:
+    """One row per dataset and harness, plain numbers (empty where there is none)."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(
+        [
+            "run", "dataset", "harness", "baseline", "planned", "finished", "scored", "passes",
+            "tasks", "mean_reward", "reward_low", "reward_high", "pass_rate", "diff",
+            "diff_low", "diff_high", "p_value", "shared_tasks", "tokens_total",
+            "tokens_median", "cost_total", "cost_median", "duration_median", "outcomes",
+        ]
+    )  # fmt: skip
+    for dataset in report.datasets:
+        for row in dataset.harnesses:
+            reward, versus = row.reward, row.versus
+            writer.writerow(
+                [
+                    report.run_id, dataset.name, row.harness, int(row.is_baseline), row.planned,
+                    row.finished, row.scored, row.passes, row.tasks,
+                    *(_field(reward, x) for x in ("mean", "low", "high")),
+                    _field(row.pass_rate, "mean"),
+                    *(_field(versus, x) for x in ("diff", "low", "high", "p_value", "n_tasks")),
+                    _field(row.tokens, "total"), _field(row.tokens, "median"),
+                    _field(row.cost, "total"), _field(row.cost, "median"),
+                    _field(row.duration, "median"), json.dumps(row.outcomes),
+                ]
+            )  # fmt: skip
+    return out.getvalue()
+
+
+def _field(source: Any, name: str) -> str:
+    """An attribute of a summary that may be missing, for CSV: '' when there is none."""
+    value = None if source is None else getattr(source, name)
+    return "" if value is None else f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def render_json(report: RunReport) -> str:
+    return json.dumps(report_dict(report), indent=2, sort_keys=True) + "\n"
+
+
+def render_html(report: RunReport) -> str:
+    environment = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    template = environment.from_string(
+        resources.files("pytest_hemra").joinpath("templates/report.html.j2").read_text()
+    )
+    datasets = [
+        {
+            "report": dataset,
+            "headers": table(dataset)[0],
+            "rows": table(dataset)[1],
+            "chart": chart(dataset),
+        }
+        for dataset in report.datasets
+    ]
+    return template.render(report=report, datasets=datasets)
+
+
+def chart(dataset: DatasetReport) -> dict[str, Any]:
+    """Geometry of an SVG dot-and-whisker chart: mean reward and its CI, one line per harness."""
+    width, left, row_height = 640, 180, 28
+    scale = width - left - 20
+    bars = []
+    for index, row in enumerate(dataset.harnesses):
+        y = 30 + index * row_height
+        estimate = row.reward
+        bars.append(
+            {
+                "label": row.harness + (" (baseline)" if row.is_baseline else ""),
+                "y": y,
+                "has_value": estimate is not None,
+                "x": left + scale * (estimate.mean if estimate else 0.0),
+                "x_low": left + scale * (estimate.low if estimate else 0.0),
+                "x_high": left + scale * (estimate.high if estimate else 0.0),
+                "text": _estimate(estimate),
+            }
+        )
+    ticks = [{"x": left + scale * t / 4, "label": f"{t / 4:g}"} for t in range(5)]
+    height = 40 + row_height * len(dataset.harnesses)
+    return {"width": width, "height": height, "left": left, "bars": bars, "ticks": ticks}
+
+
+def _estimate(estimate: Estimate | None) -> str:
+    if estimate is None:
+        return "-"
+    if estimate.low == estimate.high:
+        return f"{estimate.mean:.3f}"
+    return f"{estimate.mean:.3f} [{estimate.low:.3f}, {estimate.high:.3f}]"
+
+
+def _number(value: float | None, unit: str = "", digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"${value:.4f}"
+
+
+__all__ = ["FORMATS", "Spread", "render"]

@@ -1,0 +1,102 @@
+"""Exit gates: which finished runs count as a failure for CI (`--hemra-fail-on`).
+
+`unfinished`: a cell without a result (infra or verifier error, cancelled, never run).
+`failure`: any scored trial short of a pass. `score<X` / `HARNESS:score<X`: a harness's mean
+reward over its scored trials below X. `regression`: a harness significantly worse than the
+baseline (paired over tasks, p < 0.05), or than itself in the run given by `--hemra-compare`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pytest_hemra.core.errors import SpecError
+from pytest_hemra.core.records import TrialRecord
+from pytest_hemra.report.comparison import RunComparison
+from pytest_hemra.report.tables import RunReport
+from pytest_hemra.run.trial import SCORED_OUTCOMES
+
+SCORE = re.compile(r"^(?:(?P<harness>[A-Za-z0-9_.-]+):)?score<(?P<threshold>[0-9.]+)$")
+KINDS = ("unfinished", "failure", "regression")
+
+
+@dataclass(frozen=True)
+class Gate:
+    kind: str  # unfinished, failure or score
+    harness: str | None = None
+    threshold: float = 0.0
+
+
+def parse_gate(text: str, source: str = "--hemra-fail-on") -> Gate:
+    text = text.strip()
+    if text in KINDS:
+        return Gate(text)
+    found = SCORE.match(text.replace(" ", ""))
+    if found:
+        try:
+            return Gate("score", found["harness"], float(found["threshold"]))
+        except ValueError:
+            pass
+    raise SpecError(
+        f"{source}: expected 'unfinished', 'failure', 'regression', 'score<X' or"
+        f" 'HARNESS:score<X', got {text!r}"
+    )
+
+
+def tripped(
+    gates: Sequence[Gate],
+    trials: Sequence[TrialRecord],
+    report: RunReport | None = None,
+    comparison: RunComparison | None = None,
+) -> list[str]:
+    """Why the run fails its gates: one line per tripped gate, empty when it passes."""
+    counted = [t for t in trials if t.status != "deselected"]
+    reasons: list[str] = []
+    for gate in gates:
+        if gate.kind == "regression":
+            reasons += _regressions(report, comparison)
+        elif gate.kind == "unfinished":
+            missing = [t for t in counted if not t.is_finished or t.outcome not in SCORED_OUTCOMES]
+            if missing:
+                outcomes = sorted({t.outcome or t.status for t in missing})
+                reasons.append(f"{len(missing)} trial(s) without a result ({', '.join(outcomes)})")
+        elif gate.kind == "failure":
+            failed = [t for t in counted if t.outcome in SCORED_OUTCOMES and t.outcome != "pass"]
+            if failed:
+                reasons.append(f"{len(failed)} scored trial(s) did not pass")
+        else:
+            for harness in sorted({t.harness for t in counted}):
+                if gate.harness not in (None, harness):
+                    continue
+                rewards = [
+                    t.reward or 0.0
+                    for t in counted
+                    if t.harness == harness and t.outcome in SCORED_OUTCOMES
+                ]
+                mean = sum(rewards) / len(rewards) if rewards else 0.0
+                if mean < gate.threshold:
+                    reasons.append(f"{harness}: mean reward {mean:.3f} < {gate.threshold:g}")
+            if gate.harness is not None and gate.harness not in {t.harness for t in counted}:
+                reasons.append(f"{gate.harness}: no trials in this run")
+    return reasons
+
+
+def _regressions(report: RunReport | None, comparison: RunComparison | None) -> list[str]:
+    reasons = []
+    for dataset in report.datasets if report else []:
+        for row in dataset.harnesses:
+            versus = row.versus
+            if versus is not None and versus.diff < 0 and row.is_significant:
+                reasons.append(
+                    f"{row.harness} on {dataset.name}: {versus.diff:+.3f} vs the baseline"
+                    f" (p={versus.p_value:.3f})"
+                )
+    if comparison is not None:
+        for name, change in comparison.regressions:
+            reasons.append(
+                f"{change.harness} on {name}: {change.change.diff:+.3f} vs run"
+                f" {comparison.before} (p={change.change.p_value:.3f})"
+            )
+    return reasons

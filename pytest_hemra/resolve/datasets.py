@@ -1,0 +1,279 @@
+"""Datasets in the Harbor task format: lookup, task parsing, selection, digests and pins.
+
+A dataset is a folder of task folders, found by name (`datasets/` beside the run file, then
+`HEMRA_DATASETS_PATH`, then the bundled datasets) or by path. Its digest covers the sorted
+relative paths and file hashes of the selected tasks, so it is the same on every machine.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pytest_hemra.core.errors import SpecError
+from pytest_hemra.resolve.spec import is_valid_name, parse_model, read_toml
+
+IGNORED_PARTS = frozenset({"__pycache__", ".git", ".DS_Store", ".pytest_cache"})
+PIN_PATTERN = re.compile(r"^(?P<name>[^@]+)@(?P<digest>[0-9a-f]{6,64})$")
+
+
+class Lenient(BaseModel):
+    """Task files belong to Harbor: keys HEMRA does not use are ignored, the ones it uses typed."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class TaskAgent(Lenient):
+    timeout_sec: float | None = Field(default=None, gt=0)
+
+
+class TaskVerifier(Lenient):
+    timeout_sec: float = Field(default=120.0, gt=0)
+
+
+class TaskEnvironment(Lenient):
+    build_timeout_sec: float = Field(default=600.0, gt=0)
+    docker_image: str | None = None
+    cpus: float | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+    pids_limit: int = Field(default=1024, gt=0)
+    allow_internet: bool = True
+
+
+class Criterion(BaseModel):
+    """One line of an open-ended task's rubric, scored 0-5 by the judge."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,39}$")
+    weight: float = Field(default=1.0, gt=0)
+    description: str
+
+
+class HemraTask(BaseModel):
+    """`[hemra]` in task.toml: what HEMRA adds to the Harbor format (Harbor ignores it).
+
+    `track = "swe"`: no reward file; after the agent HEMRA applies `test_patch` (hidden tests,
+    a unified diff relative to the task folder) in /app and runs `test_command` (argv), scoring
+    passed / total tests. See docs/tracks.md."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    track: Literal["reward", "swe", "open"] = "reward"
+    test_patch: str | None = None
+    test_command: list[str] | None = None
+    test_timeout_sec: float = Field(default=300.0, gt=0)
+    # the open-ended track (docs/tracks.md)
+    expected_files: list[str] = Field(default_factory=list)
+    criteria: list[Criterion] = Field(default_factory=list)
+    pass_threshold: float = Field(default=0.7, ge=0, le=1)
+    judge_model: str | None = None
+
+
+class TaskStep(Lenient):
+    """One `[[steps]]` entry (Harbor's multi-step tasks): `steps/<name>/instruction.md`, an
+    optional `steps/<name>/tests/` over the task's `tests/`, and `steps/<name>/solution/`."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
+    agent: TaskAgent = Field(default_factory=TaskAgent)
+    verifier: TaskVerifier = Field(default_factory=TaskVerifier)
+
+
+class TaskConfig(Lenient):
+    version: str = "1.0"
+    steps: list[TaskStep] = Field(default_factory=list)
+    multi_step_reward_strategy: Literal["mean", "final"] = "mean"
+    hemra: HemraTask = Field(default_factory=HemraTask)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    agent: TaskAgent = Field(default_factory=TaskAgent)
+    verifier: TaskVerifier = Field(default_factory=TaskVerifier)
+    environment: TaskEnvironment = Field(default_factory=TaskEnvironment)
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    path: Path
+    config: TaskConfig
+    instruction: str
+
+    @property
+    def environment_dir(self) -> Path:
+        return self.path / "environment"
+
+    @property
+    def has_dockerfile(self) -> bool:
+        return (self.environment_dir / "Dockerfile").is_file()
+
+    @property
+    def has_solution(self) -> bool:
+        """A reference solution: `solution/solve.sh`, or one per step of a multi-step task."""
+        if self.config.steps:
+            return all(
+                (self.path / "steps" / step.name / "solution" / "solve.sh").is_file()
+                for step in self.config.steps
+            )
+        return (self.path / "solution" / "solve.sh").is_file()
+
+    def environment_digest(self) -> str:
+        """Content digest of what builds the task image: a rebuild only when this changes."""
+        digest = hashlib.sha256()
+        digest.update(f"image:{self.config.environment.docker_image}\n".encode())
+        if self.environment_dir.is_dir():
+            digest.update(tree_digest(self.environment_dir, [self.environment_dir]).encode())
+        return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    path: Path
+    digest: str
+    tasks: tuple[Task, ...]
+
+
+def bundled_dir(kind: str) -> Path:
+    """The bundled `datasets/` or `harnesses/`: inside the wheel, or the source checkout."""
+    package = Path(__file__).resolve().parent.parent
+    installed = package / "_bundled" / kind
+    return installed if installed.is_dir() else package.parent / kind
+
+
+def dataset_search_path(base_dir: Path) -> list[Path]:
+    extra = [Path(p) for p in os.environ.get("HEMRA_DATASETS_PATH", "").split(os.pathsep) if p]
+    return [base_dir / "datasets", *extra, bundled_dir("datasets")]
+
+
+def find_dataset(ref: str, base_dir: Path, source: str) -> Path:
+    """A dataset folder by path (contains '/' or starts with '.') or by name on the search path."""
+    if "/" in ref or ref.startswith(".") or "\\" in ref:
+        path = (base_dir / ref).resolve()
+        if not path.is_dir():
+            raise SpecError(f"{source}: key 'datasets': no dataset folder at {path}")
+        return path
+    if not is_valid_name(ref):
+        raise SpecError(f"{source}: key 'datasets': {ref!r} is not a valid dataset name")
+    searched = dataset_search_path(base_dir)
+    for folder in searched:
+        if (folder / ref).is_dir():
+            return (folder / ref).resolve()
+    where = ", ".join(str(f) for f in searched)
+    raise SpecError(f"{source}: key 'datasets': no dataset named {ref!r} (looked in {where})")
+
+
+def resolve_dataset(
+    ref: str, base_dir: Path, source: str, patterns: Sequence[str], exclude: Sequence[str]
+) -> Dataset:
+    """Find, parse, select and digest one dataset entry (`name`, `name@digest`, or a path)."""
+    pin = PIN_PATTERN.match(ref)
+    location = pin.group("name") if pin else ref
+    path = find_dataset(location, base_dir, source)
+    name = path.name
+    if not is_valid_name(name):
+        raise SpecError(f"{path}: {name!r} is not a valid dataset name")
+    tasks = [load_task(task_dir) for task_dir in task_dirs(path)]
+    if not tasks:
+        raise SpecError(f"{path}: no tasks (expected folders holding task.toml)")
+    selected = tuple(select_tasks(tasks, patterns, exclude))
+    digest = tree_digest(path, [t.path for t in selected])
+    if pin and not digest.startswith(pin.group("digest")):
+        raise SpecError(
+            f"{source}: key 'datasets': {ref!r} is pinned to {pin.group('digest')} "
+            f"but its selected content has digest {digest}"
+        )
+    return Dataset(name=name, path=path, digest=digest, tasks=selected)
+
+
+def task_dirs(dataset_dir: Path) -> list[Path]:
+    return sorted(p for p in dataset_dir.iterdir() if p.is_dir() and (p / "task.toml").is_file())
+
+
+def load_task(path: Path) -> Task:
+    """Parse one task folder; anything missing or malformed names the task's file."""
+    if not is_valid_name(path.name):
+        raise SpecError(f"{path}: {path.name!r} is not a valid task name")
+    config = parse_model(TaskConfig, read_toml(path / "task.toml"), str(path / "task.toml"), "key")
+    if config.steps:
+        _check_steps(path, config)
+        first = path / "steps" / config.steps[0].name / "instruction.md"
+        return Task(path.name, path, config, first.read_text(encoding="utf-8"))
+    instruction_file = path / "instruction.md"
+    if not instruction_file.is_file():
+        raise SpecError(f"{instruction_file}: missing (every task needs its instruction)")
+    instruction = instruction_file.read_text(encoding="utf-8")
+    if not instruction.strip():
+        raise SpecError(f"{instruction_file}: empty (every task needs its instruction)")
+    hemra = config.hemra
+    if hemra.track == "swe":
+        where = f"{path / 'task.toml'}: key 'hemra"
+        if not hemra.test_command:
+            raise SpecError(f"{where}.test_command' is required for the swe track (an argv list)")
+        if not hemra.test_patch:
+            raise SpecError(f"{where}.test_patch' is required for the swe track (a patch file)")
+        patch = (path / hemra.test_patch).resolve()
+        if path.resolve() not in patch.parents or not patch.is_file():
+            raise SpecError(f"{where}.test_patch': no file {hemra.test_patch!r} in the task folder")
+    elif hemra.track == "open":
+        if not hemra.criteria:
+            raise SpecError(
+                f"{path / 'task.toml'}: key 'hemra.criteria' is required for the open track"
+                " ([[hemra.criteria]] tables with name, weight, description)"
+            )
+        names = [c.name for c in hemra.criteria]
+        if len(set(names)) != len(names):
+            raise SpecError(f"{path / 'task.toml'}: key 'hemra.criteria': two share a name")
+    elif not (path / "tests" / "test.sh").is_file():
+        raise SpecError(f"{path / 'tests' / 'test.sh'}: missing (every task needs its verifier)")
+    return Task(name=path.name, path=path, config=config, instruction=instruction)
+
+
+def select_tasks(
+    tasks: Iterable[Task], patterns: Sequence[str], exclude: Sequence[str]
+) -> list[Task]:
+    def matches(name: str, globs: Sequence[str]) -> bool:
+        return any(fnmatch.fnmatchcase(name, glob) for glob in globs)
+
+    return [
+        task
+        for task in tasks
+        if (not patterns or matches(task.name, patterns)) and not matches(task.name, exclude)
+    ]
+
+
+def tree_digest(root: Path, folders: Sequence[Path]) -> str:
+    """sha256 over `relative/path\\0sha256(content)` lines, sorted, for every file in `folders`."""
+    lines = []
+    for folder in folders:
+        for file in folder.rglob("*"):
+            relative = file.relative_to(root)
+            if file.is_file() and not IGNORED_PARTS.intersection(relative.parts):
+                content = hashlib.sha256(file.read_bytes()).hexdigest()
+                lines.append(f"{relative.as_posix()}\0{content}\n")
+    return hashlib.sha256("".join(sorted(lines)).encode()).hexdigest()
+
+
+def _check_steps(path: Path, config: TaskConfig) -> None:
+    """Every step has its instruction, and a verifier of its own or the task's."""
+    names = [step.name for step in config.steps]
+    if len(set(names)) != len(names):
+        raise SpecError(f"{path / 'task.toml'}: key 'steps': two steps share a name")
+    for step in config.steps:
+        folder = path / "steps" / step.name
+        instruction = folder / "instruction.md"
+        if not instruction.is_file() or not instruction.read_text(encoding="utf-8").strip():
+            raise SpecError(f"{instruction}: missing or empty (every step needs its instruction)")
+        if (
+            not (folder / "tests" / "test.sh").is_file()
+            and not (path / "tests" / "test.sh").is_file()
+        ):
+            raise SpecError(
+                f"{folder / 'tests' / 'test.sh'}: missing, and the task has no tests/test.sh"
+            )

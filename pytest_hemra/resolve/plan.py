@@ -1,0 +1,295 @@
+"""Resolve: run file + flags -> a Plan of every trial, or a one-line error and nothing recorded.
+
+The recorded form of a plan (`Plan.record`) is what workers collect from: the controller
+resolves once, the store holds the result, every process reads the same trials in order.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_hemra.core.errors import CapabilityError, InfraError, SpecError, StoreError
+from pytest_hemra.core.records import PlannedTrial, TrialRecord
+from pytest_hemra.execute.gateway.providers import SCRIPTED, Provider, configured_providers
+from pytest_hemra.execute.installs import ensure_installed
+from pytest_hemra.execute.kinds.sdk import load_entry
+from pytest_hemra.execute.sandbox import SandboxProvider
+from pytest_hemra.execute.sandbox.pool import EnginePool
+from pytest_hemra.resolve.datasets import Dataset, Task, load_task, resolve_dataset
+from pytest_hemra.resolve.harnesses import Harness, resolve_harness
+from pytest_hemra.resolve.spec import HarnessSpec, Overrides, RunSpec, load_run_spec
+from pytest_hemra.score.judges import Judge, resolve_judges
+from pytest_hemra.store import Store
+
+PLAN_SCHEMA_VERSION = 1
+ProviderFactory = Callable[[], SandboxProvider]
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: RunSpec
+    source: str
+    base_dir: Path
+    harnesses: tuple[Harness, ...]
+    datasets: tuple[Dataset, ...]
+    trials: tuple[PlannedTrial, ...]
+    judges: tuple[Judge, ...] = ()
+
+    def record(self) -> dict[str, Any]:
+        """The resolved spec with digests, as stored with the run."""
+        return {
+            "schema_version": PLAN_SCHEMA_VERSION,
+            "source": self.source,
+            "spec": self.spec.model_dump(mode="json"),
+            "harnesses": {
+                h.name: {
+                    "path": str(h.path),
+                    "digest": h.digest,
+                    "spec": h.spec.model_dump(mode="json"),
+                }
+                for h in self.harnesses
+            },
+            "datasets": {
+                d.name: {
+                    "path": str(d.path),
+                    "digest": d.digest,
+                    "tasks": [t.name for t in d.tasks],
+                }
+                for d in self.datasets
+            },
+            "judges": [judge.record() for judge in self.judges],
+        }
+
+
+def resolve_plan(
+    run_file: Path | None,
+    overrides: Overrides,
+    cwd: Path,
+    providers: Mapping[str, ProviderFactory],
+    check_sandbox: bool = True,
+) -> Plan:
+    spec = load_run_spec(run_file, overrides)
+    source = str(run_file) if run_file is not None else "command line"
+    base_dir = run_file.resolve().parent if run_file is not None else cwd
+    if spec.baseline is not None and spec.baseline not in spec.harnesses:
+        raise SpecError(
+            f"{source}: key 'baseline': {spec.baseline!r} is not one of the run's harnesses "
+            f"({', '.join(spec.harnesses)})"
+        )
+    judges = resolve_judges(spec.judge, base_dir, source, spec.model)
+    provider = _provider(spec, source, providers)
+    harnesses = tuple(
+        resolve_harness(name, base_dir, source, spec.model) for name in spec.harnesses
+    )
+    for harness in harnesses:
+        if harness.spec.kind == "harbor" and spec.sandbox.engines:
+            raise SpecError(
+                f"{harness.path}: a harbor harness runs in Harbor's own docker environment on the"
+                f" runner's engine, but the run ({source}) spreads over 'sandbox.engines'"
+            )
+        if harness.spec.kind == "harbor" and spec.sandbox.provider != "docker":
+            raise SpecError(
+                f"{harness.path}: a harbor harness runs in Harbor's own docker environment, but "
+                f"the run ({source}) asks for sandbox provider {spec.sandbox.provider!r}"
+            )
+    known_providers = configured_providers(spec.providers)
+    _check_providers(known_providers, source)
+    for harness in harnesses:
+        _check_provider(harness, known_providers)
+    for name in spec.verifier.env:
+        if name not in os.environ:
+            raise SpecError(f"{source}: key 'verifier.env': environment variable {name} is not set")
+    datasets = _datasets(spec, base_dir, source)
+    for harness in harnesses:
+        if harness.spec.uses_solution:
+            for dataset in datasets:
+                for task in dataset.tasks:
+                    if not task.has_solution:
+                        raise SpecError(
+                            f"{task.path}: harness {harness.name!r} needs "
+                            "solution/solve.sh, which this task lacks"
+                        )
+    if check_sandbox:
+        provider.check()
+        for harness in harnesses:
+            _install(harness)
+    trials = tuple(
+        PlannedTrial(dataset.name, task.name, harness.name, attempt)
+        for dataset in datasets
+        for task in dataset.tasks
+        for harness in harnesses
+        for attempt in range(1, spec.attempts + 1)
+    )
+    return Plan(spec, source, base_dir, harnesses, datasets, trials, judges)
+
+
+def _check_provider(harness: Harness, known: Mapping[str, Provider]) -> None:
+    spec = harness.spec
+    if spec.provider is not None and spec.provider not in known:
+        raise SpecError(
+            f"{harness.path}: key 'provider': no provider named {spec.provider!r} "
+            f"(known: {', '.join(sorted(known))})"
+        )
+    if spec.key_env is not None:
+        if spec.provider is None:
+            raise SpecError(f"{harness.path}: key 'key_env' needs a 'provider' to send it to")
+        if spec.key_env not in os.environ:
+            raise SpecError(
+                f"{harness.path}: key 'key_env': environment variable {spec.key_env} is not set"
+            )
+
+
+def _install(harness: Harness) -> None:
+    """Install (or load) at resolve, so a broken harness refuses the run before anything is
+    recorded."""
+    try:
+        ensure_installed(harness)
+        if harness.spec.kind == "sdk":
+            load_entry(harness)
+    except InfraError as error:
+        raise SpecError(str(error)) from None
+
+
+def _check_providers(known: Mapping[str, Provider], source: str) -> None:
+    for name, provider in known.items():
+        if provider.base_url is None and name != SCRIPTED:
+            raise SpecError(f"{source}: key 'providers.{name}.base_url' is required")
+
+
+def _provider(
+    spec: RunSpec, source: str, providers: Mapping[str, ProviderFactory]
+) -> SandboxProvider:
+    factory = providers.get(spec.sandbox.provider)
+    if factory is None:
+        raise SpecError(
+            f"{source}: key 'sandbox.provider': no sandbox provider named "
+            f"{spec.sandbox.provider!r} (known: {', '.join(sorted(providers))})"
+        )
+    provider = factory()
+    if spec.sandbox.engines:
+        if spec.sandbox.provider != "docker":
+            raise SpecError(
+                f"{source}: key 'sandbox.engines': a pool of Docker engines needs provider "
+                f"'docker', not {spec.sandbox.provider!r}"
+            )
+        provider = EnginePool(spec.sandbox.engines, source=source)
+    missing = [need for need in spec.require if need not in provider.capabilities]
+    if missing:
+        raise CapabilityError(
+            f"{source}: key 'require': sandbox {provider.name!r} cannot provide "
+            f"{missing[0]!r} (it provides: {', '.join(sorted(provider.capabilities))})"
+        )
+    return provider
+
+
+def _datasets(spec: RunSpec, base_dir: Path, source: str) -> tuple[Dataset, ...]:
+    datasets = tuple(
+        resolve_dataset(ref, base_dir, source, spec.tasks, spec.exclude) for ref in spec.datasets
+    )
+    names = [d.name for d in datasets]
+    if len(set(names)) != len(names):
+        raise SpecError(f"{source}: key 'datasets': two entries name the same dataset")
+    every_task = [t.name for d in datasets for t in d.tasks]
+    for pattern in spec.tasks:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in every_task):
+            raise SpecError(f"{source}: key 'tasks': pattern {pattern!r} matches no task")
+    if not every_task:
+        raise SpecError(f"{source}: the run selects no tasks")
+    return datasets
+
+
+@dataclass(frozen=True)
+class RecordedRun:
+    """A run read back from the store: what every process collects and runs from."""
+
+    id: str
+    spec: RunSpec
+    harnesses: dict[str, Harness]
+    dataset_paths: dict[str, Path]
+    trials: list[TrialRecord]
+    trials_dir: Path
+    judges: tuple[Judge, ...] = ()
+
+    def task(self, trial: TrialRecord) -> Task:
+        return load_task(self.dataset_paths[trial.dataset] / trial.task)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def record_plan(plan: Plan, store: Store, status: str = "recorded") -> str:
+    """Phase 2: the run, its spec and every trial and job in one transaction; the run's id."""
+    run_id = new_run_id()
+    trials_dir = store.path.parent / "runs" / run_id
+    store.record_plan(run_id, plan.spec.name, plan.record(), trials_dir, plan.trials, status)
+    return run_id
+
+
+def load_recorded(store: Store, run_id: str) -> RecordedRun:
+    run = store.run(run_id)
+    record = run.spec
+    if record.get("schema_version") != PLAN_SCHEMA_VERSION:
+        raise StoreError(f"{store.path}: run {run_id} was recorded by another HEMRA version")
+    harnesses = {
+        name: Harness(name, Path(entry["path"]), HarnessSpec.model_validate(entry["spec"]))
+        for name, entry in record["harnesses"].items()
+    }
+    return RecordedRun(
+        id=run.id,
+        spec=RunSpec.model_validate(record["spec"]),
+        harnesses=harnesses,
+        dataset_paths={name: Path(d["path"]) for name, d in record["datasets"].items()},
+        trials=store.trials(run_id),
+        trials_dir=run.trials_dir,
+        judges=tuple(
+            Judge(j["name"], j["rubric"], j["model"], tuple(j["command"]) if j["command"] else None)
+            for j in record.get("judges", [])
+        ),
+    )
+
+
+def describe(plan: Plan, provider: SandboxProvider | None) -> str:
+    """`hemra run --dry-run`: the resolved plan, what it would build, and nothing recorded."""
+    spec = plan.spec
+    lines = [f"run {spec.name!r} from {plan.source} (nothing recorded)", "", "harnesses:"]
+    for harness in plan.harnesses:
+        version = f" {harness.spec.version}" if harness.spec.version else ""
+        baseline = " (baseline)" if harness.name == (spec.baseline or spec.harnesses[0]) else ""
+        lines.append(
+            f"  {harness.name}{baseline}: {harness.spec.kind}{version},"
+            f" digest {harness.digest[:12]} ({harness.path})"
+        )
+    lines += ["", "datasets:"]
+    for dataset in plan.datasets:
+        lines.append(
+            f"  {dataset.name}@{dataset.digest[:12]}: {len(dataset.tasks)} tasks ({dataset.path})"
+        )
+    tasks = sum(len(dataset.tasks) for dataset in plan.datasets)
+    lines += [
+        "",
+        f"trials: {tasks} tasks x {len(plan.harnesses)} harnesses x {spec.attempts} attempts"
+        f" = {len(plan.trials)}",
+    ]
+    if plan.judges:
+        lines.append("judges: " + ", ".join(j.name for j in plan.judges))
+    missing = getattr(provider, "missing_images", None)
+    if missing is not None:
+        images = sorted(
+            {
+                image
+                for dataset in plan.datasets
+                for task in dataset.tasks
+                for image in missing(task, spec.sandbox.image)
+            }
+        )
+        lines.append(f"images to build: {len(images)}")
+        lines += [f"  {image}" for image in images]
+    return "\n".join(lines)

@@ -1,0 +1,446 @@
+"""Run files and harness files: pydantic models parsed once at the edge, and flag merging.
+
+Unknown keys and wrong types are errors that name the file, the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from pytest_hemra.core.errors import SpecError
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
+ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+M = TypeVar("M", bound="BaseModel")
+HARNESS_KINDS = ("program", "cli", "sdk", "acp", "computer-use", "harbor")
+PLACEHOLDER_PATTERN = re.compile(r"\{([a-z_]+)\}")
+PLACEHOLDERS = frozenset(
+    {
+        "instruction",
+        "instruction_file",
+        "model",
+        "workdir",
+        "logs_dir",
+        "deadline",
+        "timeout_secs",
+        "base_url",
+        "api_key",
+        "harness_dir",
+        "home",
+    }
+)
+PACKAGE_PATTERN = r"^(npm|pypi):[^\s]+$"
+ADDED_HARNESS_KEYS = (
+    "edit_format",
+    "agent",
+    "output_file",
+)  # harness keys left out of digests while unset
+
+
+def is_valid_name(name: str) -> bool:
+    """Whether `name` may become a path component or part of a container name."""
+    return bool(NAME_PATTERN.match(name))
+
+
+def _check_name(value: str) -> str:
+    if not is_valid_name(value):
+        raise ValueError(
+            "expected a name of letters, digits, '.', '_' or '-' not starting with '.' or '-'"
+        )
+    return value
+
+
+def _check_env_names(values: list[str]) -> list[str]:
+    for value in values:
+        if not ENV_NAME_PATTERN.match(value):
+            raise ValueError(f"expected environment variable names, got {value!r}")
+    return values
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+ENGINE_ADDRESS = re.compile(r"^(unix://(/[^\s]+)|tcp://[^\s/:]+:\d{1,5}|ssh://[^\s/]+)$")
+
+
+class EngineTLS(Strict):
+    """`tls` of a `tcp://` engine: paths (relative ones from the run file's folder)."""
+
+    ca: str | None = None  # the engine's CA: its certificate is verified against it
+    cert: str | None = None  # client certificate and key, for an engine that asks for one
+    key: str | None = None
+    verify: bool = True  # verify the engine's certificate (against `ca`, else the system's)
+
+
+class EngineSettings(Strict):
+    """One Docker engine of `[[sandbox.engines]]`; see docs/scaling.md."""
+
+    address: str
+    capacity: int = Field(gt=0, le=1024)
+    name: str | None = None
+    gateway_host: str | None = None  # the runner's address as this engine's sandboxes see it
+    tls: EngineTLS | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str | None) -> str | None:
+        return value if value is None else _check_name(value)
+
+    @field_validator("address")
+    @classmethod
+    def _known_address(cls, value: str) -> str:
+        if not ENGINE_ADDRESS.match(value):
+            raise ValueError(
+                "expected unix:///path/docker.sock, tcp://host:port or ssh://[user@]host[:port]"
+            )
+        return value
+
+    @field_validator("tls")
+    @classmethod
+    def _tls_over_tcp(cls, value: EngineTLS | None, info: ValidationInfo) -> EngineTLS | None:
+        if value is None:
+            return value
+        if not str(info.data.get("address", "tcp://")).startswith("tcp://"):
+            raise ValueError("expected no TLS settings: they are for tcp:// engines only")
+        if (value.cert is None) != (value.key is None):
+            raise ValueError("expected both 'cert' and 'key', or neither")
+        return value
+
+    @property
+    def label(self) -> str:
+        """The engine's name: given, or its address's host[:port] (a socket: its path)."""
+        return self.name or self.address.split("://", 1)[1].rsplit("@", 1)[-1]
+
+
+class SandboxSettings(Strict):
+    provider: str = "docker"
+    image: str = Field(
+        default="debian:bookworm-slim",
+        description="image for tasks whose environment names no Dockerfile or docker_image",
+    )
+    engines: list[EngineSettings] = Field(default_factory=list)
+
+    @field_validator("engines")
+    @classmethod
+    def _distinct_engines(cls, engines: list[EngineSettings]) -> list[EngineSettings]:
+        for what, values in (
+            ("address", [e.address for e in engines]),
+            ("name", [e.label for e in engines]),
+        ):
+            twice = sorted({v for v in values if values.count(v) > 1})
+            if twice:
+                raise ValueError(f"expected each engine {what} once, {twice[0]!r} is repeated")
+        return engines
+
+
+class VerifierSettings(Strict):
+    network: Literal["none", "bridge"] = "none"
+    env: list[str] = Field(default_factory=list)
+
+    _env = field_validator("env")(_check_env_names)
+
+
+class ProviderSettings(Strict):
+    """`[providers.<name>]`: where the gateway forwards a provider's calls and which key it uses."""
+
+    base_url: str | None = Field(default=None, pattern=r"^https?://")
+    auth: Literal["x-api-key", "bearer"] | None = None
+    key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class GatewaySettings(Strict):
+    """`[gateway]`: the run's rules for model calls."""
+
+    other_models: Literal["flag", "refuse"] = "flag"
+    trial_max_tokens: int | None = Field(default=None, gt=0)
+    trial_max_cost_usd: float | None = Field(default=None, gt=0)
+
+
+class JudgeSpec(Strict):
+    name: str
+    rubric: str | None = None
+    model: str | None = None
+    command: list[str] | None = None
+
+    _name = field_validator("name")(_check_name)
+
+
+class RunSpec(Strict):
+    """Everything a run file can say; see docs/run-files.md."""
+
+    name: str = "run"
+    baseline: str | None = None
+    harnesses: list[str] = Field(min_length=1)
+    datasets: list[str] = Field(min_length=1)
+    attempts: int = Field(default=1, ge=1, le=1000)
+    concurrency: int = Field(default=1, ge=1, le=1024)
+    model: str | None = None
+    timeout_secs: float | None = Field(default=None, gt=0)
+    max_infra_retries: int = Field(default=0, ge=0, le=100)
+    tasks: list[str] = Field(default_factory=list)
+    exclude: list[str] = Field(default_factory=list)
+    require: list[str] = Field(default_factory=list)
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    verifier: VerifierSettings = Field(default_factory=VerifierSettings)
+    judge: list[JudgeSpec] = Field(default_factory=list)
+    providers: dict[str, ProviderSettings] = Field(default_factory=dict)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    budget_usd: float | None = Field(default=None, gt=0)
+
+    _name = field_validator("name")(_check_name)
+
+    @field_validator("harnesses")
+    @classmethod
+    def _harness_names(cls, values: list[str]) -> list[str]:
+        for value in values:
+            _check_name(value)
+        if len(set(values)) != len(values):
+            raise ValueError("expected each harness once")
+        return values
+
+    @field_validator("tasks", "exclude")
+    @classmethod
+    def _patterns(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if "/" in value or "\\" in value or value.startswith(".") or not value:
+                raise ValueError(f"expected task name patterns (globs without '/'), got {value!r}")
+        return values
+
+    @property
+    def baseline_harness(self) -> str:
+        return self.baseline or self.harnesses[0]
+
+
+def _check_placeholders(text: str) -> None:
+    for found in PLACEHOLDER_PATTERN.findall(text):
+        if found not in PLACEHOLDERS:
+            raise ValueError(
+                f"unknown placeholder {{{found}}} (expected one of "
+                + ", ".join("{" + p + "}" for p in sorted(PLACEHOLDERS))
+                + ")"
+            )
+
+
+class HarnessSpec(Strict):
+    """A harness file, `harnesses/<name>.toml`; see docs/harnesses.md."""
+
+    kind: Literal["program", "cli", "sdk", "acp", "computer-use", "harbor"]
+    description: str = ""
+    version: str | None = None
+    command: list[str] = Field(default_factory=list)
+    install: list[list[str]] = Field(default_factory=list)
+    env: list[str] = Field(default_factory=list)
+    model: str | None = None
+    provider: str | None = None
+    key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    uses_solution: bool = False
+    package: str | None = Field(default=None, pattern=PACKAGE_PATTERN)
+    environment: dict[str, str] = Field(default_factory=dict)
+    files: dict[str, str] = Field(default_factory=dict)
+    output: Literal["claude-code", "codex", "pi", "mini-swe-agent", "aider"] | None = None
+    output_file: str | None = None  # where `output` is read from in the sandbox (else stdout)
+    entry: str | None = Field(default=None, pattern=r"^[\w./-]+:[A-Za-z_]\w*$")
+    finish_command: str | None = None  # how the agent declares it is done (scripted replays)
+    # no tools: the harness edits files from blocks in the model's text reply, in this format
+    edit_format: Literal["whole"] | None = None
+    # harbor kind: the Harbor agent that runs (`harbor run -a AGENT`), e.g. "oracle"
+    agent: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][\w.:@/-]*$")
+
+    _env = field_validator("env")(_check_env_names)
+
+    @field_validator("command")
+    @classmethod
+    def _known_placeholders(cls, argv: list[str]) -> list[str]:
+        for arg in argv:
+            _check_placeholders(arg)
+        return argv
+
+    @field_validator("environment", "files")
+    @classmethod
+    def _known_placeholders_in_values(cls, table: dict[str, str]) -> dict[str, str]:
+        for key, value in table.items():
+            _check_placeholders(key)
+            _check_placeholders(value)
+        return table
+
+    def digest(self) -> str:
+        """sha256 of the canonical content: the same file gives the same digest anywhere. A key
+        added since digests were first recorded counts only when set, so adding one changes no
+        existing harness's digest (nor its install)."""
+        unset = {key for key in ADDED_HARNESS_KEYS if getattr(self, key) is None}
+        content = self.model_dump(mode="json", exclude=unset)
+        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """`hemra run` / `--hemra-*` flags: the first group replaces run-file keys, the rest add."""
+
+    harnesses: list[str] = field(default_factory=list)
+    datasets: list[str] = field(default_factory=list)
+    attempts: int | None = None
+    tasks: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
+    baseline: str | None = None
+    concurrency: int | None = None
+    sandbox: str | None = None
+    require: list[str] = field(default_factory=list)
+    verifier_env: list[str] = field(default_factory=list)
+    judges: list[str] = field(default_factory=list)
+
+    def apply(self, data: dict[str, Any]) -> dict[str, Any]:
+        merged = dict(data)
+        for key, value in (
+            ("harnesses", self.harnesses),
+            ("datasets", self.datasets),
+            ("tasks", self.tasks),
+            ("exclude", self.exclude),
+        ):
+            if value:
+                merged[key] = list(value)
+        for key, scalar in (
+            ("attempts", self.attempts),
+            ("baseline", self.baseline),
+            ("concurrency", self.concurrency),
+        ):
+            if scalar is not None:
+                merged[key] = scalar
+        if self.sandbox is not None:
+            merged["sandbox"] = {**_table(merged.get("sandbox")), "provider": self.sandbox}
+        if self.require:
+            merged["require"] = [*_list(merged.get("require")), *self.require]
+        if self.verifier_env:
+            verifier = _table(merged.get("verifier"))
+            verifier["env"] = [*_list(verifier.get("env")), *self.verifier_env]
+            merged["verifier"] = verifier
+        if self.judges:
+            merged["judge"] = [*_list(merged.get("judge")), *({"name": j} for j in self.judges)]
+        return merged
+
+
+def _table(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else []
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file or raise a SpecError naming it."""
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise SpecError(f"{path}: file not found") from None
+    except tomllib.TOMLDecodeError as error:
+        raise SpecError(f"{path}: not valid TOML ({error})") from None
+
+
+def load_run_spec(path: Path | None, overrides: Overrides) -> RunSpec:
+    """Read a run file (or none: flags alone) and apply the flags."""
+    data = read_toml(path) if path is not None else {}
+    source = str(path) if path is not None else "command line"
+    spec = parse_model(RunSpec, overrides.apply(data), source, "run setting")
+    return _with_engine_paths(spec, path.resolve().parent) if path is not None else spec
+
+
+def _with_engine_paths(spec: RunSpec, base_dir: Path) -> RunSpec:
+    """TLS paths of `[[sandbox.engines]]` made absolute (from the run file's folder), so every
+    process reads the same files from the recorded spec."""
+    if not any(engine.tls for engine in spec.sandbox.engines):
+        return spec
+
+    def absolute(value: str | None) -> str | None:
+        return None if value is None else str(base_dir / Path(value).expanduser())
+
+    engines = [
+        engine
+        if engine.tls is None
+        else engine.model_copy(
+            update={
+                "tls": engine.tls.model_copy(
+                    update={
+                        "ca": absolute(engine.tls.ca),
+                        "cert": absolute(engine.tls.cert),
+                        "key": absolute(engine.tls.key),
+                    }
+                )
+            }
+        )
+        for engine in spec.sandbox.engines
+    ]
+    sandbox = spec.sandbox.model_copy(update={"engines": engines})
+    return spec.model_copy(update={"sandbox": sandbox})
+
+
+def load_harness_spec(path: Path) -> HarnessSpec:
+    return parse_model(HarnessSpec, read_toml(path), str(path), "harness setting")
+
+
+def parse_model(model: type[M], data: dict[str, Any], source: str, noun: str) -> M:
+    """Validate `data` against `model`; the first problem becomes a one-line SpecError."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise SpecError(f"{source}: {describe_error(model, error, noun)}") from None
+
+
+def describe_error(model: type[BaseModel], error: ValidationError, noun: str) -> str:
+    first = error.errors()[0]
+    loc = [str(part) for part in first["loc"]]
+    key = _dotted(first["loc"])
+    if first["type"] == "extra_forbidden":
+        known = _known_keys(model, loc[:-1])
+        hint = difflib.get_close_matches(loc[-1], known, n=1)
+        parent = ".".join(loc[:-1])
+        suggestion = f" (did you mean '{parent + '.' if parent else ''}{hint[0]}'?)" if hint else ""
+        return f"key '{key}' is not a {noun}{suggestion}"
+    if first["type"] == "missing":
+        return f"key '{key}' is required"
+    message = first["msg"]
+    message = message.removeprefix("Value error, ")
+    got = first.get("input")
+    shown = "" if isinstance(got, dict | list) else f", got {got!r}"
+    return f"key '{key}': {message[0].lower()}{message[1:]}{shown}"
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _known_keys(model: type[BaseModel], path: list[str]) -> list[str]:
+    current: Any = model
+    for part in path:
+        if part.isdigit():
+            continue
+        info = current.model_fields.get(part) if hasattr(current, "model_fields") else None
+        if info is None:
+            return []
+        annotation = info.annotation
+        args = getattr(annotation, "__args__", ())
+        current = next((a for a in (annotation, *args) if hasattr(a, "model_fields")), None)
+        if current is None:
+            return []
+    return list(current.model_fields)

@@ -1,0 +1,43 @@
+"""Cancelling a run, as `hemra cancel` and the viewer's cancel action both do it.
+
+Queued trials are cancelled at once; running ones are asked to stop (their runner's heartbeat
+sees it within a second) and their sandboxes are removed; after `wait` seconds, trials whose
+runner did not answer are cancelled outright. Cancelled is never failed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from pytest_hemra.core.errors import InfraError
+from pytest_hemra.execute.sandbox import SandboxProvider
+from pytest_hemra.run.lease import is_alive
+from pytest_hemra.store import Store
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    run_id: str
+    cancelled: int  # trials recorded cancelled, whether at once or after their runner answered
+    removed: int  # sandboxes removed
+    sandbox_error: str | None  # why the sandboxes could not be removed; the store is cancelled
+
+
+def cancel_run(store: Store, run_id: str, provider: SandboxProvider, wait: float) -> Cancellation:
+    cancelled, asked = store.cancel_run(run_id, is_alive)
+    removed, sandbox_error = 0, None
+    try:
+        removed = provider.remove_sandboxes({"hemra.run": run_id})
+    except InfraError as error:
+        sandbox_error = str(error)
+    deadline = time.monotonic() + wait
+    while store.job_counts(run_id).get("cancelling") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stuck = [
+        t.id
+        for t in store.trials(run_id)
+        if t.status == "running" and store.job_state(t.id) == "cancelling"
+    ]
+    cancelled += store.cancel_trials(stuck, "cancelled by hemra cancel (runner did not answer)")
+    return Cancellation(run_id, cancelled + asked - len(stuck), removed, sandbox_error)

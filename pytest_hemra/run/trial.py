@@ -1,0 +1,550 @@
+"""One trial, start to result: sandbox, harness, diff, verifier, reward, outcome, trial folder.
+
+An outcome is a value: a harness that fails, crashes or times out is a result (and still
+verified). Exceptions are for infrastructure, and `errors.outcome_of` maps them to outcomes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pytest_hemra.core.errors import HemraError, InfraError, VerifierError, outcome_of
+from pytest_hemra.core.reward import is_pass
+from pytest_hemra.execute.gateway.ledger import CallPolicy, RunBudget, TrialUsage
+from pytest_hemra.execute.gateway.scripted import (
+    NO_EDITS,
+    Script,
+    ShellStep,
+    default_script,
+    load_edits,
+    load_script,
+)
+from pytest_hemra.execute.gateway.server import Gateway
+from pytest_hemra.execute.installs import HARNESS_DIR, Installed, ensure_installed
+from pytest_hemra.execute.kinds.acp import run_acp
+from pytest_hemra.execute.kinds.sdk import run_sdk
+from pytest_hemra.execute.sandbox import (
+    AGENT_HOME,
+    AGENT_USER,
+    WORKDIR,
+    Limits,
+    Sandbox,
+    SandboxPool,
+    SandboxProvider,
+    SandboxRequest,
+)
+from pytest_hemra.execute.selfreport import SelfReport, parse_output
+from pytest_hemra.execute.trajectory import build_trajectory
+from pytest_hemra.resolve.datasets import Task
+from pytest_hemra.resolve.harnesses import Harness, render, render_argv
+from pytest_hemra.resolve.spec import HarnessSpec, RunSpec
+from pytest_hemra.score.judges import (
+    Judge,
+    Judgment,
+    material,
+    run_judge,
+)
+from pytest_hemra.score.verification import (
+    provider_keys,
+    runner_env,
+    verify_open,
+    verify_reward,
+    verify_step,
+    verify_swe,
+)
+
+RESULT_SCHEMA_VERSION = 1
+DEFAULT_TIMEOUT_SECS = 900.0
+INSTRUCTION_FILE = "/hemra/instruction.md"
+SCORED_OUTCOMES = frozenset({"pass", "fail", "timeout", "harness_error"})
+MAX_DIFF_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    run_id: str
+    trial_id: str
+    task: Task
+    harness: Harness
+    spec: RunSpec
+    provider: SandboxProvider
+    trial_dir: Path
+    gateway: Gateway | None = None
+    gateway_host: str = "127.0.0.1"
+    budget: RunBudget | None = None
+    judges: tuple[Judge, ...] = ()
+    pool: SandboxPool | None = None  # [[sandbox.engines]]: the trial is placed on one first
+
+    step_timeout: float | None = None  # a multi-step task's step: its own [steps.agent]
+
+    @property
+    def agent_timeout(self) -> float:
+        return (
+            self.spec.timeout_secs
+            or self.step_timeout
+            or self.task.config.agent.timeout_sec
+            or DEFAULT_TIMEOUT_SECS
+        )
+
+
+@dataclass
+class TrialResult:
+    outcome: str
+    reward: float | None
+    rewards: dict[str, float]
+    exit_code: int | None
+    error: str | None
+    started_at: float
+    finished_at: float
+    duration: float
+    phases: dict[str, float]
+    trial_dir: str
+    usage: TrialUsage = field(default_factory=TrialUsage)
+    own_report: SelfReport | None = None
+    retried: bool = False
+    error_class: str | None = None
+    judgments: list[Judgment] = field(default_factory=list)
+    steps: list[StepResult] = field(default_factory=list)
+    engine: str | None = None  # the engine of [[sandbox.engines]] it ran on
+    schema_version: int = RESULT_SCHEMA_VERSION
+
+    @property
+    def is_scored(self) -> bool:
+        return self.outcome in SCORED_OUTCOMES
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step of a multi-step task: its agent turn and its verifier."""
+
+    name: str
+    reward: float | None
+    rewards: dict[str, float]
+    exit_code: int | None
+    timed_out: bool
+    duration: float
+    error: str | None = None
+
+
+@dataclass
+class Progress:
+    phases: dict[str, float] = field(default_factory=dict)
+    exit_code: int | None = None
+    timed_out: bool = False
+    usage: TrialUsage = field(default_factory=TrialUsage)
+    own_report: SelfReport | None = None
+    error_class: str | None = None  # the SWE track's class of the result
+    pass_threshold: float | None = None  # the open track's, else the global one
+    steps: list[StepResult] = field(default_factory=list)  # a multi-step task's
+    judgments: list[Judgment] = field(default_factory=list)  # the open track's rubric judge
+    engine: str | None = None  # where a pool placed the trial
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = round(time.monotonic() - started, 4)
+
+
+def run_trial(context: TrialContext) -> TrialResult:
+    """Run one trial to a result; never raises for anything a trial can end in."""
+    started_at = time.time()
+    clock = time.monotonic()
+    context.trial_dir.mkdir(parents=True, exist_ok=True)
+    progress = Progress()
+    reward: float | None = None
+    rewards: dict[str, float] = {}
+    error: str | None = None
+    retried = False
+    try:
+        with _placed(context, progress) as placed:
+            reward, rewards = _run_in_sandbox(placed, progress)
+        outcome = _classify(reward, progress)
+    except HemraError as failure:
+        outcome, retried = outcome_of(failure)
+        error = str(failure)
+    except Exception as failure:  # anything unexpected under a trial is infrastructure
+        outcome, retried = outcome_of(failure)
+        error = f"{type(failure).__name__}: {failure}"
+    result = TrialResult(
+        outcome=outcome,
+        reward=reward,
+        rewards=rewards,
+        exit_code=progress.exit_code,
+        error=error,
+        started_at=started_at,
+        finished_at=time.time(),
+        duration=round(time.monotonic() - clock, 4),
+        phases=progress.phases,
+        trial_dir=str(context.trial_dir),
+        usage=progress.usage,
+        own_report=progress.own_report,
+        retried=retried,
+        error_class=progress.error_class,
+        steps=progress.steps,
+        engine=progress.engine,
+    )
+    result.judgments = list(progress.judgments)
+    if context.judges and result.is_scored:
+        with progress.phase("judges"):
+            result.judgments += _judge(context, reward)
+        result.finished_at = time.time()
+        result.duration = round(time.monotonic() - clock, 4)
+    (context.trial_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
+    return result
+
+
+@contextmanager
+def _placed(context: TrialContext, progress: Progress) -> Iterator[TrialContext]:
+    """The trial bound to an engine of its pool for as long as its sandbox lives (no pool:
+    the trial as it is). Waiting for a free slot is the `place` phase."""
+    if context.pool is None:
+        yield context
+        return
+    with ExitStack() as held:
+        with progress.phase("place"):
+            placement = held.enter_context(
+                context.pool.place(context.trial_id, context.task, context.spec.sandbox.image)
+            )
+        progress.engine = placement.engine
+        yield replace(context, provider=placement.provider, gateway_host=placement.gateway_host)
+
+
+def _judge(context: TrialContext, reward: float | None) -> list[Judgment]:
+    """Phase 4b: every judge scores the trial, after the verifier, out of the sandbox."""
+    seen = material(context.task.instruction, reward, context.trial_dir)
+    return [
+        run_judge(
+            judge,
+            seen,
+            gateway=context.gateway,
+            trial_id=context.trial_id,
+            run_id=context.run_id,
+            keys=provider_keys(context),
+            run_model=context.spec.model,
+        )
+        for judge in context.judges
+    ]
+
+
+def _classify(reward: float, progress: Progress) -> str:
+    if progress.timed_out:
+        return "timeout"
+    if progress.exit_code != 0:
+        return "harness_error"
+    if progress.pass_threshold is not None:
+        return "pass" if reward >= progress.pass_threshold else "fail"
+    return "pass" if is_pass(reward) else "fail"
+
+
+def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, dict[str, float]]:
+    task, harness, folder = context.task, context.harness, context.trial_dir
+    (folder / "agent").mkdir(exist_ok=True)
+    (folder / "verifier").mkdir(exist_ok=True)
+    with progress.phase("image"):
+        image = context.provider.prepare(task, context.spec.sandbox.image)
+        installed = ensure_installed(harness)
+    environment = task.config.environment
+    request = SandboxRequest(
+        image=image,
+        limits=Limits(
+            cpus=environment.cpus, memory_mb=environment.memory_mb, pids=environment.pids_limit
+        ),
+        network=environment.allow_internet,
+        labels={"hemra.run": context.run_id, "hemra.trial": context.trial_id},
+        name=f"hemra-{context.trial_id.replace('.', '-')}",
+        mounts=installed.mounts if installed else (),
+    )
+    sandboxes = ExitStack()
+    with progress.phase("start"):
+        sandbox = sandboxes.enter_context(context.provider.open(request))
+    try:
+        if task.config.steps:
+            return _run_steps(context, sandbox, progress, installed)
+        with progress.phase("setup"):
+            sandbox.put_file(task.instruction.encode(), INSTRUCTION_FILE)
+            if harness.spec.uses_solution:
+                sandbox.put_dir(task.path / "solution", "/solution")
+            before = sandbox.read_tree(WORKDIR)
+        with progress.phase("agent"), _model_access(context, progress) as access:
+            _run_agent(context, sandbox, progress, access, installed)
+        if progress.usage.is_unreachable:
+            raise InfraError("the model upstream was unreachable for the whole trial")
+        with progress.phase("diff"):
+            after = sandbox.read_tree(WORKDIR)
+            (folder / "diff.patch").write_text(tree_diff(before, after))
+            _keep_agent_logs(sandbox, folder / "agent" / "logs")
+        with progress.phase("verifier"):
+            hemra = task.config.hemra
+            if hemra.track == "swe":
+                return verify_swe(context, sandbox, progress)
+            if hemra.track == "open":
+                return verify_open(context, sandbox, progress, after)
+            return verify_reward(context, sandbox)
+    finally:
+        with progress.phase("teardown"):
+            sandboxes.close()
+
+
+@contextmanager
+def _model_access(context: TrialContext, progress: Progress) -> Iterator[dict[str, str]]:
+    """A gateway token for the agent phase: its base URL and key, ended when the agent is."""
+    gateway = context.gateway
+    if gateway is None:
+        yield {"base_url": "", "host_base_url": "", "api_key": ""}
+        return
+    keys = provider_keys(context)
+    limits = context.spec.gateway
+    access = gateway.open_trial(
+        context.trial_id,
+        context.run_id,
+        provider=context.harness.spec.provider,
+        keys=keys,
+        script=script_for(context.task, context.harness.spec),
+        calls_dir=context.trial_dir / "calls",
+        policy=CallPolicy(
+            model=context.spec.model,
+            refuse_other_models=limits.other_models == "refuse",
+            max_tokens=limits.trial_max_tokens,
+            max_cost_usd=limits.trial_max_cost_usd,
+        ),
+        budget=context.budget,
+    )
+    try:
+        yield {
+            "base_url": access.base_url(context.gateway_host),
+            "host_base_url": access.base_url("127.0.0.1"),
+            "api_key": access.token,
+        }
+    finally:
+        progress.usage = gateway.close_trial(access.token)
+        calls = gateway.calls(access.token)
+        if calls:
+            trajectory = build_trajectory(context.trial_dir / "calls", calls)
+            (context.trial_dir / "trajectory.json").write_text(json.dumps(trajectory, indent=1))
+
+
+def script_for(task: Task, harness: HarnessSpec) -> Script:
+    """What the scripted model plays for a task: `solution/scripted.toml`, else solve.sh, then
+    the harness's `finish_command` (for agents that end by a command, not by a message).
+
+    A harness with an `edit_format` has no tools to run either: it gets `solution/edits.toml`'s
+    files in one reply, or, for a task without one, a reply saying there are no edits."""
+    if harness.edit_format is not None:
+        edits = task.path / "solution" / "edits.toml"
+        return load_edits(edits) if edits.is_file() else (NO_EDITS,)
+    transcript = task.path / "solution" / "scripted.toml"
+    if transcript.is_file():
+        return load_script(transcript)
+    if not task.has_solution:
+        return ()
+    solve, final = default_script((task.path / "solution" / "solve.sh").read_text())
+    finish = harness.finish_command
+    return (solve, ShellStep(finish), final) if finish else (solve, final)
+
+
+def _keep_agent_logs(sandbox: Sandbox, target: Path) -> None:
+    """What the harness wrote to /logs/agent (its own trajectory, say), into the trial folder."""
+    for name, content in sandbox.read_tree("/logs/agent").items():
+        path = (target / name).resolve()
+        if target.resolve() in path.parents:  # names come from the sandbox: stay inside
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content)
+
+
+def _run_agent(
+    context: TrialContext,
+    sandbox: Sandbox,
+    progress: Progress,
+    access: dict[str, str],
+    installed: Installed | None,
+) -> None:
+    timeout = context.agent_timeout
+    deadline = time.time() + timeout
+    values = {
+        **access,
+        "instruction": context.task.instruction,
+        "instruction_file": INSTRUCTION_FILE,
+        "model": context.spec.model or context.harness.spec.model or "",
+        "workdir": WORKDIR,
+        "logs_dir": "/logs/agent",
+        "deadline": str(int(deadline)),
+        "timeout_secs": str(int(timeout)),
+        "harness_dir": HARNESS_DIR if installed else "",
+        "home": AGENT_HOME,
+    }
+    spec = context.harness.spec
+    env = {
+        "HOME": AGENT_HOME,
+        "HEMRA_DEADLINE": str(int(deadline)),
+        "HEMRA_TIMEOUT_SECS": str(int(timeout)),
+        "HEMRA_INSTRUCTION_FILE": INSTRUCTION_FILE,
+        "HEMRA_MODEL": values["model"],
+        "HEMRA_BASE_URL": values["base_url"],
+        "HEMRA_API_KEY": values["api_key"],
+        **({"PATH": installed.path} if installed else {}),
+        **{name: runner_env(name) for name in spec.env},
+        **{render(name, values): render(value, values) for name, value in spec.environment.items()},
+    }
+    for path, content in spec.files.items():
+        sandbox.put_file(render(content, values).encode(), render(path, values), owner=AGENT_USER)
+    logs = context.trial_dir / "agent"
+    out, err = logs / "stdout.txt", logs / "stderr.txt"
+    for argv in context.harness.spec.install:
+        setup = sandbox.exec(
+            render_argv(argv, values),
+            user=AGENT_USER,
+            env=env,
+            timeout=timeout,
+            stdout=out,
+            stderr=err,
+        )
+        if setup.timed_out or setup.exit_code != 0:
+            progress.exit_code, progress.timed_out = setup.exit_code, setup.timed_out
+            return
+    remaining = max(deadline - time.time(), 1.0)
+    if spec.kind == "sdk":
+        result = run_sdk(context.harness, sandbox, values, env, deadline, out, err)
+    elif spec.kind == "acp":
+        argv = render_argv(spec.command, values)
+        result = run_acp(sandbox, argv, env, context.task.instruction, deadline, out, err)
+    else:
+        result = sandbox.exec(
+            render_argv(spec.command, values),
+            user=AGENT_USER,
+            env=env,
+            timeout=remaining,
+            stdout=out,
+            stderr=err,
+        )
+    progress.exit_code, progress.timed_out = result.exit_code, result.timed_out
+    if spec.output:
+        text = out.read_text(errors="replace")
+        if spec.output_file:  # the harness writes its own numbers to a file, not stdout
+            wanted = PurePosixPath(render(spec.output_file, values))
+            found = sandbox.read_tree(str(wanted.parent)).get(wanted.name)
+            text = found.decode(errors="replace") if found is not None else ""
+        progress.own_report = parse_output(spec.output, text)
+
+
+def _run_steps(
+    context: TrialContext, sandbox: Sandbox, progress: Progress, installed: Installed | None
+) -> tuple[float, dict[str, float]]:
+    """A multi-step task: each step's instruction and agent turn in the same sandbox, then its
+    verifier (the task's tests/ with the step's over them); the reward rolls up by the task's
+    `multi_step_reward_strategy`: the mean of the steps, or the final state's alone."""
+    task, folder = context.task, context.trial_dir
+    before_all = sandbox.read_tree(WORKDIR)
+    for index, step in enumerate(task.config.steps):
+        started = time.monotonic()
+        step_path = task.path / "steps" / step.name
+        step_dir = folder / "steps" / f"{index + 1:02d}-{step.name}"
+        (step_dir / "agent").mkdir(parents=True, exist_ok=True)
+        (step_dir / "verifier").mkdir(exist_ok=True)
+        instruction = (step_path / "instruction.md").read_text(encoding="utf-8")
+        step_task = replace(task, path=step_path, instruction=instruction)
+        step_context = replace(
+            context, task=step_task, trial_dir=step_dir, step_timeout=step.agent.timeout_sec
+        )
+        with progress.phase(f"step {step.name}"):
+            sandbox.put_file(instruction.encode(), INSTRUCTION_FILE)
+            if context.harness.spec.uses_solution and (step_path / "solution").is_dir():
+                sandbox.put_dir(step_path / "solution", "/solution")
+            before = sandbox.read_tree(WORKDIR)
+            turn = Progress()
+            with _model_access(step_context, turn) as access:
+                _run_agent(step_context, sandbox, turn, access, installed)
+            progress.usage = _added_usage(progress.usage, turn.usage)
+            after = sandbox.read_tree(WORKDIR)
+            (step_dir / "diff.patch").write_text(tree_diff(before, after))
+            reward: float | None = None
+            rewards: dict[str, float] = {}
+            error: str | None = None
+            try:
+                reward, rewards = verify_step(context, sandbox, task.path, step_path, step_dir)
+            except VerifierError as failure:
+                error = str(failure)
+        progress.steps.append(
+            StepResult(
+                step.name,
+                reward,
+                rewards,
+                turn.exit_code,
+                turn.timed_out,
+                round(time.monotonic() - started, 4),
+                error,
+            )
+        )
+        progress.timed_out = progress.timed_out or turn.timed_out
+        if progress.exit_code in (None, 0):
+            progress.exit_code = turn.exit_code
+    (folder / "diff.patch").write_text(tree_diff(before_all, sandbox.read_tree(WORKDIR)))
+    rewards_by_step = [s.reward for s in progress.steps]
+    failed = [s for s in progress.steps if s.reward is None]
+    if failed:
+        raise VerifierError(f"step {failed[0].name}: {failed[0].error}")
+    scores = [r for r in rewards_by_step if r is not None]
+    if task.config.multi_step_reward_strategy == "final":
+        reward = scores[-1]
+    else:
+        reward = sum(scores) / len(scores)
+    return reward, {"reward": reward, **{f"step:{s.name}": s.reward or 0.0 for s in progress.steps}}
+
+
+def _added_usage(total: TrialUsage, more: TrialUsage) -> TrialUsage:
+    """Two token windows of one trial added up (a multi-step task has one per step)."""
+    if not total.calls:
+        return more
+    if not more.calls:
+        return total
+    return TrialUsage(
+        calls=total.calls + more.calls,
+        refused=total.refused + more.refused,
+        unreachable=total.unreachable + more.unreachable,
+        input_tokens=total.input_tokens + more.input_tokens,
+        output_tokens=total.output_tokens + more.output_tokens,
+        cache_read_tokens=total.cache_read_tokens + more.cache_read_tokens,
+        cache_write_tokens=total.cache_write_tokens + more.cache_write_tokens,
+        other_model_tokens=total.other_model_tokens + more.other_model_tokens,
+        cost=None if total.cost is None or more.cost is None else total.cost + more.cost,
+        models=list(dict.fromkeys([*total.models, *more.models])),
+        stopped_by=total.stopped_by or more.stopped_by,
+    )
+
+
+def tree_diff(before: dict[str, bytes], after: dict[str, bytes]) -> str:
+    """A unified diff of the agent's changes to /app (binary files named, not shown)."""
+    lines: list[str] = []
+    for name in sorted(before.keys() | after.keys()):
+        old, new = before.get(name), after.get(name)
+        if old == new:
+            continue
+        try:
+            old_text = (old or b"").decode().splitlines(keepends=True)
+            new_text = (new or b"").decode().splitlines(keepends=True)
+        except UnicodeDecodeError:
+            lines.append(f"Binary files a/{name} and b/{name} differ\n")
+            continue
+        lines.extend(
+            difflib.unified_diff(
+                old_text,
+                new_text,
+                fromfile=f"a/{name}" if old is not None else "/dev/null",
+                tofile=f"b/{name}" if new is not None else "/dev/null",
+            )
+        )
+    text = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+    return text[:MAX_DIFF_BYTES]
+
+
+def result_row(result: TrialResult) -> dict[str, Any]:
+    return asdict(result)
