@@ -27,8 +27,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pytest_hemra.execute.gateway.providers import BUILTIN_PROVIDERS, Provider
 from pytest_hemra.execute.gateway.server import Gateway
+from pytest_hemra.resolve.upstreams import BUILTIN_UPSTREAMS, ModelApi
 from tests.upstream import MODEL, running_upstream
 
 BODY = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
@@ -42,8 +42,8 @@ def serve_upstream(queue: Any, done: Event) -> None:
 
 def serve_gateway(upstream_url: str, queue: Any, done: Event) -> None:
     providers = {
-        **BUILTIN_PROVIDERS,
-        "anthropic": Provider(name="anthropic", base_url=upstream_url, auth="x-api-key"),
+        **BUILTIN_UPSTREAMS,
+        "anthropic": ModelApi(name="anthropic", base_url=upstream_url, auth="x-api-key"),
     }
     with Gateway(providers, lambda call: None) as gateway:
         access = gateway.open_trial("bench.1", "bench", keys={"anthropic": "sk-bench"})

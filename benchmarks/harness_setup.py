@@ -23,13 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from oracle_trial import floor_trial
 
 from pytest_hemra.core.records import PlannedTrial
-from pytest_hemra.execute.gateway.providers import BUILTIN_PROVIDERS
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.installs import ensure_installed
 from pytest_hemra.execute.sandbox.docker import DockerProvider
 from pytest_hemra.resolve.datasets import bundled_dir, load_task
 from pytest_hemra.resolve.harnesses import resolve_harness
 from pytest_hemra.resolve.spec import RunSpec
+from pytest_hemra.resolve.upstreams import BUILTIN_UPSTREAMS
 from pytest_hemra.run.trial import TrialContext, run_trial
 from pytest_hemra.store import Store
 
@@ -60,7 +60,7 @@ def main() -> None:
         floors: list[float] = []
         overheads: dict[str, list[float]] = {h.name: [] for h in harnesses}
         agents: dict[str, list[float]] = {h.name: [] for h in harnesses}
-        with Gateway(BUILTIN_PROVIDERS, store.record_call, ["127.0.0.1", host]) as gateway:
+        with Gateway(BUILTIN_UPSTREAMS, store.record_call, ["127.0.0.1", host]) as gateway:
             seq = 0
             for round_ in range(args.rounds + 1):
                 floor = floor_trial(provider, image, task.path)

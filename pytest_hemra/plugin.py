@@ -18,7 +18,6 @@ from pytest_hemra.core import hookspecs
 from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.records import PlannedTrial, TrialRecord
 from pytest_hemra.execute.gateway.ledger import RunBudget
-from pytest_hemra.execute.gateway.providers import configured_providers
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.kinds.harbor.trials import run_harbor_trial
 from pytest_hemra.execute.sandbox import SandboxProvider
@@ -41,6 +40,7 @@ from pytest_hemra.resolve.plan import (
     resolve_plan,
 )
 from pytest_hemra.resolve.spec import Overrides, RunSpec
+from pytest_hemra.resolve.upstreams import configured_upstreams
 from pytest_hemra.run.lease import LEASE_SECS, Heartbeat, is_alive, owner_name
 from pytest_hemra.run.trial import TrialContext, run_trial
 from pytest_hemra.store import Store
@@ -78,7 +78,7 @@ class HemraSession:
             if isinstance(self.provider, EnginePool):  # every engine's sandboxes reach it
                 hosts = list(dict.fromkeys([*hosts, *self.provider.gateway_hosts()]))
             writer = Store(self.store.path)  # its own connection, for the gateway's writer thread
-            providers = configured_providers(self.run.spec.providers)
+            providers = configured_upstreams(self.run.spec.providers)
             self.gateway = Gateway(providers, writer.record_call, hosts).start()
             self.gateway_host = host or "127.0.0.1"
             if self.run.spec.budget_usd is not None:

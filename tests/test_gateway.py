@@ -15,7 +15,6 @@ import requests
 
 from pytest_hemra.core.records import CallRow
 from pytest_hemra.execute.gateway.ledger import CallPolicy, RunBudget
-from pytest_hemra.execute.gateway.providers import BUILTIN_PROVIDERS, Provider
 from pytest_hemra.execute.gateway.scripted import (
     SCRIPTED_USAGE,
     ShellStep,
@@ -24,6 +23,7 @@ from pytest_hemra.execute.gateway.scripted import (
 )
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.gateway.wire import Wire
+from pytest_hemra.resolve.upstreams import BUILTIN_UPSTREAMS, ModelApi
 from pytest_hemra.store import Store
 from tests.upstream import MODEL, USAGE, Upstream, running_upstream
 
@@ -44,14 +44,14 @@ def store(tmp_path: Path) -> Store:
 @pytest.fixture
 def gateway(upstream: Upstream, store: Store) -> Iterator[Gateway]:
     providers = {
-        **BUILTIN_PROVIDERS,
-        "anthropic": Provider(
+        **BUILTIN_UPSTREAMS,
+        "anthropic": ModelApi(
             name="anthropic", base_url=upstream.url, auth="x-api-key", key_env="ANTHROPIC_API_KEY"
         ),
-        "openai": Provider(
+        "openai": ModelApi(
             name="openai", base_url=upstream.url, auth="bearer", key_env="OPENAI_API_KEY"
         ),
-        "dead": Provider(name="dead", base_url=f"http://127.0.0.1:{closed_port()}"),
+        "dead": ModelApi(name="dead", base_url=f"http://127.0.0.1:{closed_port()}"),
     }
     with Gateway(providers, store.record_call) as running:
         yield running

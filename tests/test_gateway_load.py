@@ -9,8 +9,8 @@ from pathlib import Path
 
 import aiohttp
 
-from pytest_hemra.execute.gateway.providers import BUILTIN_PROVIDERS, Provider
 from pytest_hemra.execute.gateway.server import Gateway
+from pytest_hemra.resolve.upstreams import BUILTIN_UPSTREAMS, ModelApi
 from pytest_hemra.store import Store
 from tests.upstream import MODEL, USAGE, running_upstream
 
@@ -49,8 +49,8 @@ def test_500_concurrent_streams_are_each_recorded_once_in_bounded_memory(tmp_pat
     store = Store(tmp_path / "load.db")
     with running_upstream() as upstream:
         providers = {
-            **BUILTIN_PROVIDERS,
-            "anthropic": Provider(name="anthropic", base_url=upstream.url, auth="x-api-key"),
+            **BUILTIN_UPSTREAMS,
+            "anthropic": ModelApi(name="anthropic", base_url=upstream.url, auth="x-api-key"),
         }
         with Gateway(providers, store.record_call) as gateway:
             accesses = [

@@ -11,8 +11,9 @@ import pytest
 
 from conftest import TaskMaker
 from pytest_hemra.core.errors import SpecError
+from pytest_hemra.resolve.judges import resolve_judges
 from pytest_hemra.resolve.spec import JudgeSpec
-from pytest_hemra.score.judges import Material, _parse_program_line, _score, resolve_judges
+from pytest_hemra.score.judges import Material, _parse_program_line, _score
 from pytest_hemra.store import Store
 
 

@@ -10,10 +10,10 @@ import anthropic
 import openai
 import pytest
 
-from pytest_hemra.execute.gateway.providers import BUILTIN_PROVIDERS
 from pytest_hemra.execute.gateway.scripted import ShellStep, TextStep
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.trajectory import build_trajectory
+from pytest_hemra.resolve.upstreams import BUILTIN_UPSTREAMS
 from pytest_hemra.store import Store
 
 SCRIPT = (ShellStep("echo hi > out.txt"), TextStep("All done."))
@@ -23,7 +23,7 @@ SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}, "requ
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[Gateway]:
     store = Store(tmp_path / "s.db")
-    with Gateway(BUILTIN_PROVIDERS, store.record_call) as running:
+    with Gateway(BUILTIN_UPSTREAMS, store.record_call) as running:
         yield running
 
 

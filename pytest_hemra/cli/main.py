@@ -425,15 +425,15 @@ def canary_command(args: argparse.Namespace) -> int:
     import os
 
     from pytest_hemra.execute.gateway.canary import PATHS, run_canary
-    from pytest_hemra.execute.gateway.providers import BUILTIN_PROVIDERS, Provider
+    from pytest_hemra.resolve.upstreams import BUILTIN_UPSTREAMS, ModelApi
 
     if args.base_url:
         name = args.provider if args.provider != "scripted" else "canary"
-        provider = Provider(name=name, base_url=args.base_url, auth=args.auth, key_env=args.key_env)
-    elif args.provider in BUILTIN_PROVIDERS:
-        provider = BUILTIN_PROVIDERS[args.provider]
+        provider = ModelApi(name=name, base_url=args.base_url, auth=args.auth, key_env=args.key_env)
+    elif args.provider in BUILTIN_UPSTREAMS:
+        provider = BUILTIN_UPSTREAMS[args.provider]
     else:
-        known = ", ".join(sorted(BUILTIN_PROVIDERS))
+        known = ", ".join(sorted(BUILTIN_UPSTREAMS))
         raise HemraError(f"--provider: no built-in provider {args.provider!r} (known: {known})")
     key_env = args.key_env or provider.key_env
     key = os.environ.get(key_env) if key_env else None
@@ -455,16 +455,16 @@ def canary_command(args: argparse.Namespace) -> int:
 def calibrate_command(args: argparse.Namespace) -> int:
     import os
 
-    from pytest_hemra.execute.gateway.providers import configured_providers
     from pytest_hemra.execute.gateway.server import Gateway
+    from pytest_hemra.resolve.judges import resolve_judges
     from pytest_hemra.resolve.spec import JudgeSpec, RunSpec
+    from pytest_hemra.resolve.upstreams import configured_upstreams
     from pytest_hemra.score.calibration import (
         bundled_anchors,
         calibrate,
         calibration_row,
         load_anchors,
     )
-    from pytest_hemra.score.judges import resolve_judges
 
     run_file = Path(args.run_file) if args.run_file else None
     base_dir = run_file.resolve().parent if run_file else Path.cwd()
@@ -483,7 +483,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if anchors_path is None:
         raise HemraError(f"--anchors: no bundled anchors for rubric {entry.rubric or entry.name!r}")
     anchors = load_anchors(anchors_path)
-    providers = configured_providers((spec or RunSpec(harnesses=["nop"], datasets=["x"])).providers)
+    providers = configured_upstreams((spec or RunSpec(harnesses=["nop"], datasets=["x"])).providers)
     keys = {
         name: os.environ[p.key_env]
         for name, p in providers.items()

@@ -17,15 +17,15 @@ from typing import Any
 
 from pytest_hemra.core.errors import CapabilityError, InfraError, SpecError, StoreError
 from pytest_hemra.core.records import PlannedTrial, TrialRecord
-from pytest_hemra.execute.gateway.providers import SCRIPTED, Provider, configured_providers
 from pytest_hemra.execute.installs import ensure_installed
 from pytest_hemra.execute.kinds.sdk import load_entry
 from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.execute.sandbox.pool import EnginePool
 from pytest_hemra.resolve.datasets import Dataset, Task, load_task, resolve_dataset
 from pytest_hemra.resolve.harnesses import Harness, resolve_harness
+from pytest_hemra.resolve.judges import Judge, resolve_judges
 from pytest_hemra.resolve.spec import HarnessSpec, Overrides, RunSpec, load_run_spec
-from pytest_hemra.score.judges import Judge, resolve_judges
+from pytest_hemra.resolve.upstreams import SCRIPTED, ModelApi, configured_upstreams
 from pytest_hemra.store import Store
 
 PLAN_SCHEMA_VERSION = 1
@@ -99,7 +99,7 @@ def resolve_plan(
                 f"{harness.path}: a harbor harness runs in Harbor's own docker environment, but "
                 f"the run ({source}) asks for sandbox provider {spec.sandbox.provider!r}"
             )
-    known_providers = configured_providers(spec.providers)
+    known_providers = configured_upstreams(spec.providers)
     _check_providers(known_providers, source)
     for harness in harnesses:
         _check_provider(harness, known_providers)
@@ -130,7 +130,7 @@ def resolve_plan(
     return Plan(spec, source, base_dir, harnesses, datasets, trials, judges)
 
 
-def _check_provider(harness: Harness, known: Mapping[str, Provider]) -> None:
+def _check_provider(harness: Harness, known: Mapping[str, ModelApi]) -> None:
     spec = harness.spec
     if spec.provider is not None and spec.provider not in known:
         raise SpecError(
@@ -157,7 +157,7 @@ def _install(harness: Harness) -> None:
         raise SpecError(str(error)) from None
 
 
-def _check_providers(known: Mapping[str, Provider], source: str) -> None:
+def _check_providers(known: Mapping[str, ModelApi], source: str) -> None:
     for name, provider in known.items():
         if provider.base_url is None and name != SCRIPTED:
             raise SpecError(f"{source}: key 'providers.{name}.base_url' is required")

@@ -44,13 +44,9 @@ from pytest_hemra.execute.selfreport import SelfReport, parse_output
 from pytest_hemra.execute.trajectory import build_trajectory
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.harnesses import Harness, render, render_argv
+from pytest_hemra.resolve.judges import Judge
 from pytest_hemra.resolve.spec import HarnessSpec, RunSpec
-from pytest_hemra.score.judges import (
-    Judge,
-    Judgment,
-    material,
-    run_judge,
-)
+from pytest_hemra.score.judges import Judgment, material, run_judge
 from pytest_hemra.score.verification import (
     provider_keys,
     runner_env,

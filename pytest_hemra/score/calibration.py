@@ -20,7 +20,8 @@ from typing import Any
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.resolve.datasets import bundled_dir
-from pytest_hemra.score.judges import Judge, Material, run_judge
+from pytest_hemra.resolve.judges import Judge
+from pytest_hemra.score.judges import Material, run_judge
 
 DRIFT_THRESHOLD = 0.15
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_hemra.core.records import CallRow
-from pytest_hemra.execute.gateway.providers import SCRIPTED, SCRIPTED_MODEL, Provider
 from pytest_hemra.execute.gateway.scripted import scripted_usage
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.gateway.wire import Usage, Wire
+from pytest_hemra.resolve.upstreams import SCRIPTED, SCRIPTED_MODEL, ModelApi
 
 TOLERANCE = 0.0  # relative: usage is counted exactly, or the canary fails
 PATHS = {
@@ -61,7 +61,7 @@ class Probe:
 
 
 def run_canary(
-    provider: Provider,
+    provider: ModelApi,
     model: str,
     key: str | None = None,
     expect_scripted: bool = False,
@@ -81,7 +81,7 @@ def run_canary(
 
 def _probe(
     gateway: Gateway,
-    provider: Provider,
+    provider: ModelApi,
     model: str,
     key: str | None,
     wire: Wire,

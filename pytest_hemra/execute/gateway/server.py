@@ -30,11 +30,11 @@ from pytest_hemra.core.errors import InfraError
 from pytest_hemra.core.records import CallRow
 from pytest_hemra.execute.gateway.ledger import CallPolicy, RunBudget, TrialUsage, same_model
 from pytest_hemra.execute.gateway.prices import cost_of
-from pytest_hemra.execute.gateway.providers import SCRIPTED, SCRIPTED_MODEL, Provider, route_call
 from pytest_hemra.execute.gateway.replies import respond
 from pytest_hemra.execute.gateway.scripted import Script
 from pytest_hemra.execute.gateway.usage import UsageReader, is_streaming
-from pytest_hemra.execute.gateway.wire import Usage, Wire, wire_of
+from pytest_hemra.execute.gateway.wire import Usage, Wire, route_call, wire_of
+from pytest_hemra.resolve.upstreams import SCRIPTED, SCRIPTED_MODEL, ModelApi
 
 HOP_BY_HOP = frozenset(
     {
@@ -105,7 +105,7 @@ class Gateway:
 
     def __init__(
         self,
-        providers: Mapping[str, Provider],
+        providers: Mapping[str, ModelApi],
         record: Callable[[CallRow], None],
         hosts: Sequence[str] = ("127.0.0.1",),
     ) -> None:
@@ -476,7 +476,7 @@ def _presented_key(headers: Mapping[str, str]) -> str | None:
 
 
 def _upstream_headers(
-    headers: Mapping[str, str], provider: Provider, key: str | None
+    headers: Mapping[str, str], provider: ModelApi, key: str | None
 ) -> dict[str, str]:
     forwarded = {
         name: value

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from pytest_hemra.resolve.upstreams import SCRIPTED, SCRIPTED_MODEL
+
 
 class Wire(StrEnum):
     ANTHROPIC = "anthropic-messages"  # POST /v1/messages
@@ -50,3 +52,12 @@ class Usage:
             + self.cache_read_tokens
             + self.cache_write_tokens
         )
+
+
+def route_call(wire: Wire, model: str | None, trial_provider: str | None) -> str:
+    """Where a call goes: the scripted model by name, else the trial's provider, else by wire."""
+    if model and model.startswith(SCRIPTED_MODEL):
+        return SCRIPTED
+    if trial_provider:
+        return trial_provider
+    return "anthropic" if wire in (Wire.ANTHROPIC, Wire.COUNT_TOKENS) else "openai"
