@@ -10,17 +10,13 @@ import fnmatch
 import os
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_hemra.core.errors import CapabilityError, InfraError, SpecError, StoreError
+from pytest_hemra.core.errors import SpecError, StoreError
 from pytest_hemra.core.records import PlannedTrial, TrialRecord
-from pytest_hemra.execute.installs import ensure_installed
-from pytest_hemra.execute.kinds.sdk import load_entry
-from pytest_hemra.execute.sandbox import SandboxProvider
-from pytest_hemra.execute.sandbox.pool import EnginePool
 from pytest_hemra.resolve.datasets import Dataset, Task, load_task, resolve_dataset
 from pytest_hemra.resolve.harnesses import Harness, resolve_harness
 from pytest_hemra.resolve.judges import Judge, resolve_judges
@@ -29,7 +25,6 @@ from pytest_hemra.resolve.upstreams import SCRIPTED, ModelApi, configured_upstre
 from pytest_hemra.store import Store
 
 PLAN_SCHEMA_VERSION = 1
-ProviderFactory = Callable[[], SandboxProvider]
 
 
 @dataclass(frozen=True)
@@ -68,13 +63,9 @@ class Plan:
         }
 
 
-def resolve_plan(
-    run_file: Path | None,
-    overrides: Overrides,
-    cwd: Path,
-    providers: Mapping[str, ProviderFactory],
-    check_sandbox: bool = True,
-) -> Plan:
+def resolve_plan(run_file: Path | None, overrides: Overrides, cwd: Path) -> Plan:
+    """Phase 1 from the files alone: the spec, harness files, judges, datasets and every trial.
+    What needs the machine (the sandbox, installs) is `execute.provisioning.provision`."""
     spec = load_run_spec(run_file, overrides)
     source = str(run_file) if run_file is not None else "command line"
     base_dir = run_file.resolve().parent if run_file is not None else cwd
@@ -84,21 +75,9 @@ def resolve_plan(
             f"({', '.join(spec.harnesses)})"
         )
     judges = resolve_judges(spec.judge, base_dir, source, spec.model)
-    provider = _provider(spec, source, providers)
     harnesses = tuple(
         resolve_harness(name, base_dir, source, spec.model) for name in spec.harnesses
     )
-    for harness in harnesses:
-        if harness.spec.kind == "harbor" and spec.sandbox.engines:
-            raise SpecError(
-                f"{harness.path}: a harbor harness runs in Harbor's own docker environment on the"
-                f" runner's engine, but the run ({source}) spreads over 'sandbox.engines'"
-            )
-        if harness.spec.kind == "harbor" and spec.sandbox.provider != "docker":
-            raise SpecError(
-                f"{harness.path}: a harbor harness runs in Harbor's own docker environment, but "
-                f"the run ({source}) asks for sandbox provider {spec.sandbox.provider!r}"
-            )
     known_providers = configured_upstreams(spec.providers)
     _check_providers(known_providers, source)
     for harness in harnesses:
@@ -116,10 +95,6 @@ def resolve_plan(
                             f"{task.path}: harness {harness.name!r} needs "
                             "solution/solve.sh, which this task lacks"
                         )
-    if check_sandbox:
-        provider.check()
-        for harness in harnesses:
-            _install(harness)
     trials = tuple(
         PlannedTrial(dataset.name, task.name, harness.name, attempt)
         for dataset in datasets
@@ -146,47 +121,10 @@ def _check_provider(harness: Harness, known: Mapping[str, ModelApi]) -> None:
             )
 
 
-def _install(harness: Harness) -> None:
-    """Install (or load) at resolve, so a broken harness refuses the run before anything is
-    recorded."""
-    try:
-        ensure_installed(harness)
-        if harness.spec.kind == "sdk":
-            load_entry(harness)
-    except InfraError as error:
-        raise SpecError(str(error)) from None
-
-
 def _check_providers(known: Mapping[str, ModelApi], source: str) -> None:
     for name, provider in known.items():
         if provider.base_url is None and name != SCRIPTED:
             raise SpecError(f"{source}: key 'providers.{name}.base_url' is required")
-
-
-def _provider(
-    spec: RunSpec, source: str, providers: Mapping[str, ProviderFactory]
-) -> SandboxProvider:
-    factory = providers.get(spec.sandbox.provider)
-    if factory is None:
-        raise SpecError(
-            f"{source}: key 'sandbox.provider': no sandbox provider named "
-            f"{spec.sandbox.provider!r} (known: {', '.join(sorted(providers))})"
-        )
-    provider = factory()
-    if spec.sandbox.engines:
-        if spec.sandbox.provider != "docker":
-            raise SpecError(
-                f"{source}: key 'sandbox.engines': a pool of Docker engines needs provider "
-                f"'docker', not {spec.sandbox.provider!r}"
-            )
-        provider = EnginePool(spec.sandbox.engines, source=source)
-    missing = [need for need in spec.require if need not in provider.capabilities]
-    if missing:
-        raise CapabilityError(
-            f"{source}: key 'require': sandbox {provider.name!r} cannot provide "
-            f"{missing[0]!r} (it provides: {', '.join(sorted(provider.capabilities))})"
-        )
-    return provider
 
 
 def _datasets(spec: RunSpec, base_dir: Path, source: str) -> tuple[Dataset, ...]:
@@ -254,42 +192,3 @@ def load_recorded(store: Store, run_id: str) -> RecordedRun:
             for j in record.get("judges", [])
         ),
     )
-
-
-def describe(plan: Plan, provider: SandboxProvider | None) -> str:
-    """`hemra run --dry-run`: the resolved plan, what it would build, and nothing recorded."""
-    spec = plan.spec
-    lines = [f"run {spec.name!r} from {plan.source} (nothing recorded)", "", "harnesses:"]
-    for harness in plan.harnesses:
-        version = f" {harness.spec.version}" if harness.spec.version else ""
-        baseline = " (baseline)" if harness.name == (spec.baseline or spec.harnesses[0]) else ""
-        lines.append(
-            f"  {harness.name}{baseline}: {harness.spec.kind}{version},"
-            f" digest {harness.digest[:12]} ({harness.path})"
-        )
-    lines += ["", "datasets:"]
-    for dataset in plan.datasets:
-        lines.append(
-            f"  {dataset.name}@{dataset.digest[:12]}: {len(dataset.tasks)} tasks ({dataset.path})"
-        )
-    tasks = sum(len(dataset.tasks) for dataset in plan.datasets)
-    lines += [
-        "",
-        f"trials: {tasks} tasks x {len(plan.harnesses)} harnesses x {spec.attempts} attempts"
-        f" = {len(plan.trials)}",
-    ]
-    if plan.judges:
-        lines.append("judges: " + ", ".join(j.name for j in plan.judges))
-    missing = getattr(provider, "missing_images", None)
-    if missing is not None:
-        images = sorted(
-            {
-                image
-                for dataset in plan.datasets
-                for task in dataset.tasks
-                for image in missing(task, spec.sandbox.image)
-            }
-        )
-        lines.append(f"images to build: {len(images)}")
-        lines += [f"  {image}" for image in images]
-    return "\n".join(lines)

@@ -1,0 +1,123 @@
+"""Provisioning: what a resolved plan needs of this machine, checked before anything is recorded.
+
+Resolve (resolve/plan.py) reads files; this step meets the machine: the sandbox provider the run
+names (or its pool of engines) with the capabilities it requires, and every harness installed
+(or, for an `sdk` harness, its entry loaded), so a broken harness or a missing capability
+refuses the run before the store hears of it. `hemra run --dry-run` describes it all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from pytest_hemra.core.errors import CapabilityError, InfraError, SpecError
+from pytest_hemra.execute.installs import ensure_installed
+from pytest_hemra.execute.kinds.sdk import load_entry
+from pytest_hemra.execute.sandbox import SandboxProvider
+from pytest_hemra.execute.sandbox.pool import EnginePool
+from pytest_hemra.resolve.harnesses import Harness
+from pytest_hemra.resolve.plan import Plan
+from pytest_hemra.resolve.spec import RunSpec
+
+ProviderFactory = Callable[[], SandboxProvider]
+
+
+def provision(
+    plan: Plan, providers: Mapping[str, ProviderFactory], check_sandbox: bool = True
+) -> SandboxProvider:
+    """The run's sandbox provider, checked against `require`; with `check_sandbox`, the
+    sandbox answers and every harness is installed. Any problem is a one-line error."""
+    spec = plan.spec
+    provider = _provider(spec, plan.source, providers)
+    for harness in plan.harnesses:
+        if harness.spec.kind == "harbor" and spec.sandbox.engines:
+            raise SpecError(
+                f"{harness.path}: a harbor harness runs in Harbor's own docker environment on the"
+                f" runner's engine, but the run ({plan.source}) spreads over 'sandbox.engines'"
+            )
+        if harness.spec.kind == "harbor" and spec.sandbox.provider != "docker":
+            raise SpecError(
+                f"{harness.path}: a harbor harness runs in Harbor's own docker environment, but "
+                f"the run ({plan.source}) asks for sandbox provider {spec.sandbox.provider!r}"
+            )
+    if check_sandbox:
+        provider.check()
+        for harness in plan.harnesses:
+            _install(harness)
+    return provider
+
+
+def _install(harness: Harness) -> None:
+    """Install (or load) at resolve, so a broken harness refuses the run before anything is
+    recorded."""
+    try:
+        ensure_installed(harness)
+        if harness.spec.kind == "sdk":
+            load_entry(harness)
+    except InfraError as error:
+        raise SpecError(str(error)) from None
+
+
+def _provider(
+    spec: RunSpec, source: str, providers: Mapping[str, ProviderFactory]
+) -> SandboxProvider:
+    factory = providers.get(spec.sandbox.provider)
+    if factory is None:
+        raise SpecError(
+            f"{source}: key 'sandbox.provider': no sandbox provider named "
+            f"{spec.sandbox.provider!r} (known: {', '.join(sorted(providers))})"
+        )
+    provider = factory()
+    if spec.sandbox.engines:
+        if spec.sandbox.provider != "docker":
+            raise SpecError(
+                f"{source}: key 'sandbox.engines': a pool of Docker engines needs provider "
+                f"'docker', not {spec.sandbox.provider!r}"
+            )
+        provider = EnginePool(spec.sandbox.engines, source=source)
+    missing = [need for need in spec.require if need not in provider.capabilities]
+    if missing:
+        raise CapabilityError(
+            f"{source}: key 'require': sandbox {provider.name!r} cannot provide "
+            f"{missing[0]!r} (it provides: {', '.join(sorted(provider.capabilities))})"
+        )
+    return provider
+
+
+def describe(plan: Plan, provider: SandboxProvider | None) -> str:
+    """`hemra run --dry-run`: the resolved plan, what it would build, and nothing recorded."""
+    spec = plan.spec
+    lines = [f"run {spec.name!r} from {plan.source} (nothing recorded)", "", "harnesses:"]
+    for harness in plan.harnesses:
+        version = f" {harness.spec.version}" if harness.spec.version else ""
+        baseline = " (baseline)" if harness.name == (spec.baseline or spec.harnesses[0]) else ""
+        lines.append(
+            f"  {harness.name}{baseline}: {harness.spec.kind}{version},"
+            f" digest {harness.digest[:12]} ({harness.path})"
+        )
+    lines += ["", "datasets:"]
+    for dataset in plan.datasets:
+        lines.append(
+            f"  {dataset.name}@{dataset.digest[:12]}: {len(dataset.tasks)} tasks ({dataset.path})"
+        )
+    tasks = sum(len(dataset.tasks) for dataset in plan.datasets)
+    lines += [
+        "",
+        f"trials: {tasks} tasks x {len(plan.harnesses)} harnesses x {spec.attempts} attempts"
+        f" = {len(plan.trials)}",
+    ]
+    if plan.judges:
+        lines.append("judges: " + ", ".join(j.name for j in plan.judges))
+    missing = getattr(provider, "missing_images", None)
+    if missing is not None:
+        images = sorted(
+            {
+                image
+                for dataset in plan.datasets
+                for task in dataset.tasks
+                for image in missing(task, spec.sandbox.image)
+            }
+        )
+        lines.append(f"images to build: {len(images)}")
+        lines += [f"  {image}" for image in images]
+    return "\n".join(lines)
