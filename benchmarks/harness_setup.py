@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from oracle_trial import floor_trial
 
 from pytest_hemra.core.records import PlannedTrial
+from pytest_hemra.execute.context import TrialContext
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.installs import ensure_installed
 from pytest_hemra.execute.sandbox.docker import DockerProvider
@@ -30,7 +31,7 @@ from pytest_hemra.resolve.datasets import bundled_dir, load_task
 from pytest_hemra.resolve.harnesses import resolve_harness
 from pytest_hemra.resolve.spec import RunSpec
 from pytest_hemra.resolve.upstreams import BUILTIN_UPSTREAMS
-from pytest_hemra.run.trial import TrialContext, run_trial
+from pytest_hemra.run.trial import run_trial
 from pytest_hemra.store import Store
 
 HARNESSES = ("claude-code", "codex", "pi")

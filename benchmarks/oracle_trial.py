@@ -21,12 +21,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pytest_hemra.core.records import PlannedTrial
+from pytest_hemra.execute.context import TrialContext
 from pytest_hemra.execute.sandbox import AGENT_USER, ROOT_USER, WORKDIR
 from pytest_hemra.execute.sandbox.docker import DockerProvider
 from pytest_hemra.resolve.datasets import bundled_dir, load_task
 from pytest_hemra.resolve.harnesses import Harness
 from pytest_hemra.resolve.spec import HarnessSpec, RunSpec
-from pytest_hemra.run.trial import TrialContext, run_trial
+from pytest_hemra.run.trial import run_trial
 from pytest_hemra.store import Store
 
 

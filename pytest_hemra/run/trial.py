@@ -11,13 +11,20 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pytest_hemra.core.errors import HemraError, InfraError, VerifierError, outcome_of
+from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.reward import is_pass
-from pytest_hemra.execute.gateway.ledger import CallPolicy, RunBudget, TrialUsage
+from pytest_hemra.execute.context import (
+    Progress,
+    StepResult,
+    TrialContext,
+    TrialResult,
+)
+from pytest_hemra.execute.gateway.ledger import CallPolicy, TrialUsage
 from pytest_hemra.execute.gateway.scripted import (
     NO_EDITS,
     Script,
@@ -26,7 +33,6 @@ from pytest_hemra.execute.gateway.scripted import (
     load_edits,
     load_script,
 )
-from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.installs import HARNESS_DIR, Installed, ensure_installed
 from pytest_hemra.execute.kinds.acp import run_acp
 from pytest_hemra.execute.kinds.sdk import run_sdk
@@ -36,17 +42,15 @@ from pytest_hemra.execute.sandbox import (
     WORKDIR,
     Limits,
     Sandbox,
-    SandboxPool,
-    SandboxProvider,
     SandboxRequest,
 )
-from pytest_hemra.execute.selfreport import SelfReport, parse_output
+from pytest_hemra.execute.selfreport import parse_output
 from pytest_hemra.execute.trajectory import build_trajectory
 from pytest_hemra.resolve.datasets import Task
-from pytest_hemra.resolve.harnesses import Harness, render, render_argv
-from pytest_hemra.resolve.judges import Judge
-from pytest_hemra.resolve.spec import HarnessSpec, RunSpec
-from pytest_hemra.score.judges import Judgment, material, run_judge
+from pytest_hemra.resolve.harnesses import render, render_argv
+from pytest_hemra.resolve.judges import Judgment
+from pytest_hemra.resolve.spec import HarnessSpec
+from pytest_hemra.score.judges import material, run_judge
 from pytest_hemra.score.verification import (
     provider_keys,
     runner_env,
@@ -56,99 +60,8 @@ from pytest_hemra.score.verification import (
     verify_swe,
 )
 
-RESULT_SCHEMA_VERSION = 1
-DEFAULT_TIMEOUT_SECS = 900.0
 INSTRUCTION_FILE = "/hemra/instruction.md"
-SCORED_OUTCOMES = frozenset({"pass", "fail", "timeout", "harness_error"})
 MAX_DIFF_BYTES = 4 << 20
-
-
-@dataclass(frozen=True)
-class TrialContext:
-    run_id: str
-    trial_id: str
-    task: Task
-    harness: Harness
-    spec: RunSpec
-    provider: SandboxProvider
-    trial_dir: Path
-    gateway: Gateway | None = None
-    gateway_host: str = "127.0.0.1"
-    budget: RunBudget | None = None
-    judges: tuple[Judge, ...] = ()
-    pool: SandboxPool | None = None  # [[sandbox.engines]]: the trial is placed on one first
-
-    step_timeout: float | None = None  # a multi-step task's step: its own [steps.agent]
-
-    @property
-    def agent_timeout(self) -> float:
-        return (
-            self.spec.timeout_secs
-            or self.step_timeout
-            or self.task.config.agent.timeout_sec
-            or DEFAULT_TIMEOUT_SECS
-        )
-
-
-@dataclass
-class TrialResult:
-    outcome: str
-    reward: float | None
-    rewards: dict[str, float]
-    exit_code: int | None
-    error: str | None
-    started_at: float
-    finished_at: float
-    duration: float
-    phases: dict[str, float]
-    trial_dir: str
-    usage: TrialUsage = field(default_factory=TrialUsage)
-    own_report: SelfReport | None = None
-    retried: bool = False
-    error_class: str | None = None
-    judgments: list[Judgment] = field(default_factory=list)
-    steps: list[StepResult] = field(default_factory=list)
-    engine: str | None = None  # the engine of [[sandbox.engines]] it ran on
-    schema_version: int = RESULT_SCHEMA_VERSION
-
-    @property
-    def is_scored(self) -> bool:
-        return self.outcome in SCORED_OUTCOMES
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """One step of a multi-step task: its agent turn and its verifier."""
-
-    name: str
-    reward: float | None
-    rewards: dict[str, float]
-    exit_code: int | None
-    timed_out: bool
-    duration: float
-    error: str | None = None
-
-
-@dataclass
-class Progress:
-    phases: dict[str, float] = field(default_factory=dict)
-    exit_code: int | None = None
-    timed_out: bool = False
-    usage: TrialUsage = field(default_factory=TrialUsage)
-    own_report: SelfReport | None = None
-    error_class: str | None = None  # the SWE track's class of the result
-    pass_threshold: float | None = None  # the open track's, else the global one
-    steps: list[StepResult] = field(default_factory=list)  # a multi-step task's
-    judgments: list[Judgment] = field(default_factory=list)  # the open track's rubric judge
-    engine: str | None = None  # where a pool placed the trial
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            self.phases[name] = round(time.monotonic() - started, 4)
 
 
 def run_trial(context: TrialContext) -> TrialResult:
@@ -232,14 +145,14 @@ def _judge(context: TrialContext, reward: float | None) -> list[Judgment]:
     ]
 
 
-def _classify(reward: float, progress: Progress) -> str:
+def _classify(reward: float, progress: Progress) -> Outcome:
     if progress.timed_out:
-        return "timeout"
+        return Outcome.TIMEOUT
     if progress.exit_code != 0:
-        return "harness_error"
+        return Outcome.HARNESS_ERROR
     if progress.pass_threshold is not None:
-        return "pass" if reward >= progress.pass_threshold else "fail"
-    return "pass" if is_pass(reward) else "fail"
+        return Outcome.PASS if reward >= progress.pass_threshold else Outcome.FAIL
+    return Outcome.PASS if is_pass(reward) else Outcome.FAIL
 
 
 def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, dict[str, float]]:

@@ -24,26 +24,13 @@ from pathlib import Path
 from pytest_hemra.execute.gateway.ledger import CallPolicy, TrialUsage
 from pytest_hemra.execute.gateway.scripted import TextStep
 from pytest_hemra.execute.gateway.server import Gateway
-from pytest_hemra.resolve.judges import Judge
+from pytest_hemra.resolve.judges import Judge, Judgment
 from pytest_hemra.resolve.upstreams import SCRIPTED_MODEL
 
 SCORE = re.compile(r"SCORE:\s*([0-9]*\.?[0-9]+)", re.IGNORECASE)
 MAX_MATERIAL_CHARS = 60_000  # of the diff and of the agent's output, each
 JUDGE_TIMEOUT_SECS = 300.0
 MAX_TOKENS = 1024
-
-
-@dataclass(frozen=True)
-class Judgment:
-    judge: str
-    score: float | None
-    rationale: str
-    error: str | None
-    calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: float | None = 0.0
-    duration: float = 0.0
 
 
 @dataclass(frozen=True)

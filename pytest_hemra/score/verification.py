@@ -9,17 +9,15 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pytest_hemra.core.errors import VerifierError
 from pytest_hemra.core.reward import parse_reward
+from pytest_hemra.execute.context import Progress, TrialContext
 from pytest_hemra.execute.gateway.ledger import TrialUsage
 from pytest_hemra.execute.sandbox import ROOT_USER, Sandbox
+from pytest_hemra.resolve.judges import Judgment
 from pytest_hemra.score import openended, swe
-from pytest_hemra.score.judges import JudgeCall, Judgment, ask_model, with_usage
-
-if TYPE_CHECKING:
-    from pytest_hemra.run.trial import Progress, TrialContext
+from pytest_hemra.score.judges import JudgeCall, ask_model, with_usage
 
 
 def verify_reward(context: TrialContext, sandbox: Sandbox) -> tuple[float, dict[str, float]]:

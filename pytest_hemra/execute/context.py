@@ -1,0 +1,111 @@
+"""A trial's context (what it runs with) and its result, shared by every harness kind, the
+scorer and the runner: the types one trial's course passes between phases."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pytest_hemra.core.outcome import Outcome
+from pytest_hemra.execute.gateway.ledger import RunBudget, TrialUsage
+from pytest_hemra.execute.gateway.server import Gateway
+from pytest_hemra.execute.sandbox import SandboxPool, SandboxProvider
+from pytest_hemra.execute.selfreport import SelfReport
+from pytest_hemra.resolve.datasets import Task
+from pytest_hemra.resolve.harnesses import Harness
+from pytest_hemra.resolve.judges import Judge, Judgment
+from pytest_hemra.resolve.spec import RunSpec
+
+RESULT_SCHEMA_VERSION = 1
+DEFAULT_TIMEOUT_SECS = 900.0
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    run_id: str
+    trial_id: str
+    task: Task
+    harness: Harness
+    spec: RunSpec
+    provider: SandboxProvider
+    trial_dir: Path
+    gateway: Gateway | None = None
+    gateway_host: str = "127.0.0.1"
+    budget: RunBudget | None = None
+    judges: tuple[Judge, ...] = ()
+    pool: SandboxPool | None = None  # [[sandbox.engines]]: the trial is placed on one first
+
+    step_timeout: float | None = None  # a multi-step task's step: its own [steps.agent]
+
+    @property
+    def agent_timeout(self) -> float:
+        return (
+            self.spec.timeout_secs
+            or self.step_timeout
+            or self.task.config.agent.timeout_sec
+            or DEFAULT_TIMEOUT_SECS
+        )
+
+
+@dataclass
+class TrialResult:
+    outcome: str
+    reward: float | None
+    rewards: dict[str, float]
+    exit_code: int | None
+    error: str | None
+    started_at: float
+    finished_at: float
+    duration: float
+    phases: dict[str, float]
+    trial_dir: str
+    usage: TrialUsage = field(default_factory=TrialUsage)
+    own_report: SelfReport | None = None
+    retried: bool = False
+    error_class: str | None = None
+    judgments: list[Judgment] = field(default_factory=list)
+    steps: list[StepResult] = field(default_factory=list)
+    engine: str | None = None  # the engine of [[sandbox.engines]] it ran on
+    schema_version: int = RESULT_SCHEMA_VERSION
+
+    @property
+    def is_scored(self) -> bool:
+        return self.outcome in Outcome.SCORED
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step of a multi-step task: its agent turn and its verifier."""
+
+    name: str
+    reward: float | None
+    rewards: dict[str, float]
+    exit_code: int | None
+    timed_out: bool
+    duration: float
+    error: str | None = None
+
+
+@dataclass
+class Progress:
+    phases: dict[str, float] = field(default_factory=dict)
+    exit_code: int | None = None
+    timed_out: bool = False
+    usage: TrialUsage = field(default_factory=TrialUsage)
+    own_report: SelfReport | None = None
+    error_class: str | None = None  # the SWE track's class of the result
+    pass_threshold: float | None = None  # the open track's, else the global one
+    steps: list[StepResult] = field(default_factory=list)  # a multi-step task's
+    judgments: list[Judgment] = field(default_factory=list)  # the open track's rubric judge
+    engine: str | None = None  # where a pool placed the trial
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = round(time.monotonic() - started, 4)
