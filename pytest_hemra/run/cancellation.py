@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.execute.sandbox import SandboxProvider
-from pytest_hemra.run.lease import is_alive
 from pytest_hemra.store import Store
+from pytest_hemra.store.owner import is_alive
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from pathlib import Path
 from types import FrameType
 
 from pytest_hemra.execute.sandbox import SandboxProvider
-from pytest_hemra.run.lease import is_alive
 from pytest_hemra.store import Store
+from pytest_hemra.store.owner import is_alive
 
 POLL_SECS = 1.0
 USAGE_EXITS = (2, 3, 4)  # interrupted, internal error, usage error: do not try the run again

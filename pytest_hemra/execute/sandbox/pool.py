@@ -33,8 +33,8 @@ from pytest_hemra.execute.sandbox import Placement, Sandbox, SandboxRequest
 from pytest_hemra.execute.sandbox.docker import DOCKER_ERRORS, DockerProvider, remove_container
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.spec import EngineSettings, EngineTLS
-from pytest_hemra.run.lease import is_alive
 from pytest_hemra.store import Store
+from pytest_hemra.store.owner import is_alive
 
 PING_TIMEOUT_SECS = 3.0
 CLIENT_TIMEOUT_SECS = 120.0
