@@ -13,8 +13,12 @@ from typing import Any
 
 import pytest
 
-pytest_plugins = ["pytester"]
+# pytester's in-process runs drop the modules each run imported, and numpy cannot be imported
+# twice in one process: the pytest face, which the `pytest11` entry point loads only when a run
+# is asked for, is imported once here, before any run.
+import pytest_hemra.plugin  # noqa: F401
 
+pytest_plugins = ["pytester"]
 BASE_IMAGE = "debian:bookworm-slim"
 REPO = Path(__file__).resolve().parent
 

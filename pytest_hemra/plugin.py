@@ -1,28 +1,26 @@
-"""The pytest face of HEMRA: options, resolve and record, collection, items, reports.
+"""The pytest face of HEMRA: resolve and record, collection, the item, reports.
 
-The controller resolves and records the plan once; xdist workers get the run id through
-`workerinput` and collect the same items, in the same order, from the store.
+Registered by `pytest_hemra.options` (the `pytest11` entry point, which also holds the options)
+only when a run is asked for. The controller resolves and records the plan once; xdist workers
+get the run id through `workerinput` and collect the same items, in the same order, from the
+store. Working a trial's job (claim, heartbeat, run, retry, cancel) is `run.job.Runner`'s.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _pytest.runner import runtestprotocol
 
-from pytest_hemra.core import hookspecs
+from pytest_hemra.core import registry
 from pytest_hemra.core.errors import HemraError
-from pytest_hemra.core.records import PlannedTrial, TrialRecord
-from pytest_hemra.execute.gateway.ledger import RunBudget
+from pytest_hemra.core.outcome import Outcome
+from pytest_hemra.core.records import DEFAULT_STORE, PlannedTrial, TrialRecord
 from pytest_hemra.execute.gateway.server import Gateway
-from pytest_hemra.execute.kinds.harbor.trials import run_harbor_trial
-from pytest_hemra.execute.sandbox import SandboxProvider
-from pytest_hemra.execute.sandbox.docker import DockerProvider
-from pytest_hemra.execute.sandbox.pool import EnginePool
+from pytest_hemra.execute.provisioning import ProviderFactory, provision
 from pytest_hemra.report.comparison import (
     RunComparison,
     compare_runs,
@@ -32,195 +30,42 @@ from pytest_hemra.report.comparison import (
 from pytest_hemra.report.formats import render_text
 from pytest_hemra.report.gates import Gate, parse_gate, tripped
 from pytest_hemra.report.tables import RunReport, build_report, report_dict
-from pytest_hemra.resolve.plan import (
-    ProviderFactory,
-    RecordedRun,
-    load_recorded,
-    record_plan,
-    resolve_plan,
-)
-from pytest_hemra.resolve.spec import Overrides, RunSpec
-from pytest_hemra.resolve.upstreams import configured_upstreams
-from pytest_hemra.run.lease import LEASE_SECS, Heartbeat, is_alive, owner_name
-from pytest_hemra.run.trial import TrialContext, run_trial
+from pytest_hemra.resolve.overrides import Overrides, read_overrides
+from pytest_hemra.resolve.plan import load_recorded, record_plan, resolve_plan
+from pytest_hemra.run.job import Runner, sandbox_for
+from pytest_hemra.run.lease import is_alive, owner_name
 from pytest_hemra.store import Store
-
-DEFAULT_STORE = Path(".hemra") / "hemra.db"
-FAILED_OUTCOMES = frozenset({"fail", "timeout", "harness_error"})
-ERROR_OUTCOMES = frozenset({"infra_error", "verifier_error"})
 
 
 @dataclass
 class HemraSession:
-    """What one pytest process knows of the run it is part of."""
+    """What one pytest process knows of the run it is part of; `runner` is None when nothing
+    is recorded (`--collect-only`)."""
 
-    store: Store | None
-    run: RecordedRun | None
+    runner: Runner | None
     planned: tuple[PlannedTrial, ...]
     dataset_paths: dict[str, Path]
-    provider: SandboxProvider
-    worker: str
-    gateway: Gateway | None = None
-    gateway_host: str = "127.0.0.1"
-    budget: RunBudget | None = None
     gates: tuple[Gate, ...] = ()
     gate_reasons: list[str] = field(default_factory=list)
     report: RunReport | None = None
     comparison: RunComparison | None = None
 
-    def started_gateway(self) -> Gateway:
-        """This process's gateway, started on first use: loopback plus where sandboxes reach."""
-        if self.gateway is None:
-            if self.run is None or self.store is None:
-                raise HemraError("hemra: this session recorded no run")
-            host = self.provider.gateway_host()
-            hosts = ["127.0.0.1", *([host] if host and host != "127.0.0.1" else [])]
-            if isinstance(self.provider, EnginePool):  # every engine's sandboxes reach it
-                hosts = list(dict.fromkeys([*hosts, *self.provider.gateway_hosts()]))
-            writer = Store(self.store.path)  # its own connection, for the gateway's writer thread
-            providers = configured_upstreams(self.run.spec.providers)
-            self.gateway = Gateway(providers, writer.record_call, hosts).start()
-            self.gateway_host = host or "127.0.0.1"
-            if self.run.spec.budget_usd is not None:
-                reader, run_id = Store(self.store.path), self.run.id
-                self.budget = RunBudget(self.run.spec.budget_usd, lambda: reader.run_cost(run_id))
-        return self.gateway
-
 
 SESSION = pytest.StashKey[HemraSession]()
 
 
-def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    pluginmanager.add_hookspecs(hookspecs)
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("hemra", "HEMRA: evaluate coding-agent harnesses")
-    group.addoption("--hemra-run", metavar="RUN_FILE", help="run file (TOML) to evaluate")
-    group.addoption(
-        "--hemra-store",
-        metavar="PATH",
-        help="SQLite store (default: .hemra/hemra.db beside the run file)",
-    )
-    group.addoption(
-        "--hemra-harness",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="harness to evaluate, replaces the run file's (repeatable)",
-    )
-    group.addoption(
-        "--hemra-dataset",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="dataset name, name@digest or path, replaces the run file's",
-    )
-    group.addoption("--hemra-attempts", type=int, metavar="N", help="attempts per task")
-    group.addoption(
-        "--hemra-task",
-        action="append",
-        default=[],
-        metavar="GLOB",
-        help="select tasks by name (replaces 'tasks')",
-    )
-    group.addoption(
-        "--hemra-exclude",
-        action="append",
-        default=[],
-        metavar="GLOB",
-        help="exclude tasks by name (replaces 'exclude')",
-    )
-    group.addoption("--hemra-baseline", metavar="NAME", help="harness others are compared to")
-    group.addoption("--hemra-sandbox", metavar="PROVIDER", help="sandbox provider")
-    group.addoption(
-        "--hemra-require",
-        action="append",
-        default=[],
-        metavar="CAPABILITY",
-        help="sandbox capability the run needs (adds to 'require')",
-    )
-    group.addoption(
-        "--hemra-verifier-env",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="environment variable passed to verifiers (adds to verifier.env)",
-    )
-    group.addoption(
-        "--hemra-resume",
-        metavar="RUN_ID",
-        help="finish a recorded run: report finished trials from the store, run the rest",
-    )
-    group.addoption(
-        "--hemra-resume-cancelled",
-        action="store_true",
-        help="with --hemra-resume, also run the trials that were cancelled",
-    )
-    group.addoption(
-        "--hemra-fail-on",
-        action="append",
-        default=[],
-        metavar="GATE",
-        help="exit 1 when the run trips a gate: unfinished, failure, regression, score<X,"
-        " HARNESS:score<X",
-    )
-    group.addoption(
-        "--hemra-summary",
-        metavar="PATH",
-        help="write the run's tables, flags and gates as JSON here, for CI",
-    )
-    group.addoption(
-        "--hemra-compare",
-        metavar="RUN_ID",
-        help="compare each harness with itself in an earlier run of the same store",
-    )
-    group.addoption(
-        "--hemra-judge",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="judge to run after the verifier (adds to 'judge')",
-    )
-
-
-def is_active(config: pytest.Config) -> bool:
-    return bool(
-        config.getoption("hemra_run")
-        or config.getoption("hemra_harness")
-        or config.getoption("hemra_dataset")
-        or config.getoption("hemra_resume")
-        or (hasattr(config, "workerinput") and "hemra_run_id" in config.workerinput)
-    )
-
-
 def overrides_from(config: pytest.Config) -> Overrides:
-    option = config.getoption
-    return Overrides(
-        harnesses=option("hemra_harness"),
-        datasets=option("hemra_dataset"),
-        attempts=option("hemra_attempts"),
-        tasks=option("hemra_task"),
-        exclude=option("hemra_exclude"),
-        baseline=option("hemra_baseline"),
-        sandbox=option("hemra_sandbox"),
-        require=option("hemra_require"),
-        verifier_env=option("hemra_verifier_env"),
-        judges=option("hemra_judge"),
-    )
+    return read_overrides(lambda flag: config.getoption(flag.dest))
 
 
 def providers(config: pytest.Config) -> dict[str, ProviderFactory]:
-    found: dict[str, ProviderFactory] = {"docker": DockerProvider}
-    for extra in config.hook.pytest_hemra_sandbox_providers():
-        found.update(extra)
-    return found
+    """Every sandbox provider: pytest's plugin manager is the registry (conftest plug-ins too)."""
+    registry.use(config.pluginmanager)
+    return registry.sandbox_providers()
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    if not is_active(config):
-        return
     try:
         gates = tuple(parse_gate(text) for text in config.getoption("hemra_fail_on"))
         config.stash[SESSION] = replace(_open_session(config), gates=gates)
@@ -235,37 +80,23 @@ def _open_session(config: pytest.Config) -> HemraSession:
             raise HemraError("xdist worker got no run id from the controller")
         store = Store(Path(config.workerinput["hemra_store"]))
         run = load_recorded(store, config.workerinput["hemra_run_id"])
-        return HemraSession(
-            store, run, (), run.dataset_paths, _sandbox(run.spec, found, store), owner_name()
-        )
+        runner = Runner(store, run, sandbox_for(run.spec, store, found), owner_name())
+        return HemraSession(runner, (), run.dataset_paths)
     if config.getoption("hemra_resume"):
         return _resume_session(config, found)
     run_option = config.getoption("hemra_run")
     run_file = Path(run_option) if run_option else None
     collect_only = bool(config.getoption("collectonly"))
-    plan = resolve_plan(
-        run_file, overrides_from(config), Path.cwd(), found, check_sandbox=not collect_only
-    )
+    plan = resolve_plan(run_file, overrides_from(config), Path.cwd())
+    provision(plan, found, check_sandbox=not collect_only)
     paths = {dataset.name: dataset.path for dataset in plan.datasets}
     if collect_only:
-        provider = _sandbox(plan.spec, found, None)
-        return HemraSession(None, None, plan.trials, paths, provider, owner_name())
+        return HemraSession(None, plan.trials, paths)
     store_option = config.getoption("hemra_store")
     store = Store(Path(store_option) if store_option else plan.base_dir / DEFAULT_STORE)
-    provider = _sandbox(plan.spec, found, store)
-    run_id = record_plan(plan, store)
-    return HemraSession(
-        store, load_recorded(store, run_id), plan.trials, paths, provider, owner_name()
-    )
-
-
-def _sandbox(
-    spec: RunSpec, found: dict[str, ProviderFactory], store: Store | None
-) -> SandboxProvider:
-    """The run's sandbox provider: a pool of its `[[sandbox.engines]]` when it names some."""
-    if spec.sandbox.engines:
-        return EnginePool(spec.sandbox.engines, store, owner_name())
-    return found[spec.sandbox.provider]()
+    provider = sandbox_for(plan.spec, store, found)
+    run = load_recorded(store, record_plan(plan, store))
+    return HemraSession(Runner(store, run, provider, owner_name()), plan.trials, paths)
 
 
 def _resume_session(config: pytest.Config, found: dict[str, ProviderFactory]) -> HemraSession:
@@ -278,34 +109,39 @@ def _resume_session(config: pytest.Config, found: dict[str, ProviderFactory]) ->
     store = Store(store_path)
     run_id = config.getoption("hemra_resume")
     run = load_recorded(store, run_id)
-    provider = _sandbox(run.spec, found, store)
+    provider = sandbox_for(run.spec, store, found)
     again = set(store.stale_trials(run_id, is_alive))
-    again |= {t.id for t in run.trials if t.outcome == "infra_error"}
+    again |= {t.id for t in run.trials if t.outcome == Outcome.INFRA_ERROR}
     if config.getoption("hemra_resume_cancelled"):
-        again |= {t.id for t in run.trials if t.outcome == "cancelled"}
+        again |= {t.id for t in run.trials if t.outcome == Outcome.CANCELLED}
         store.reopen_run(run_id)
     for trial in sorted(again):
         provider.remove_sandboxes({"hemra.trial": trial})
         store.replace_trial(trial, retry=False)
     run = load_recorded(store, run_id)
-    return HemraSession(store, run, (), run.dataset_paths, provider, owner_name())
+    return HemraSession(Runner(store, run, provider, owner_name()), (), run.dataset_paths)
+
+
+def _runner(config: pytest.Config) -> Runner | None:
+    """This process's runner, when it works a recorded run."""
+    hemra = config.stash.get(SESSION, None)
+    return None if hemra is None else hemra.runner
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    session = node.config.stash.get(SESSION, None)
-    if session is not None and session.run is not None and session.store is not None:
-        node.workerinput["hemra_run_id"] = session.run.id
-        node.workerinput["hemra_store"] = str(session.store.path)
+    runner = _runner(node.config)
+    if runner is not None:
+        node.workerinput["hemra_run_id"] = runner.run.id
+        node.workerinput["hemra_store"] = str(runner.store.path)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
-    session = config.stash.get(SESSION, None)
-    if session is None or session.run is None or session.store is None:
+    runner = _runner(config)
+    if runner is None:
         return None
-    return [
-        f"hemra: run {session.run.id}, {len(session.run.trials)} trials, store {session.store.path}"
-    ]
+    run = runner.run
+    return [f"hemra: run {run.id}, {len(run.trials)} trials, store {runner.store.path}"]
 
 
 def pytest_collection(session: pytest.Session) -> bool | None:
@@ -315,7 +151,7 @@ def pytest_collection(session: pytest.Session) -> bool | None:
     hook = session.config.hook
     hook.pytest_collectstart(collector=session)
     planned: list[PlannedTrial | TrialRecord] = (
-        list(hemra.run.trials) if hemra.run is not None else list(hemra.planned)
+        list(hemra.runner.run.trials) if hemra.runner is not None else list(hemra.planned)
     )
     items: list[pytest.Item] = []
     for dataset in dict.fromkeys(t.dataset for t in planned):
@@ -338,12 +174,10 @@ def pytest_collection(session: pytest.Session) -> bool | None:
 
 def pytest_deselected(items: list[pytest.Item]) -> None:
     trials = [i for i in items if isinstance(i, TrialItem)]
-    if not trials:
-        return
-    hemra = trials[0].config.stash.get(SESSION, None)
-    if hemra is not None and hemra.store is not None and hemra.run is not None:
+    runner = _runner(trials[0].config) if trials else None
+    if runner is not None:
         # every xdist worker deselects the same items: the update is idempotent
-        hemra.store.deselect_trials(hemra.run.id, [t.nodeid for t in trials])
+        runner.store.deselect_trials(runner.run.id, [t.nodeid for t in trials])
 
 
 class DatasetCollector(pytest.Collector):
@@ -374,60 +208,18 @@ class TrialItem(pytest.Item):
         self.extra_keyword_matches.update({trial.task, trial.harness, trial.dataset})
 
     def setup(self) -> None:
-        hemra = self.config.stash[SESSION]
+        runner = _runner(self.config)
         trial = self.trial
-        if hemra.run is None or hemra.store is None or not isinstance(trial, TrialRecord):
+        if runner is None or not isinstance(trial, TrialRecord):
             pytest.fail("hemra: this session recorded no run", pytrace=False)
         self.user_properties.clear()
         self.record = None
-        store = hemra.store
-        if not trial.is_finished:
-            state = store.claim(trial.id, hemra.worker, LEASE_SECS)
-            if state == "leased":
-                self._run(hemra, trial)
-            elif state in ("taken", "cancelling"):
-                pytest.skip(f"hemra: {trial.id} is running in another runner")
-            elif state in ("replaced", "deselected"):
-                pytest.skip(f"hemra: {trial.id} was {state} by another runner")
-        record = store.trial(trial.id)
+        elsewhere = runner.work(trial)
+        if elsewhere is not None:
+            pytest.skip(elsewhere)
+        record = runner.store.trial(trial.id)
         self.record = record
         self._report(record)
-
-    def _run(self, hemra: HemraSession, trial: TrialRecord) -> None:
-        run, store = hemra.run, hemra.store
-        assert run is not None and store is not None
-        context = TrialContext(
-            run_id=run.id,
-            trial_id=trial.id,
-            task=run.task(trial),
-            harness=run.harnesses[trial.harness],
-            spec=run.spec,
-            provider=hemra.provider,
-            gateway=hemra.started_gateway(),
-            gateway_host=hemra.gateway_host,
-            budget=hemra.budget,
-            judges=run.judges,
-            trial_dir=run.trials_dir / trial.dataset / trial.task / _folder_name(trial),
-            pool=hemra.provider if isinstance(hemra.provider, EnginePool) else None,
-        )
-
-        def stop_sandbox() -> None:
-            hemra.provider.remove_sandboxes({"hemra.trial": trial.id})
-
-        with Heartbeat(store.path, trial.id, hemra.worker, stop_sandbox) as beat:
-            try:
-                if context.harness.spec.kind == "harbor":
-                    result = run_harbor_trial(context, run, store, trial)
-                else:
-                    result = run_trial(context)
-            except KeyboardInterrupt:
-                store.cancel_trials([trial.id], "interrupted (Ctrl-C)")
-                raise
-        if beat.cancelled.is_set() or store.job_state(trial.id) == "cancelling":
-            result = replace(
-                result, outcome="cancelled", reward=None, error="cancelled by hemra cancel"
-            )
-        store.finish_trial(trial.id, asdict(result))
 
     def _report(self, record: TrialRecord) -> None:
         own = record.own_report
@@ -446,26 +238,22 @@ class TrialItem(pytest.Item):
                 ("engine", record.engine or ""),
             ]
         )
-        if record.outcome == "cancelled":
+        if record.outcome == Outcome.CANCELLED:
             pytest.skip(f"cancelled: {record.error or ''}".rstrip(": "))
-        if record.outcome in ERROR_OUTCOMES:
+        if record.outcome in Outcome.ERROR:
             pytest.fail(self._verdict(record), pytrace=False)
 
     def runtest(self) -> None:
         record = self.record
-        if record is not None and record.outcome in FAILED_OUTCOMES:
+        if record is not None and record.outcome in Outcome.FAILED:
             pytest.fail(self._verdict(record), pytrace=False)
 
-    def should_retry(self) -> bool:
-        """An infrastructure error with retries left runs again, as a new attempt row."""
-        hemra = self.config.stash[SESSION]
-        record = self.record
-        return (
-            record is not None
-            and hemra.run is not None
-            and record.outcome == "infra_error"
-            and record.retries < hemra.run.spec.max_infra_retries
-        )
+    def next_attempt(self) -> TrialRecord | None:
+        """After an infrastructure error with retries left, the new attempt's row."""
+        runner = _runner(self.config)
+        if runner is None or self.record is None:
+            return None
+        return runner.next_attempt(self.record)
 
     def _verdict(self, record: TrialRecord) -> str:
         reward = "no reward" if record.reward is None else f"reward {record.reward:g}"
@@ -477,15 +265,20 @@ class TrialItem(pytest.Item):
         return self.path, None, self.name
 
 
-def _folder_name(trial: TrialRecord) -> str:
-    """`harness-attempt`; a row that ran a trial again (a retry, a resume) adds its seq."""
-    name = f"{trial.harness}-{trial.attempt}"
-    return f"{name}.{trial.seq}" if trial.replaces else name
-
-
 def _own_total(own: dict[str, Any]) -> int:
     keys = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
     return sum(int(own.get(key) or 0) for key in keys)
+
+
+def _run_phases(item: pytest.Item, nextitem: pytest.Item | None) -> list[pytest.TestReport]:
+    """An item's setup, call and teardown reports, not yet logged.
+
+    pytest has no public way to run an item's phases and hold back their reports, which a
+    retry needs (the first attempt's setup is reported as `rerun`), so this one call uses
+    the private `_pytest.runner`, as pytest-rerunfailures does."""
+    from _pytest.runner import runtestprotocol
+
+    return runtestprotocol(item, nextitem=nextitem, log=False)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -498,14 +291,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     hook = item.ihook
     hook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     while True:
-        reports = runtestprotocol(item, nextitem=nextitem, log=False)
-        hemra = item.config.stash[SESSION]
-        if item.should_retry() and item.record is not None and hemra.store is not None:
+        reports = _run_phases(item, nextitem)
+        retry = item.next_attempt()
+        if retry is not None:
             for report in reports:
                 if report.when == "setup":
                     report.outcome = "rerun"  # type: ignore[assignment]
                     hook.pytest_runtest_logreport(report=report)
-            item.trial = hemra.store.replace_trial(item.record.id, retry=True)
+            item.trial = retry
             continue
         for report in reports:
             hook.pytest_runtest_logreport(report=report)
@@ -523,16 +316,15 @@ def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, str] 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     hemra = session.config.stash.get(SESSION, None)
-    if hemra is None or hemra.run is None or hemra.store is None:
+    if hemra is None or hemra.runner is None or hasattr(session.config, "workerinput"):
         return
-    if hasattr(session.config, "workerinput"):
-        return
-    store, run_id = hemra.store, hemra.run.id
+    runner = hemra.runner
+    store, run_id = runner.store, runner.run.id
     if exitstatus == pytest.ExitCode.INTERRUPTED:
         # Ctrl-C: what did not finish is cancelled (never failed), its sandboxes removed
         left = [t.id for t in store.trials(run_id) if t.status in ("planned", "running")]
         store.cancel_trials(left, "interrupted (Ctrl-C)")
-        hemra.provider.remove_sandboxes({"hemra.run": run_id})
+        runner.provider.remove_sandboxes({"hemra.run": run_id})
     hemra.report = build_report(store, run_id)
     previous = session.config.getoption("hemra_compare")
     hemra.comparison = compare_runs(store, previous, run_id) if previous else None
@@ -553,29 +345,26 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    hemra = config.stash.get(SESSION, None)
-    if hemra is not None and hemra.gateway is not None:
-        hemra.gateway.stop()
-        hemra.gateway = None
+    runner = _runner(config)
+    if runner is not None:
+        runner.close()
 
 
 @pytest.fixture(scope="session")
 def hemra_gateway(request: pytest.FixtureRequest) -> Gateway:
     """The gateway of this pytest process (one per runner process, also per xdist worker)."""
-    hemra = request.config.stash.get(SESSION, None)
-    if hemra is None:
+    runner = _runner(request.config)
+    if runner is None:
         pytest.fail("hemra_gateway needs a HEMRA session (--hemra-run or --hemra-harness)")
-    return hemra.started_gateway()
+    return runner.started_gateway()
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     hemra = config.stash.get(SESSION, None)
-    if hemra is None or hemra.run is None or hemra.store is None:
-        return
-    if hasattr(config, "workerinput"):
+    if hemra is None or hemra.runner is None or hasattr(config, "workerinput"):
         return
     terminalreporter.write_sep("=", "HEMRA")
-    report = hemra.report or build_report(hemra.store, hemra.run.id)
+    report = hemra.report or build_report(hemra.runner.store, hemra.runner.run.id)
     terminalreporter.write_line(render_text(report))
     if hemra.comparison is not None:
         terminalreporter.write_line("\n" + render_comparison(hemra.comparison))

@@ -1,0 +1,88 @@
+"""What installing HEMRA costs a pytest session that does not use it, and what `hemra --help` costs.
+
+An unrelated project with one test runs `pytest -q` with HEMRA installed and again with
+`-p no:hemra`, in pairs (the order alternating), measured in the same run; it prints both
+medians and the median of the paired ratios. Target: at most 1.1x.
+
+Then `hemra --help`: the seconds spent importing (`python -X importtime`, every top-level
+import's cumulative time, minus what a bare `python -c pass` imports) and its wall time.
+Target: under 0.3 s of imports.
+
+    python benchmarks/import_cost.py [--runs 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ONE_TEST = "def test_one():\n    assert 1 + 1 == 2\n"
+HELP = "import sys; sys.argv = ['hemra', '--help']; from pytest_hemra.cli import main; main()"
+
+
+def wall(argv: list[str], cwd: Path | None = None) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, cwd=cwd, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def import_secs(code: str) -> float:
+    """Seconds of imports `python -X importtime -c code` reports (top-level modules only)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True
+    )
+    total = 0
+    for line in done.stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        _, cumulative, name = line[len("import time:") :].split("|", 2)
+        if not name.startswith("  "):  # nested imports are counted in their parent's time
+            total += int(cumulative)
+    return total / 1e6
+
+
+def pytest_pairs(runs: int) -> tuple[list[float], list[float]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        project = Path(tmp)
+        (project / "test_one.py").write_text(ONE_TEST)
+        (project / "pytest.ini").write_text("[pytest]\n")
+        base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        with_hemra, without = [], []
+        wall(base, project)  # warm the file cache and the bytecode
+        for n in range(runs):
+            first, second = (base, [*base, "-p", "no:hemra"])[:: 1 if n % 2 else -1]
+            a, b = wall(first, project), wall(second, project)
+            (with_hemra, without)[first != base].append(a)
+            (with_hemra, without)[second != base].append(b)
+        return with_hemra, without
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=7)
+    args = parser.parse_args()
+
+    with_hemra, without = pytest_pairs(args.runs)
+    ratio = statistics.median(a / b for a, b in zip(with_hemra, without, strict=True))
+    print(f"pytest, one test, median of {args.runs} pairs:")
+    print(f"  with HEMRA installed   {statistics.median(with_hemra):.3f} s")
+    print(f"  with -p no:hemra       {statistics.median(without):.3f} s")
+    print(f"  ratio                  {ratio:.2f}x (target <= 1.1x)")
+
+    bare = statistics.median(import_secs("pass") for _ in range(args.runs))
+    imports = statistics.median(import_secs(HELP) for _ in range(args.runs)) - bare
+    help_wall = statistics.median(
+        wall([sys.executable, "-c", HELP]) for _ in range(args.runs)
+    ) - statistics.median(wall([sys.executable, "-c", "pass"]) for _ in range(args.runs))
+    print("hemra --help:")
+    print(f"  imports                {imports:.3f} s (target < 0.3 s)")
+    print(f"  wall over bare python  {help_wall:.3f} s")
+
+
+if __name__ == "__main__":
+    main()

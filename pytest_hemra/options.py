@@ -1,0 +1,93 @@
+"""HEMRA's `pytest11` entry point: its options and hook specs; nothing more until a run is asked.
+
+A pytest plugin lives in people's development environments, so a session that does not ask for a
+HEMRA run must not pay for one: this module imports only what `--help` needs. When a run is
+asked for (`--hemra-run`, `--hemra-harness`, `--hemra-dataset`, `--hemra-resume`, or an xdist
+worker handed a run id), `pytest_configure` registers the pytest face (`pytest_hemra.plugin`)
+and makes pytest's plugin manager the registry every face reads; the way pytest-xdist loads its
+`DSession` only when `-n` is given.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_hemra.core import hookspecs
+from pytest_hemra.resolve.overrides import OVERRIDE_FLAGS
+
+PLUGIN = "pytest_hemra.plugin"
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("hemra", "HEMRA: evaluate coding-agent harnesses")
+    group.addoption("--hemra-run", metavar="RUN_FILE", help="run file (TOML) to evaluate")
+    group.addoption(
+        "--hemra-store",
+        metavar="PATH",
+        help="SQLite store (default: .hemra/hemra.db beside the run file)",
+    )
+    for flag in OVERRIDE_FLAGS:
+        if flag.repeats:
+            group.addoption(
+                flag.option, action="append", default=[], metavar=flag.metavar, help=flag.help
+            )
+        else:
+            group.addoption(flag.option, type=flag.type, metavar=flag.metavar, help=flag.help)
+    group.addoption(
+        "--hemra-resume",
+        metavar="RUN_ID",
+        help="finish a recorded run: report finished trials from the store, run the rest",
+    )
+    group.addoption(
+        "--hemra-resume-cancelled",
+        action="store_true",
+        help="with --hemra-resume, also run the trials that were cancelled",
+    )
+    group.addoption(
+        "--hemra-fail-on",
+        action="append",
+        default=[],
+        metavar="GATE",
+        help="exit 1 when the run trips a gate: unfinished, failure, regression, score<X,"
+        " HARNESS:score<X",
+    )
+    group.addoption(
+        "--hemra-summary",
+        metavar="PATH",
+        help="write the run's tables, flags and gates as JSON here, for CI",
+    )
+    group.addoption(
+        "--hemra-compare",
+        metavar="RUN_ID",
+        help="compare each harness with itself in an earlier run of the same store",
+    )
+
+
+def is_active(config: pytest.Config) -> bool:
+    """Whether this session is (part of) a HEMRA run."""
+    return bool(
+        config.getoption("hemra_run")
+        or config.getoption("hemra_harness")
+        or config.getoption("hemra_dataset")
+        or config.getoption("hemra_resume")
+        or (hasattr(config, "workerinput") and "hemra_run_id" in config.workerinput)
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Load the pytest face when a run is asked for. pytest replays `pytest_configure` for a
+    plugin registered while it runs, so the face configures right here, after every other
+    plugin (this hook is `trylast`), as its own `trylast` hook did when it was the entry point."""
+    if not is_active(config) or config.pluginmanager.has_plugin(PLUGIN):
+        return
+    import importlib
+
+    from pytest_hemra.core import registry
+
+    registry.use(config.pluginmanager)
+    config.pluginmanager.register(importlib.import_module(PLUGIN), PLUGIN)

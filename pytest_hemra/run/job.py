@@ -1,0 +1,148 @@
+"""Working a recorded run's jobs in one process: claim a trial's job, beat its lease while the
+trial runs, record its result (or its cancellation), and start the next attempt after an
+infrastructure error. The pytest face calls it from each item; `hemra serve` runs the same
+pytest session, so both work jobs through this one `Runner`.
+
+A `Runner` also owns what every trial of the process shares: the sandbox provider and the
+gateway (started on first use, stopped by `close`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from pytest_hemra.core import registry
+from pytest_hemra.core.errors import HemraError
+from pytest_hemra.core.outcome import Outcome
+from pytest_hemra.core.records import TrialRecord
+from pytest_hemra.execute.context import TrialContext, TrialResult
+from pytest_hemra.execute.gateway.ledger import RunBudget
+from pytest_hemra.execute.gateway.server import Gateway
+from pytest_hemra.execute.kinds import kind_of
+from pytest_hemra.execute.provisioning import ProviderFactory
+from pytest_hemra.execute.sandbox import SandboxProvider
+from pytest_hemra.execute.sandbox.pool import EnginePool
+from pytest_hemra.resolve.plan import RecordedRun
+from pytest_hemra.resolve.spec import RunSpec
+from pytest_hemra.resolve.upstreams import configured_upstreams
+from pytest_hemra.run.lease import LEASE_SECS, Heartbeat, owner_name
+from pytest_hemra.run.trial import run_trial
+from pytest_hemra.store import Store
+
+
+def sandbox_for(
+    spec: RunSpec, store: Store | None, found: dict[str, ProviderFactory] | None = None
+) -> SandboxProvider:
+    """The run's sandbox provider, from the plug-in registry (or `found`, when already read):
+    a pool of its `[[sandbox.engines]]` when it names some."""
+    if spec.sandbox.engines:
+        return EnginePool(spec.sandbox.engines, store, owner_name())
+    factories = registry.sandbox_providers() if found is None else found
+    if spec.sandbox.provider not in factories:
+        known = ", ".join(sorted(factories))
+        raise HemraError(f"sandbox provider '{spec.sandbox.provider}' is not installed ({known})")
+    provider: SandboxProvider = factories[spec.sandbox.provider]()
+    return provider
+
+
+@dataclass
+class Runner:
+    """One process's share of a recorded run: its jobs, sandboxes and gateway."""
+
+    store: Store
+    run: RecordedRun
+    provider: SandboxProvider
+    worker: str
+    gateway: Gateway | None = None
+    gateway_host: str = "127.0.0.1"
+    budget: RunBudget | None = None
+
+    def started_gateway(self) -> Gateway:
+        """This process's gateway, started on first use: loopback plus where sandboxes reach."""
+        if self.gateway is None:
+            host = self.provider.gateway_host()
+            hosts = ["127.0.0.1", *([host] if host and host != "127.0.0.1" else [])]
+            if isinstance(self.provider, EnginePool):  # every engine's sandboxes reach it
+                hosts = list(dict.fromkeys([*hosts, *self.provider.gateway_hosts()]))
+            writer = Store(self.store.path)  # its own connection, for the gateway's writer thread
+            upstreams = configured_upstreams(self.run.spec.providers)
+            self.gateway = Gateway(upstreams, writer.record_call, hosts).start()
+            self.gateway_host = host or "127.0.0.1"
+            if self.run.spec.budget_usd is not None:
+                reader, run_id = Store(self.store.path), self.run.id
+                self.budget = RunBudget(self.run.spec.budget_usd, lambda: reader.run_cost(run_id))
+        return self.gateway
+
+    def work(self, trial: TrialRecord) -> str | None:
+        """Claim the trial's job and, once leased, run the trial to a recorded result (read it
+        with `store.trial`). A finished trial is left alone; a job another runner holds, or
+        has replaced or deselected, is not run: the returned text says so."""
+        if trial.is_finished:
+            return None
+        state = self.store.claim(trial.id, self.worker, LEASE_SECS)
+        if state == "leased":
+            self._run(trial)
+        elif state in ("taken", "cancelling"):
+            return f"hemra: {trial.id} is running in another runner"
+        elif state in ("replaced", "deselected"):
+            return f"hemra: {trial.id} was {state} by another runner"
+        return None
+
+    def _run(self, trial: TrialRecord) -> None:
+        run, store = self.run, self.store
+        context = TrialContext(
+            run_id=run.id,
+            trial_id=trial.id,
+            task=run.task(trial),
+            harness=run.harnesses[trial.harness],
+            spec=run.spec,
+            provider=self.provider,
+            gateway=self.started_gateway(),
+            gateway_host=self.gateway_host,
+            budget=self.budget,
+            judges=run.judges,
+            trial_dir=run.trials_dir / trial.dataset / trial.task / folder_name(trial),
+            pool=self.provider if isinstance(self.provider, EnginePool) else None,
+        )
+
+        def stop_sandbox() -> None:
+            self.provider.remove_sandboxes({"hemra.trial": trial.id})
+
+        with Heartbeat(store.path, trial.id, self.worker, stop_sandbox) as beat:
+            try:
+                result = self._run_kind(context, trial)
+            except KeyboardInterrupt:
+                store.cancel_trials([trial.id], "interrupted (Ctrl-C)")
+                raise
+        if beat.cancelled.is_set() or store.job_state(trial.id) == "cancelling":
+            result = replace(
+                result, outcome=Outcome.CANCELLED, reward=None, error="cancelled by hemra cancel"
+            )
+        store.finish_trial(trial.id, asdict(result))
+
+    def _run_kind(self, context: TrialContext, trial: TrialRecord) -> TrialResult:
+        """The trial by its kind when the kind runs whole trials itself (Harbor's jobs), else
+        in HEMRA's own sandbox."""
+        own = kind_of(context.harness).run_trial(context, self.run, self.store, trial)
+        return run_trial(context) if own is None else own
+
+    def next_attempt(self, record: TrialRecord) -> TrialRecord | None:
+        """After an infrastructure error with retries left, the row that runs the trial again
+        (a new attempt); otherwise None."""
+        if (
+            record.outcome == Outcome.INFRA_ERROR
+            and record.retries < self.run.spec.max_infra_retries
+        ):
+            return self.store.replace_trial(record.id, retry=True)
+        return None
+
+    def close(self) -> None:
+        if self.gateway is not None:
+            self.gateway.stop()
+            self.gateway = None
+
+
+def folder_name(trial: TrialRecord) -> str:
+    """`harness-attempt`; a row that ran a trial again (a retry, a resume) adds its seq."""
+    name = f"{trial.harness}-{trial.attempt}"
+    return f"{name}.{trial.seq}" if trial.replaces else name
