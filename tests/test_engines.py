@@ -23,7 +23,7 @@ import docker
 import pytest
 
 from conftest import BASE_IMAGE, REPO, TaskMaker
-from pytest_hemra.cli.main import main as hemra
+from pytest_hemra.cli import main as hemra
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.core.records import EngineSlot, PlannedTrial
 from pytest_hemra.execute.sandbox.pool import EnginePool

@@ -1,3 +1,3 @@
-from pytest_hemra.cli.main import main
+from pytest_hemra.cli import main
 
 raise SystemExit(main())

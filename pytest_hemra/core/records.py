@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+DEFAULT_STORE = Path(".hemra") / "hemra.db"  # relative to the run file's folder, or the cwd
 FINISHED = "finished"
 CANCELLED = "cancelled"
 

@@ -16,10 +16,9 @@ from typing import Any
 import jinja2
 from tabulate import tabulate
 
+from pytest_hemra.report import FORMATS
 from pytest_hemra.report.stats import Estimate, Spread
 from pytest_hemra.report.tables import DatasetReport, HarnessSummary, RunReport, report_dict
-
-FORMATS = ("text", "markdown", "csv", "json", "html")
 
 
 def render(report: RunReport, fmt: str) -> str:

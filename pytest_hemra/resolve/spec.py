@@ -10,7 +10,6 @@ import hashlib
 import json
 import re
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -24,6 +23,7 @@ from pydantic import (
 )
 
 from pytest_hemra.core.errors import SpecError
+from pytest_hemra.resolve.overrides import Overrides as Overrides  # its old home, still imported
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -288,60 +288,6 @@ class HarnessSpec(Strict):
         content = self.model_dump(mode="json", exclude=unset)
         canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-@dataclass(frozen=True)
-class Overrides:
-    """`hemra run` / `--hemra-*` flags: the first group replaces run-file keys, the rest add."""
-
-    harnesses: list[str] = field(default_factory=list)
-    datasets: list[str] = field(default_factory=list)
-    attempts: int | None = None
-    tasks: list[str] = field(default_factory=list)
-    exclude: list[str] = field(default_factory=list)
-    baseline: str | None = None
-    concurrency: int | None = None
-    sandbox: str | None = None
-    require: list[str] = field(default_factory=list)
-    verifier_env: list[str] = field(default_factory=list)
-    judges: list[str] = field(default_factory=list)
-
-    def apply(self, data: dict[str, Any]) -> dict[str, Any]:
-        merged = dict(data)
-        for key, value in (
-            ("harnesses", self.harnesses),
-            ("datasets", self.datasets),
-            ("tasks", self.tasks),
-            ("exclude", self.exclude),
-        ):
-            if value:
-                merged[key] = list(value)
-        for key, scalar in (
-            ("attempts", self.attempts),
-            ("baseline", self.baseline),
-            ("concurrency", self.concurrency),
-        ):
-            if scalar is not None:
-                merged[key] = scalar
-        if self.sandbox is not None:
-            merged["sandbox"] = {**_table(merged.get("sandbox")), "provider": self.sandbox}
-        if self.require:
-            merged["require"] = [*_list(merged.get("require")), *self.require]
-        if self.verifier_env:
-            verifier = _table(merged.get("verifier"))
-            verifier["env"] = [*_list(verifier.get("env")), *self.verifier_env]
-            merged["verifier"] = verifier
-        if self.judges:
-            merged["judge"] = [*_list(merged.get("judge")), *({"name": j} for j in self.judges)]
-        return merged
-
-
-def _table(value: Any) -> dict[str, Any]:
-    return dict(value) if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, list) else []
 
 
 def read_toml(path: Path) -> dict[str, Any]:

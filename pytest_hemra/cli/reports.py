@@ -1,0 +1,122 @@
+"""What a run left: `hemra report` (a run's tables, or two runs compared), `hemra show` (one
+trial) and `hemra view` (the viewer on the store, without the queue)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pytest_hemra.cli.arguments import add_store_argument, add_viewer_arguments, open_store
+from pytest_hemra.core.errors import HemraError
+from pytest_hemra.report import FORMATS
+
+if TYPE_CHECKING:
+    from pytest_hemra.cli.arguments import Commands
+    from pytest_hemra.store import Store
+
+
+def add_commands(commands: Commands) -> None:
+    report = commands.add_parser("report", help="a run's tables from the store, or two runs'")
+    report.add_argument("run_id", nargs="?", help="run id (default: the latest run)")
+    report.add_argument("other_run", nargs="?", help="a second run: compare each harness in it")
+    add_store_argument(report)
+    report.add_argument("--format", choices=FORMATS, default="text")
+    report.add_argument("-o", "--output", help="write to this file (default: stdout)")
+    report.set_defaults(handler=report_command)
+
+    show = commands.add_parser("show", help="one trial: outcome, rewards, phases, usage, calls")
+    show.add_argument(
+        "trial_id", help="a trial id (RUN_ID.NNNNN, as in the JUnit 'trial' property)"
+    )
+    add_store_argument(show)
+    show.set_defaults(handler=show_command)
+
+    view = commands.add_parser("view", help="browse the store's runs in the viewer (no queue)")
+    add_store_argument(view)
+    add_viewer_arguments(view)
+    view.set_defaults(handler=view_command)
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from pytest_hemra.report.comparison import compare_runs, render_comparison
+    from pytest_hemra.report.formats import render
+    from pytest_hemra.report.tables import build_report
+
+    store = open_store(args.store)
+    run_id = args.run_id or _latest_run(store)
+    if args.other_run:
+        text = render_comparison(compare_runs(store, run_id, args.other_run), args.format)
+    else:
+        text = render(build_report(store, run_id), args.format)
+    if args.output:
+        Path(args.output).write_text(text if text.endswith("\n") else text + "\n")
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
+def _latest_run(store: Store) -> str:
+    runs = store.runs()
+    if not runs:
+        raise HemraError(f"{store.path}: the store holds no runs")
+    return runs[-1].id
+
+
+def show_command(args: argparse.Namespace) -> int:
+    """Everything the store holds of one trial, for a terminal (the viewer shows the rest)."""
+    from tabulate import tabulate
+
+    store = open_store(args.store)
+    detail = store.trial_detail(args.trial_id)
+    trial = detail.trial
+    reward = "-" if trial.reward is None else f"{trial.reward:g}"
+    cost = "unknown" if trial.cost is None else f"${trial.cost:.4f}"
+    lines = [
+        f"trial {trial.id}: {trial.item_id}",
+        f"  status {trial.status}, outcome {trial.outcome or '-'}, reward {reward}"
+        + (f", class {trial.error_class}" if trial.error_class else "")
+        + (f", retries {trial.retries} (replaces {trial.replaces})" if trial.replaces else ""),
+        f"  rewards {json.dumps(trial.rewards, sort_keys=True)}",
+        f"  tokens {trial.tokens} (input {detail.input_tokens}, output {detail.output_tokens},"
+        f" cache read {detail.cache_read_tokens}, cache write {detail.cache_write_tokens});"
+        f" {detail.calls} calls; cost {cost}",
+        "  phases " + ", ".join(f"{k} {v:.2f}s" for k, v in detail.phases.items()),
+        f"  worker {detail.worker or '-'}, job {detail.job_state or '-'}",
+    ]
+    if trial.error:
+        lines.append(f"  error: {trial.error}")
+    lines += [
+        f"  step {step['seq']} {step['name']}: reward {step['reward']}"
+        for step in store.steps(trial.id)
+    ]
+    lines += [
+        f"  judge {j['judge']}: score {j['score']}" + (f" ({j['error']})" if j["error"] else "")
+        for j in store.judgments(trial.id)
+    ]
+    calls = store.calls(trial=trial.id)
+    if calls:
+        rows = [
+            [c.role, c.model or c.model_requested or "", c.status, c.input_tokens,
+             c.output_tokens, f"{c.latency:.3f}s", c.error or ""]
+            for c in calls
+        ]  # fmt: skip
+        table = tabulate(rows, headers=["role", "model", "status", "in", "out", "latency", ""])
+        lines += ["", table]
+    lines.append(f"\nfolder {trial.trial_dir or '-'}")
+    print("\n".join(lines))
+    return 0
+
+
+def view_command(args: argparse.Namespace) -> int:
+    """The viewer alone, until Ctrl-C or SIGTERM."""
+    from pytest_hemra.execute.sandbox.docker import DockerProvider
+    from pytest_hemra.viewer.server import running_viewer, wait_for_signal
+
+    store = open_store(args.store)
+    with running_viewer(store.path, args.host, args.port, DockerProvider(), required=True):
+        wait_for_signal()
+    return 0

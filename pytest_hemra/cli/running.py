@@ -1,0 +1,251 @@
+"""Running and the queue: `hemra run` (a pytest session, or `--detach`ed onto the queue),
+`hemra serve` working the queue, `hemra cancel`, and `hemra runs` listing what the store holds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_hemra.cli.arguments import add_store_argument, add_viewer_arguments, open_store
+from pytest_hemra.core.outcome import Outcome
+from pytest_hemra.core.records import DEFAULT_STORE
+from pytest_hemra.resolve.overrides import OVERRIDE_FLAGS, Overrides, read_overrides
+
+if TYPE_CHECKING:
+    from pytest_hemra.cli.arguments import Commands
+    from pytest_hemra.core.records import RunRecord
+    from pytest_hemra.store import Store
+
+
+def add_commands(commands: Commands) -> None:
+    run = commands.add_parser("run", help="evaluate harnesses on datasets (a pytest session)")
+    run.add_argument("run_file", nargs="?", help="run file (TOML); flags alone also work")
+    for flag in OVERRIDE_FLAGS:
+        run.add_argument(
+            *flag.flags,
+            dest=flag.field,
+            type=flag.type,
+            metavar=flag.metavar,
+            help=flag.help,
+            action="append" if flag.repeats else "store",
+            default=[] if flag.repeats else None,
+        )
+    run.add_argument("--concurrency", type=int, help="trials at once, via pytest-xdist -n")
+    run.add_argument("--store", help="SQLite store (default .hemra/hemra.db beside the run file)")
+    run.add_argument(
+        "--detach", action="store_true", help="record and queue the run for `hemra serve`; return"
+    )
+    run.add_argument(
+        "--dry-run", action="store_true", help="print the resolved plan; run and record nothing"
+    )
+    run.add_argument("--resume", metavar="RUN_ID", help="finish a recorded run")
+    run.add_argument(
+        "--resume-cancelled", action="store_true", help="with --resume, run cancelled trials too"
+    )
+    run.add_argument(
+        "--fail-on",
+        action="append",
+        default=[],
+        metavar="GATE",
+        help="also exit 1 on: failure, regression, score<X, HARNESS:score<X"
+        " (unfinished always counts)",
+    )
+    run.add_argument("--compare", metavar="RUN_ID", help="compare with an earlier run's harnesses")
+    run.add_argument("--summary", metavar="PATH", help="write the report as JSON here, for CI")
+    run.set_defaults(handler=run_command)
+
+    serve = commands.add_parser("serve", help="work the queue of detached runs")
+    add_store_argument(serve)
+    serve.add_argument("--concurrency", type=int, default=1, help="trials at once per run")
+    serve.add_argument("--once", action="store_true", help="exit when the queue is empty")
+    add_viewer_arguments(serve)
+    serve.add_argument("--no-viewer", action="store_true", help="work the queue only")
+    serve.set_defaults(handler=serve_command)
+
+    cancel = commands.add_parser("cancel", help="cancel a run's queued and running trials")
+    cancel.add_argument("run_id")
+    add_store_argument(cancel)
+    cancel.add_argument("--wait", type=float, default=10.0, help="seconds to wait for runners")
+    cancel.set_defaults(handler=cancel_command)
+
+    runs = commands.add_parser("runs", help="list the runs in a store")
+    add_store_argument(runs)
+    runs.add_argument(
+        "--format", choices=("table", "json"), default="table", help="json: a list, for scripts"
+    )
+    runs.add_argument("-q", "--quiet", action="store_true", help="run ids only, one a line")
+    runs.set_defaults(handler=runs_command)
+
+
+def pytest_argv(args: argparse.Namespace) -> list[str]:
+    """`hemra run`'s flags as the plugin's `--hemra-*` options, then what followed `--`."""
+    argv: list[str] = []
+    if args.run_file:
+        argv += ["--hemra-run", args.run_file]
+    for flag in OVERRIDE_FLAGS:
+        value = getattr(args, flag.field)
+        values = value if flag.repeats else [] if value is None else [value]
+        argv += [word for each in values for word in (flag.option, str(each))]
+    for gate in ["unfinished", *args.fail_on]:
+        argv += ["--hemra-fail-on", gate]
+    if args.resume_cancelled:
+        argv += ["--hemra-resume-cancelled"]
+    for option, value in (
+        ("--hemra-resume", args.resume),
+        ("--hemra-compare", args.compare),
+        ("--hemra-summary", args.summary),
+        ("--hemra-store", args.store),
+    ):
+        if value is not None:
+            argv += [option, str(value)]
+    if args.concurrency and args.concurrency > 1:
+        argv += ["-n", str(args.concurrency)]
+    return ["-p", "no:cacheprovider", *argv, *args.pytest_args]
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """A pytest session; its exit status is the gates': 0 when every trial has a result."""
+    import pytest
+
+    if not (args.run_file or args.harnesses or args.datasets or args.resume):
+        print("hemra run: name a run file, or harnesses (-H) and datasets (-d)", file=sys.stderr)
+        return 4
+    if args.detach or args.dry_run:
+        return detach_command(args)
+    if args.concurrency is None and args.run_file:
+        args.concurrency = _file_concurrency(Path(args.run_file))
+    return int(pytest.main(pytest_argv(args)))
+
+
+def detach_command(args: argparse.Namespace) -> int:
+    """Resolve and record the run with its jobs queued, print its id, and return; with
+    `--dry-run`, print the resolved plan instead and record nothing."""
+    from pytest_hemra.core.errors import HemraError
+    from pytest_hemra.execute.provisioning import describe, provision
+    from pytest_hemra.execute.sandbox.docker import DockerProvider
+    from pytest_hemra.resolve.plan import record_plan, resolve_plan
+    from pytest_hemra.store import Store
+
+    overrides = read_overrides(lambda flag: getattr(args, flag.field))
+    run_file = Path(args.run_file) if args.run_file else None
+    if args.dry_run:
+        plan = resolve_plan(run_file, overrides, Path.cwd())
+        provision(plan, {"docker": DockerProvider}, check_sandbox=False)
+        try:
+            provider: DockerProvider | None = DockerProvider()
+        except HemraError:
+            provider = None
+        print(describe(plan, provider))
+        return 0
+    plan = resolve_plan(run_file, overrides, Path.cwd())
+    provision(plan, {"docker": DockerProvider})
+    store = Store(Path(args.store) if args.store else plan.base_dir / DEFAULT_STORE)
+    run_id = record_plan(plan, store, status="queued")
+    print(run_id)
+    print(
+        f"queued {len(plan.trials)} trials in {store.path}; `hemra serve` runs them",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _file_concurrency(run_file: Path) -> int | None:
+    """The run file's `concurrency` (with `[[sandbox.engines]]` and none given: the engines'
+    capacities added up); a malformed file is left for pytest to report."""
+    from pytest_hemra.core.errors import SpecError
+    from pytest_hemra.resolve.spec import load_run_spec
+
+    try:
+        spec = load_run_spec(run_file, Overrides())
+    except SpecError:
+        return None
+    if spec.sandbox.engines and "concurrency" not in spec.model_fields_set:
+        return sum(engine.capacity for engine in spec.sandbox.engines)
+    return spec.concurrency
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """Work the queue, with the viewer beside it (a warning, not an error, if it cannot listen)."""
+    from contextlib import nullcontext
+
+    from pytest_hemra.execute.sandbox.docker import DockerProvider
+    from pytest_hemra.run.supervisor import Supervisor
+    from pytest_hemra.viewer.server import running_viewer
+
+    store = open_store(args.store)
+    viewer = (
+        nullcontext()
+        if args.no_viewer
+        else running_viewer(store.path, args.host, args.port, DockerProvider(), required=False)
+    )
+    with viewer:
+        return Supervisor(store.path, args.concurrency, DockerProvider()).serve(once=args.once)
+
+
+def cancel_command(args: argparse.Namespace) -> int:
+    """Cancel queued trials now; ask running ones to stop and remove their sandboxes."""
+    from pytest_hemra.core.errors import InfraError
+    from pytest_hemra.execute.sandbox.docker import DockerProvider
+    from pytest_hemra.run.cancellation import cancel_run
+
+    store = open_store(args.store)
+    done = cancel_run(store, args.run_id, DockerProvider(), args.wait)
+    print(f"run {args.run_id}: {done.cancelled} trials cancelled, {done.removed} sandboxes removed")
+    if done.sandbox_error is not None:
+        raise InfraError(done.sandbox_error)
+    return 0
+
+
+def runs_command(args: argparse.Namespace) -> int:
+    """Every run, oldest first: a table, a JSON list (`--format json`) or ids (`-q`)."""
+    from tabulate import tabulate
+
+    store = open_store(args.store)
+    if args.quiet:
+        for run in store.runs():
+            print(run.id)
+        return 0
+    listed = [run_summary(store, run) for run in store.runs()]
+    if args.format == "json":
+        print(json.dumps(listed, indent=2))
+        return 0
+    rows = [
+        [
+            run["id"],
+            run["name"],
+            run["status"],
+            f"{run['done']}/{run['trials']}",
+            run["running"],
+            run["queued"],
+            run["cancelled"],
+            ", ".join(run["harnesses"]),
+            ", ".join(run["datasets"]),
+        ]
+        for run in listed
+    ]
+    headers = ["run", "name", "status", "done", "running", "queued", "cancelled"]
+    print(tabulate(rows, headers=[*headers, "harnesses", "datasets"]))
+    return 0
+
+
+def run_summary(store: Store, run: RunRecord) -> dict[str, Any]:
+    """One run as `hemra runs` lists it: `done` of its `trials` (deselected ones left out), the
+    jobs `running` and `queued` now, the trials `cancelled`, its harnesses and datasets."""
+    counted = [t for t in store.trials(run.id) if t.status != "deselected"]
+    states = store.job_counts(run.id)
+    return {
+        "id": run.id,
+        "name": run.name,
+        "status": run.status,
+        "created_at": run.created_at,
+        "done": sum(1 for t in counted if t.is_finished),
+        "trials": len(counted),
+        "running": states.get("leased", 0) + states.get("cancelling", 0),
+        "queued": states.get("queued", 0),
+        "cancelled": sum(1 for t in counted if t.outcome == Outcome.CANCELLED),
+        "harnesses": list(run.plan.harness_names),
+        "datasets": list(run.plan.datasets),
+    }

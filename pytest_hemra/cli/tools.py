@@ -1,0 +1,260 @@
+"""Set-up and checks: `hemra init`, the harnesses (`harnesses`, `harness install`), sandbox
+images and engines (`image bootstrap`, `engines`), the gateway's `canary`, a judge's
+`calibrate`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pytest_hemra.core.errors import HemraError, SpecError
+from pytest_hemra.core.records import DEFAULT_STORE
+from pytest_hemra.resolve.overrides import Overrides
+
+if TYPE_CHECKING:
+    from pytest_hemra.cli.arguments import Commands
+
+
+def add_commands(commands: Commands) -> None:
+    init = commands.add_parser("init", help="write a starter run file, harness and dataset")
+    init.add_argument("directory", nargs="?", default=".")
+    init.set_defaults(handler=init_command)
+
+    listing = commands.add_parser("harnesses", help="list harnesses and what HEMRA observes")
+    listing.add_argument("--dir", default=".", help="folder whose harnesses/ is searched first")
+    listing.set_defaults(handler=harnesses_command)
+
+    harness = commands.add_parser("harness", help="harness installs")
+    harness_commands = harness.add_subparsers(dest="harness_command", required=True)
+    install = harness_commands.add_parser(
+        "install", help="install a harness version into the host cache (once per digest)"
+    )
+    install.add_argument("names", nargs="+", metavar="NAME")
+    install.add_argument("--dir", default=".", help="folder whose harnesses/ is searched first")
+    install.set_defaults(handler=harness_command)
+
+    image = commands.add_parser("image", help="sandbox images")
+    image_commands = image.add_subparsers(dest="image_command", required=True)
+    bootstrap = image_commands.add_parser(
+        "bootstrap", help="build the offline Debian base image (debootstrap + docker import)"
+    )
+    bootstrap.add_argument("--tag", default="debian:bookworm-slim")
+    bootstrap.add_argument("--suite", default="bookworm")
+    bootstrap.add_argument("--mirror", help="Debian mirror (default: apt's configured one)")
+    bootstrap.add_argument(
+        "--if-missing", action="store_true", help="do nothing when the tag already exists"
+    )
+    bootstrap.set_defaults(handler=image_command)
+
+    engines = commands.add_parser(
+        "engines", help="a run file's Docker engines: health, capacity, running trials, images"
+    )
+    engines.add_argument("run_file", help="run file whose [[sandbox.engines]] to list")
+    engines.add_argument("--store", help="store whose placements to count (default: beside it)")
+    engines.set_defaults(handler=engines_command)
+
+    canary = commands.add_parser(
+        "canary", help="check the gateway counts what an upstream reports, per wire format"
+    )
+    canary.add_argument(
+        "--provider", default="scripted", help="built-in provider (default: the scripted model)"
+    )
+    canary.add_argument("--base-url", help="the upstream's URL (a provider of your own)")
+    canary.add_argument("--auth", choices=("x-api-key", "bearer"), default="bearer")
+    canary.add_argument("--key-env", help="environment variable holding the upstream's key")
+    canary.add_argument("--model", default="hemra/scripted")
+    canary.add_argument(
+        "--wire",
+        action="append",
+        choices=("anthropic-messages", "openai-responses", "openai-chat"),
+        help="wire formats to probe (repeatable; default all three)",
+    )
+    canary.add_argument(
+        "--expect",
+        choices=("response", "scripted"),
+        default="response",
+        help="the upstream's own numbers: what its responses say, or the scripted model's",
+    )
+    canary.set_defaults(handler=canary_command)
+
+    calibrate = commands.add_parser(
+        "calibrate", help="score a judge against anchors with known scores (mean absolute error)"
+    )
+    calibrate.add_argument("run_file", nargs="?", help="run file whose [[judge]] to calibrate")
+    calibrate.add_argument("--judge", required=True, help="judge name (or a rubric, with --model)")
+    calibrate.add_argument("--model", help="the judge's model (default: the run file's)")
+    calibrate.add_argument("--anchors", help="anchor file (default: the rubric's bundled anchors)")
+    calibrate.add_argument("--threshold", type=float, default=0.15, help="drift past this MAE")
+    calibrate.add_argument("--store", help="store to keep the result in (default .hemra/hemra.db)")
+    calibrate.set_defaults(handler=calibrate_command)
+
+
+def init_command(args: argparse.Namespace) -> int:
+    from pytest_hemra.cli.scaffold import write_starter
+
+    target = Path(args.directory)
+    for path in write_starter(target):
+        print(f"wrote {path}")
+    run_file = target / "run.toml"
+    print(f"next: pytest --hemra-run {run_file}   (or: hemra run {run_file})")
+    return 0
+
+
+def harnesses_command(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from pytest_hemra.resolve.harnesses import Harness, available_harnesses, observability
+    from pytest_hemra.resolve.spec import HarnessSpec, read_toml
+
+    rows = []
+    for path in available_harnesses(Path(args.dir).resolve()):
+        try:
+            spec = HarnessSpec.model_validate(read_toml(path))
+        except (SpecError, ValueError) as error:
+            rows.append([path.stem, "invalid", "", str(error).splitlines()[0][:60], "", "", ""])
+            continue
+        seen = observability(Harness(path.stem, path, spec))
+        rows.append(
+            [
+                path.stem,
+                spec.kind,
+                spec.version or "",
+                spec.package or "",
+                *seen.values(),
+                str(path),
+            ]
+        )
+    headers = ["harness", "kind", "version", "package", "gateway usage", "own usage"]
+    print(tabulate(rows, headers=[*headers, "transcript", "file"]))
+    return 0
+
+
+def harness_command(args: argparse.Namespace) -> int:
+    from pytest_hemra.execute.installs import ensure_installed, is_installed
+    from pytest_hemra.resolve.harnesses import resolve_harness
+
+    for name in args.names:
+        harness = resolve_harness(name, Path(args.dir).resolve(), "command line", None)
+        was_cached = is_installed(harness)
+        installed = ensure_installed(harness)
+        if installed is None:
+            print(f"{name}: nothing to install (no package)")
+        else:
+            state = "already installed" if was_cached else "installed"
+            print(f"{name}: {state} in {installed.directory}")
+    return 0
+
+
+def image_command(args: argparse.Namespace) -> int:
+    from pytest_hemra.execute.sandbox.base_image import bootstrap_base_image, has_image
+
+    if args.if_missing and has_image(args.tag):
+        print(f"{args.tag} is already on this docker engine")
+        return 0
+    print(f"built {bootstrap_base_image(args.tag, args.suite, args.mirror)}")
+    return 0
+
+
+def engines_command(args: argparse.Namespace) -> int:
+    """The pool's engines, each pinged now; exits 1 when none answers."""
+    from pytest_hemra.execute.sandbox.engines import engine_statuses, render_engines
+    from pytest_hemra.resolve.spec import load_run_spec
+    from pytest_hemra.store import Store
+
+    run_file = Path(args.run_file)
+    spec = load_run_spec(run_file, Overrides())
+    if not spec.sandbox.engines:
+        raise SpecError(f"{run_file}: no [[sandbox.engines]] (see docs/scaling.md)")
+    store_path = Path(args.store) if args.store else run_file.resolve().parent / DEFAULT_STORE
+    store = Store(store_path) if store_path.is_file() else None
+    statuses = engine_statuses(spec.sandbox.engines, store)
+    print(render_engines(statuses))
+    return 0 if any(status.answers for status in statuses) else 1
+
+
+def canary_command(args: argparse.Namespace) -> int:
+    import os
+
+    from pytest_hemra.execute.gateway.canary import PATHS, run_canary
+    from pytest_hemra.execute.gateway.wire import Wire
+    from pytest_hemra.resolve.upstreams import BUILTIN_UPSTREAMS, ModelApi
+
+    if args.base_url:
+        name = args.provider if args.provider != "scripted" else "canary"
+        provider = ModelApi(name=name, base_url=args.base_url, auth=args.auth, key_env=args.key_env)
+    elif args.provider in BUILTIN_UPSTREAMS:
+        provider = BUILTIN_UPSTREAMS[args.provider]
+    else:
+        known = ", ".join(sorted(BUILTIN_UPSTREAMS))
+        raise HemraError(f"--provider: no built-in provider {args.provider!r} (known: {known})")
+    key_env = args.key_env or provider.key_env
+    key = os.environ.get(key_env) if key_env else None
+    wires = tuple(Wire(name) for name in args.wire) if args.wire else tuple(PATHS)
+    probes = run_canary(
+        provider, args.model, key, expect_scripted=args.expect == "scripted", wires=wires
+    )
+    for probe in probes:
+        print(probe.describe())
+    failed = [probe for probe in probes if not probe.ok]
+    print(
+        f"canary: {len(probes) - len(failed)}/{len(probes)} calls counted as the upstream reports"
+    )
+    return 1 if failed else 0
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    import os
+
+    from tabulate import tabulate
+
+    from pytest_hemra.execute.gateway.server import Gateway
+    from pytest_hemra.resolve.judges import resolve_judges
+    from pytest_hemra.resolve.spec import JudgeSpec, RunSpec, load_run_spec
+    from pytest_hemra.resolve.upstreams import configured_upstreams
+    from pytest_hemra.score.calibration import (
+        bundled_anchors,
+        calibrate,
+        calibration_row,
+        load_anchors,
+    )
+    from pytest_hemra.store import Store
+
+    run_file = Path(args.run_file) if args.run_file else None
+    base_dir = run_file.resolve().parent if run_file else Path.cwd()
+    spec = load_run_spec(run_file, Overrides()) if run_file else None
+    source = str(run_file) if run_file else "command line"
+    entries = [j for j in spec.judge if j.name == args.judge] if spec else []
+    if spec is not None and not entries:
+        raise HemraError(f"{run_file}: key 'judge': no judge named {args.judge!r}")
+    entry = entries[0] if entries else JudgeSpec(name=args.judge)
+    if args.model:
+        entry = entry.model_copy(update={"model": args.model, "command": None})
+    (judge,) = resolve_judges([entry], base_dir, source, spec.model if spec else None)
+    anchors_path = (
+        Path(args.anchors) if args.anchors else bundled_anchors(entry.rubric or entry.name)
+    )
+    if anchors_path is None:
+        raise HemraError(f"--anchors: no bundled anchors for rubric {entry.rubric or entry.name!r}")
+    anchors = load_anchors(anchors_path)
+    providers = configured_upstreams((spec or RunSpec(harnesses=["nop"], datasets=["x"])).providers)
+    keys = {
+        name: os.environ[p.key_env]
+        for name, p in providers.items()
+        if p.key_env and p.key_env in os.environ
+    }
+    with Gateway(providers, lambda call: None) as gateway:
+        result = calibrate(judge, anchors, gateway, keys, args.threshold)
+    rows = [
+        [r.anchor, f"{r.expected:g}", "-" if r.score is None else f"{r.score:g}", r.error or ""]
+        for r in result.results
+    ]
+    print(tabulate(rows, headers=["anchor", "expected", "judge", "error"]))
+    print(
+        f"judge {result.judge} on {result.model}: mean absolute error {result.mae:.3f} over"
+        f" {result.anchors} anchors ({anchors_path}); threshold {result.threshold:g}:"
+        f" {result.verdict}"
+    )
+    store = Store(Path(args.store) if args.store else base_dir / DEFAULT_STORE)
+    store.record_calibration(calibration_row(result))
+    return 0 if result.reliable else 1

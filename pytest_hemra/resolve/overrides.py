@@ -1,0 +1,158 @@
+"""The flags that override a run file, once for both faces: `hemra run -H NAME` and pytest's
+`--hemra-harness NAME` are one row of `OVERRIDE_FLAGS`, read into one `Overrides`.
+
+Light on purpose (no pydantic): the pytest options module and `hemra --help` import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """`hemra run` / `--hemra-*` flags: the first group replaces run-file keys, the rest add."""
+
+    harnesses: list[str] = field(default_factory=list)
+    datasets: list[str] = field(default_factory=list)
+    attempts: int | None = None
+    tasks: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
+    baseline: str | None = None
+    concurrency: int | None = None
+    sandbox: str | None = None
+    require: list[str] = field(default_factory=list)
+    verifier_env: list[str] = field(default_factory=list)
+    judges: list[str] = field(default_factory=list)
+
+    def apply(self, data: dict[str, Any]) -> dict[str, Any]:
+        merged = dict(data)
+        for key, value in (
+            ("harnesses", self.harnesses),
+            ("datasets", self.datasets),
+            ("tasks", self.tasks),
+            ("exclude", self.exclude),
+        ):
+            if value:
+                merged[key] = list(value)
+        for key, scalar in (
+            ("attempts", self.attempts),
+            ("baseline", self.baseline),
+            ("concurrency", self.concurrency),
+        ):
+            if scalar is not None:
+                merged[key] = scalar
+        if self.sandbox is not None:
+            merged["sandbox"] = {**_table(merged.get("sandbox")), "provider": self.sandbox}
+        if self.require:
+            merged["require"] = [*_list(merged.get("require")), *self.require]
+        if self.verifier_env:
+            verifier = _table(merged.get("verifier"))
+            verifier["env"] = [*_list(verifier.get("env")), *self.verifier_env]
+            merged["verifier"] = verifier
+        if self.judges:
+            merged["judge"] = [*_list(merged.get("judge")), *({"name": j} for j in self.judges)]
+        return merged
+
+
+def _table(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else []
+
+
+@dataclass(frozen=True)
+class OverrideFlag:
+    """One `Overrides` field as each face spells it: pytest's `option`, `hemra run`'s `flags`.
+    A repeatable flag collects a list; the others take one value of `type`."""
+
+    field: str
+    option: str
+    flags: tuple[str, ...]
+    metavar: str
+    help: str
+    repeats: bool = True
+    type: Callable[[str], Any] = str
+
+    @property
+    def dest(self) -> str:
+        """The pytest option's name in `config.getoption`."""
+        return self.option.removeprefix("--").replace("-", "_")
+
+
+OVERRIDE_FLAGS = (
+    OverrideFlag(
+        "harnesses",
+        "--hemra-harness",
+        ("-H", "--harness"),
+        "NAME",
+        "harness to evaluate, replaces the run file's (repeatable)",
+    ),
+    OverrideFlag(
+        "datasets",
+        "--hemra-dataset",
+        ("-d", "--dataset"),
+        "NAME",
+        "dataset name, name@digest or path, replaces the run file's",
+    ),
+    OverrideFlag(
+        "attempts",
+        "--hemra-attempts",
+        ("-k", "--attempts"),
+        "N",
+        "attempts per task",
+        repeats=False,
+        type=int,
+    ),
+    OverrideFlag(
+        "tasks", "--hemra-task", ("-t", "--task"), "GLOB", "select tasks by name (replaces 'tasks')"
+    ),
+    OverrideFlag(
+        "exclude",
+        "--hemra-exclude",
+        ("-x", "--exclude"),
+        "GLOB",
+        "exclude tasks by name (replaces 'exclude')",
+    ),
+    OverrideFlag(
+        "baseline",
+        "--hemra-baseline",
+        ("--baseline",),
+        "NAME",
+        "harness others are compared to",
+        repeats=False,
+    ),
+    OverrideFlag(
+        "sandbox", "--hemra-sandbox", ("--sandbox",), "PROVIDER", "sandbox provider", repeats=False
+    ),
+    OverrideFlag(
+        "require",
+        "--hemra-require",
+        ("--require",),
+        "CAPABILITY",
+        "sandbox capability the run needs (adds to 'require')",
+    ),
+    OverrideFlag(
+        "verifier_env",
+        "--hemra-verifier-env",
+        ("--verifier-env",),
+        "NAME",
+        "environment variable passed to verifiers (adds to verifier.env)",
+    ),
+    OverrideFlag(
+        "judges",
+        "--hemra-judge",
+        ("--judge",),
+        "NAME",
+        "judge to run after the verifier (adds to 'judge')",
+    ),
+)
+
+
+def read_overrides(value: Callable[[OverrideFlag], Any]) -> Overrides:
+    """The `Overrides` a face was given: `value(flag)` is that flag's parsed value."""
+    return Overrides(**{flag.field: value(flag) for flag in OVERRIDE_FLAGS})
