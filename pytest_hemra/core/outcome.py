@@ -1,0 +1,54 @@
+"""How a trial ended: one `Outcome`, and the groups every face reads it through.
+
+A `StrEnum`, so a stored or printed outcome is its plain string (`"pass"`) and compares equal to
+it. The groups (docs: DESIGN.md, "Outcomes"):
+
+| group        | outcomes                                  | read by                           |
+|--------------|-------------------------------------------|-----------------------------------|
+| `SCORED`     | pass, fail, timeout, harness_error        | scores, statistics, fairness      |
+| `FAILED`     | fail, timeout, harness_error              | pytest: reported as failed        |
+| `ERROR`      | verifier_error, infra_error               | pytest: reported as an error      |
+| `UNFINISHED` | verifier_error, infra_error, cancelled    | `hemra run`'s exit code, flags    |
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, ClassVar
+
+
+class Outcome(StrEnum):
+    PASS = "pass"  # the verifier's reward reached the pass threshold
+    FAIL = "fail"  # a reward below it
+    TIMEOUT = "timeout"  # the agent ran past its deadline; still verified
+    HARNESS_ERROR = "harness_error"  # the harness crashed, exited non-zero or refused; verified
+    VERIFIER_ERROR = "verifier_error"  # no usable reward
+    INFRA_ERROR = "infra_error"  # image, container, daemon, gateway upstream...: retried
+    CANCELLED = "cancelled"  # Ctrl-C, `hemra cancel`: never counted as failed
+
+    SCORED: ClassVar[frozenset[Outcome]]
+    FAILED: ClassVar[frozenset[Outcome]]
+    ERROR: ClassVar[frozenset[Outcome]]
+    UNFINISHED: ClassVar[frozenset[Outcome]]
+
+    @property
+    def is_scored(self) -> bool:
+        """Counted in scores: the verifier gave a reward."""
+        return self in Outcome.SCORED
+
+    @classmethod
+    def groups(cls) -> dict[str, Any]:
+        """Every outcome and each group, as lists of strings (what the viewer's API serves)."""
+        return {
+            "outcomes": [str(o) for o in cls],
+            **{
+                name.lower(): [str(o) for o in cls if o in getattr(cls, name)]
+                for name in ("SCORED", "FAILED", "ERROR", "UNFINISHED")
+            },
+        }
+
+
+Outcome.SCORED = frozenset({Outcome.PASS, Outcome.FAIL, Outcome.TIMEOUT, Outcome.HARNESS_ERROR})
+Outcome.FAILED = frozenset({Outcome.FAIL, Outcome.TIMEOUT, Outcome.HARNESS_ERROR})
+Outcome.ERROR = frozenset({Outcome.VERIFIER_ERROR, Outcome.INFRA_ERROR})
+Outcome.UNFINISHED = frozenset({Outcome.VERIFIER_ERROR, Outcome.INFRA_ERROR, Outcome.CANCELLED})
