@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import secrets
 import threading
 import time
@@ -21,71 +20,36 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.core.records import CallRow
+from pytest_hemra.execute.gateway.bodies import (
+    KEPT_BODY_BYTES,
+    error_response,
+    json_object,
+    keep_bodies,
+)
+from pytest_hemra.execute.gateway.headers import (
+    DROPPED_RESPONSE,
+    presented_key,
+    redacted_headers,
+    upstream_headers,
+)
 from pytest_hemra.execute.gateway.ledger import CallPolicy, RunBudget, TrialUsage, same_model
 from pytest_hemra.execute.gateway.prices import cost_of
 from pytest_hemra.execute.gateway.replies import respond
+from pytest_hemra.execute.gateway.routes import TrialAccess, TrialRoute
 from pytest_hemra.execute.gateway.scripted import Script
 from pytest_hemra.execute.gateway.usage import UsageReader, is_streaming
 from pytest_hemra.execute.gateway.wire import Usage, Wire, route_call, wire_of
 from pytest_hemra.resolve.upstreams import SCRIPTED, SCRIPTED_MODEL, ModelApi
 
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-    }
-)
-KEY_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "cookie"})
-DROPPED_RESPONSE = frozenset({*HOP_BY_HOP, "content-encoding"})
 ERROR_TEXT_BYTES = 2048
-KEPT_BODY_BYTES = 4 * 1024 * 1024  # per body in the trial folder; longer ones are cut
 CLOSE_WAIT_SECS = 10.0
 STREAM_BUFFER_BYTES = 64 * 1024  # per upstream response: what one stream may hold in memory
-
-
-@dataclass
-class TrialRoute:
-    token: str
-    trial_id: str
-    run_id: str
-    provider: str | None
-    keys: dict[str, str]
-    script: Script | None
-    policy: CallPolicy = field(default_factory=CallPolicy)
-    budget: RunBudget | None = None
-    is_open: bool = True
-    inflight: int = 0
-    totals: TrialUsage = field(default_factory=TrialUsage)
-    calls_dir: Path | None = None  # where each call's request and response bodies are kept
-    seq: int = 0
-    rows: list[CallRow] = field(default_factory=list)
-    role: str = "agent"  # or "judge:<name>": counted apart from the harness's calls
-
-
-@dataclass(frozen=True)
-class TrialAccess:
-    """What a trial is given: its token (also its API key) and base URLs per listening host."""
-
-    token: str
-    base_urls: dict[str, str]
-
-    def base_url(self, host: str) -> str:
-        return self.base_urls[host]
 
 
 @dataclass
@@ -262,7 +226,7 @@ class Gateway:
         wire = wire_of(tail)
         body = await request.read()
         route = self._routes.get(token)
-        presented = _presented_key(request.headers)
+        presented = presented_key(request.headers)
         if (
             route is None
             or not route.is_open
@@ -282,7 +246,7 @@ class Gateway:
                 refused=True,
                 error=f"refused: {why} trial token",
             )
-            return _error_response(wire, 401, "invalid or expired HEMRA trial token")
+            return error_response(wire, 401, "invalid or expired HEMRA trial token")
         route.inflight += 1
         if route.calls_dir is not None:
             call.kept = bytearray()
@@ -300,7 +264,7 @@ class Gateway:
         body: bytes,
         call: _Call,
     ) -> web.StreamResponse:
-        data = _json_object(body) if wire is not Wire.OTHER else {}
+        data = json_object(body) if wire is not Wire.OTHER else {}
         requested = data.get("model") if isinstance(data.get("model"), str) else None
         # a run on the scripted model sends every call there, whatever model a harness asks for
         run_model = route.policy.model or ""
@@ -319,16 +283,16 @@ class Gateway:
             if refusal is not None:
                 refused = True
                 call.status, call.error = 400, f"refused: {refusal}"
-                return _error_response(wire, 400, f"HEMRA refused the call: {refusal}")
+                return error_response(wire, 400, f"HEMRA refused the call: {refusal}")
             if provider is None:
                 call.status, call.error = 502, f"no provider named {provider_name!r}"
-                return _error_response(wire, 502, call.error)
+                return error_response(wire, 502, call.error)
             if provider.name == SCRIPTED or provider.base_url is None:
                 base = f"{self._scripted_url}/s/{route.token}"
             else:
                 base = provider.base_url.rstrip("/")
             url = f"{base}/{tail}" + (f"?{request.query_string}" if request.query_string else "")
-            headers = _upstream_headers(request.headers, provider, route.keys.get(provider.name))
+            headers = upstream_headers(request.headers, provider, route.keys.get(provider.name))
             assert self._session is not None
             response: web.StreamResponse | None = None
             try:
@@ -358,12 +322,12 @@ class Gateway:
                     return response
             except aiohttp.ClientConnectorError as error:
                 call.status, call.error = 502, f"upstream unreachable: {error}"
-                return _error_response(wire, 502, "upstream unreachable")
+                return error_response(wire, 502, "upstream unreachable")
             except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
                 call.error = f"upstream failed mid-response: {type(error).__name__}: {error}"
                 if response is None:
                     call.status = 502
-                    return _error_response(wire, 502, "upstream failed")
+                    return error_response(wire, 502, "upstream failed")
                 if request.transport is not None:
                     request.transport.abort()  # the harness sees the reset, as from the provider
                 return response
@@ -403,7 +367,7 @@ class Gateway:
     async def _scripted(self, request: web.Request) -> web.StreamResponse:
         route = self._routes.get(request.match_info["token"])
         wire = wire_of(request.match_info["tail"])
-        body = _json_object(await request.read())
+        body = json_object(await request.read())
         script = route.script if route is not None and route.script is not None else ()
         return await respond(request, wire, body, script)
 
@@ -424,7 +388,7 @@ class Gateway:
         usage = usage or Usage()
         if route is not None and route.calls_dir is not None:
             route.seq += 1
-            self._writer.submit(_keep_bodies, route.calls_dir, route.seq, body, call.kept)
+            self._writer.submit(keep_bodies, route.calls_dir, route.seq, body, call.kept)
         record = CallRow(
             run_id=route.run_id if route else None,
             trial_id=route.trial_id if route else None,
@@ -456,67 +420,3 @@ class Gateway:
             used = record.model or requested
             route.totals.add(record, bool(expected) and not same_model(used, expected or ""))
         self._writer.submit(self._record, record)
-
-
-def _keep_bodies(folder: Path, seq: int, request: bytes, response: bytearray | None) -> None:
-    """`calls/0001.request.json` and `.response` in the trial folder: what the harness sent
-    and got (bodies hold no keys: those travel in headers, which are not kept here)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{seq:04d}.request.json").write_bytes(request[:KEPT_BODY_BYTES])
-    (folder / f"{seq:04d}.response").write_bytes(bytes(response or b""))
-
-
-def _presented_key(headers: Mapping[str, str]) -> str | None:
-    if "x-api-key" in headers:
-        return headers["x-api-key"]
-    authorization = headers.get("Authorization", "")
-    if authorization.lower().startswith("bearer "):
-        return authorization[7:].strip()
-    return None
-
-
-def _upstream_headers(
-    headers: Mapping[str, str], provider: ModelApi, key: str | None
-) -> dict[str, str]:
-    forwarded = {
-        name: value
-        for name, value in headers.items()
-        if name.lower() not in HOP_BY_HOP
-        and name.lower() not in KEY_HEADERS
-        and not name.lower().startswith("x-hemra")
-        and name.lower() != "accept-encoding"
-    }
-    forwarded["Accept-Encoding"] = "identity"  # usage is read from the bytes as they pass
-    if key:
-        if provider.auth == "x-api-key":
-            forwarded["x-api-key"] = key
-        else:
-            forwarded["Authorization"] = f"Bearer {key}"
-    return forwarded
-
-
-def redacted_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """Request headers as stored: keys, tokens and cookies never leave memory."""
-    return {
-        name.lower(): "[redacted]" if name.lower() in KEY_HEADERS else value
-        for name, value in headers.items()
-    }
-
-
-def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(body) if body else {}
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _error_response(wire: Wire, status: int, message: str) -> web.Response:
-    """An error in the provider's own format, so harnesses handle it as they would upstream's."""
-    if wire in (Wire.ANTHROPIC, Wire.COUNT_TOKENS):
-        kind = "authentication_error" if status == 401 else "api_error"
-        payload: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
-    else:
-        kind = "invalid_request_error" if status == 401 else "server_error"
-        payload = {"error": {"message": message, "type": kind, "code": None, "param": None}}
-    return web.json_response(payload, status=status)

@@ -1,0 +1,41 @@
+"""Bodies on the way through the gateway: a request read as JSON, an error answered in the
+upstream's own format, and each call's bodies kept in the trial folder (capped)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from pytest_hemra.execute.gateway.wire import Wire
+
+KEPT_BODY_BYTES = 4 * 1024 * 1024  # per body in the trial folder; longer ones are cut
+
+
+def keep_bodies(folder: Path, seq: int, request: bytes, response: bytearray | None) -> None:
+    """`calls/0001.request.json` and `.response` in the trial folder: what the harness sent
+    and got (bodies hold no keys: those travel in headers, which are not kept here)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{seq:04d}.request.json").write_bytes(request[:KEPT_BODY_BYTES])
+    (folder / f"{seq:04d}.response").write_bytes(bytes(response or b""))
+
+
+def json_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body) if body else {}
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def error_response(wire: Wire, status: int, message: str) -> web.Response:
+    """An error in the provider's own format, so harnesses handle it as they would upstream's."""
+    if wire in (Wire.ANTHROPIC, Wire.COUNT_TOKENS):
+        kind = "authentication_error" if status == 401 else "api_error"
+        payload: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+    else:
+        kind = "invalid_request_error" if status == 401 else "server_error"
+        payload = {"error": {"message": message, "type": kind, "code": None, "param": None}}
+    return web.json_response(payload, status=status)
