@@ -19,6 +19,7 @@ import pytest
 import pytest_hemra.plugin  # noqa: F401
 
 pytest_plugins = ["pytester"]
+
 BASE_IMAGE = "debian:bookworm-slim"
 REPO = Path(__file__).resolve().parent
 

@@ -33,8 +33,8 @@ from pytest_hemra.report.tables import RunReport, build_report, report_dict
 from pytest_hemra.resolve.overrides import Overrides, read_overrides
 from pytest_hemra.resolve.plan import load_recorded, record_plan, resolve_plan
 from pytest_hemra.run.job import Runner, sandbox_for
-from pytest_hemra.run.lease import is_alive, owner_name
 from pytest_hemra.store import Store
+from pytest_hemra.store.owner import is_alive, owner_name
 
 
 @dataclass

@@ -113,10 +113,10 @@ def show_command(args: argparse.Namespace) -> int:
 
 def view_command(args: argparse.Namespace) -> int:
     """The viewer alone, until Ctrl-C or SIGTERM."""
-    from pytest_hemra.execute.sandbox.docker import DockerProvider
+    from pytest_hemra.run.job import default_provider
     from pytest_hemra.viewer.server import running_viewer, wait_for_signal
 
     store = open_store(args.store)
-    with running_viewer(store.path, args.host, args.port, DockerProvider(), required=True):
+    with running_viewer(store.path, args.host, args.port, default_provider(), required=True):
         wait_for_signal()
     return 0

@@ -123,25 +123,27 @@ def run_command(args: argparse.Namespace) -> int:
 def detach_command(args: argparse.Namespace) -> int:
     """Resolve and record the run with its jobs queued, print its id, and return; with
     `--dry-run`, print the resolved plan instead and record nothing."""
+    from pytest_hemra.core import registry
     from pytest_hemra.core.errors import HemraError
     from pytest_hemra.execute.provisioning import describe, provision
-    from pytest_hemra.execute.sandbox.docker import DockerProvider
+    from pytest_hemra.execute.sandbox import SandboxProvider
     from pytest_hemra.resolve.plan import record_plan, resolve_plan
     from pytest_hemra.store import Store
 
     overrides = read_overrides(lambda flag: getattr(args, flag.field))
     run_file = Path(args.run_file) if args.run_file else None
+    found = registry.sandbox_providers()
     if args.dry_run:
         plan = resolve_plan(run_file, overrides, Path.cwd())
-        provision(plan, {"docker": DockerProvider}, check_sandbox=False)
+        provision(plan, found, check_sandbox=False)
         try:
-            provider: DockerProvider | None = DockerProvider()
+            provider: SandboxProvider | None = found[plan.spec.sandbox.provider]()
         except HemraError:
             provider = None
         print(describe(plan, provider))
         return 0
     plan = resolve_plan(run_file, overrides, Path.cwd())
-    provision(plan, {"docker": DockerProvider})
+    provision(plan, found)
     store = Store(Path(args.store) if args.store else plan.base_dir / DEFAULT_STORE)
     run_id = record_plan(plan, store, status="queued")
     print(run_id)
@@ -171,7 +173,7 @@ def serve_command(args: argparse.Namespace) -> int:
     """Work the queue, with the viewer beside it (a warning, not an error, if it cannot listen)."""
     from contextlib import nullcontext
 
-    from pytest_hemra.execute.sandbox.docker import DockerProvider
+    from pytest_hemra.run.job import default_provider
     from pytest_hemra.run.supervisor import Supervisor
     from pytest_hemra.viewer.server import running_viewer
 
@@ -179,20 +181,20 @@ def serve_command(args: argparse.Namespace) -> int:
     viewer = (
         nullcontext()
         if args.no_viewer
-        else running_viewer(store.path, args.host, args.port, DockerProvider(), required=False)
+        else running_viewer(store.path, args.host, args.port, default_provider(), required=False)
     )
     with viewer:
-        return Supervisor(store.path, args.concurrency, DockerProvider()).serve(once=args.once)
+        return Supervisor(store.path, args.concurrency).serve(once=args.once)
 
 
 def cancel_command(args: argparse.Namespace) -> int:
     """Cancel queued trials now; ask running ones to stop and remove their sandboxes."""
     from pytest_hemra.core.errors import InfraError
-    from pytest_hemra.execute.sandbox.docker import DockerProvider
     from pytest_hemra.run.cancellation import cancel_run
+    from pytest_hemra.run.job import run_provider
 
     store = open_store(args.store)
-    done = cancel_run(store, args.run_id, DockerProvider(), args.wait)
+    done = cancel_run(store, args.run_id, run_provider(store, args.run_id), args.wait)
     print(f"run {args.run_id}: {done.cancelled} trials cancelled, {done.removed} sandboxes removed")
     if done.sandbox_error is not None:
         raise InfraError(done.sandbox_error)

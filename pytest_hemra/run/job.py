@@ -25,9 +25,10 @@ from pytest_hemra.execute.sandbox.pool import EnginePool
 from pytest_hemra.resolve.plan import RecordedRun
 from pytest_hemra.resolve.spec import RunSpec
 from pytest_hemra.resolve.upstreams import configured_upstreams
-from pytest_hemra.run.lease import LEASE_SECS, Heartbeat, owner_name
+from pytest_hemra.run.lease import LEASE_SECS, Heartbeat
 from pytest_hemra.run.trial import run_trial
 from pytest_hemra.store import Store
+from pytest_hemra.store.owner import owner_name
 
 
 def sandbox_for(
@@ -42,6 +43,17 @@ def sandbox_for(
         known = ", ".join(sorted(factories))
         raise HemraError(f"sandbox provider '{spec.sandbox.provider}' is not installed ({known})")
     provider: SandboxProvider = factories[spec.sandbox.provider]()
+    return provider
+
+
+def run_provider(store: Store, run_id: str) -> SandboxProvider:
+    """The sandbox provider a recorded run names (`hemra cancel`, `hemra serve`)."""
+    return sandbox_for(RunSpec.model_validate(store.run(run_id).plan.settings), store)
+
+
+def default_provider() -> SandboxProvider:
+    """The registry's `docker` provider, for what serves every run at once (the viewer)."""
+    provider: SandboxProvider = registry.sandbox_providers()["docker"]()
     return provider
 
 

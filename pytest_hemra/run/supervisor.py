@@ -3,7 +3,8 @@
 Each run with queued jobs (or jobs whose runner is gone) is finished by a child
 `pytest --hemra-resume RUN_ID -n N`, so a served run goes through exactly the same plugin as
 `pytest --hemra-run`. Stopping the server kills its child and removes the child's sandboxes;
-their leases are then held by a dead process, and the next server reclaims them.
+their leases are then held by a dead process, and the next server reclaims them. The child
+reads its sandbox provider from the plug-in registry, as every pytest session does.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from pytest_hemra.execute.sandbox import SandboxProvider
+from pytest_hemra.run.job import run_provider
 from pytest_hemra.store import Store
 from pytest_hemra.store.owner import is_alive
 
@@ -32,11 +33,10 @@ def session_argv(run_id: str, store: Path, concurrency: int) -> list[str]:
 
 
 class Supervisor:
-    def __init__(self, store_path: Path, concurrency: int, provider: SandboxProvider) -> None:
+    def __init__(self, store_path: Path, concurrency: int) -> None:
         self.store_path = store_path.resolve()
         self.store = Store(self.store_path)
         self.concurrency = concurrency
-        self.provider = provider
         self.logs = self.store_path.parent / "serve"
         self.stopping = False
         self.given_up: set[str] = set()
@@ -84,7 +84,7 @@ class Supervisor:
                 if self.stopping:
                     os.killpg(self.child.pid, signal.SIGKILL)
                     self.child.wait()
-                    self.provider.remove_sandboxes({"hemra.run": run_id})
+                    run_provider(self.store, run_id).remove_sandboxes({"hemra.run": run_id})
                     print(f"hemra serve: stopped; run {run_id} resumes on the next serve")
                     return
                 time.sleep(0.2)
