@@ -6,6 +6,8 @@ An outcome is a value, not an exception: a harness that fails is a `fail`, never
 
 from __future__ import annotations
 
+from pytest_hemra.core.outcome import Outcome
+
 
 class HemraError(Exception):
     """Base of every error HEMRA raises on purpose."""
@@ -32,15 +34,15 @@ class VerifierError(HemraError):
 
 
 # exception type -> (outcome, retried as a new attempt?)
-OUTCOME_OF_ERROR: dict[type[HemraError], tuple[str, bool]] = {
-    InfraError: ("infra_error", True),
-    VerifierError: ("verifier_error", False),
+OUTCOME_OF_ERROR: dict[type[HemraError], tuple[Outcome, bool]] = {
+    InfraError: (Outcome.INFRA_ERROR, True),
+    VerifierError: (Outcome.VERIFIER_ERROR, False),
 }
 
 
-def outcome_of(error: BaseException) -> tuple[str, bool]:
+def outcome_of(error: BaseException) -> tuple[Outcome, bool]:
     """Map an exception raised under a trial to (outcome, retried?); unknown ones are infra."""
     for kind, verdict in OUTCOME_OF_ERROR.items():
         if isinstance(error, kind):
             return verdict
-    return ("infra_error", True)
+    return (Outcome.INFRA_ERROR, True)

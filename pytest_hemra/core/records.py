@@ -6,9 +6,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_hemra.core.outcome import Outcome
+from pytest_hemra.core.stored import StoredPlan
+
 DEFAULT_STORE = Path(".hemra") / "hemra.db"  # relative to the run file's folder, or the cwd
 FINISHED = "finished"
 CANCELLED = "cancelled"
+# what a trial shows while it has no outcome yet (a filter on outcome names these statuses too)
+STATUSES_WITHOUT_OUTCOME = ("planned", "running", "deselected")
 
 
 @dataclass(frozen=True)
@@ -60,8 +65,13 @@ class RunRecord:
     name: str
     created_at: float
     status: str
-    spec: dict[str, Any]
+    spec: dict[str, Any]  # the recorded plan as stored: read it through `plan`
     trials_dir: Path
+
+    @property
+    def plan(self) -> StoredPlan:
+        """The recorded plan, read as typed values."""
+        return StoredPlan.read(self.spec)
 
 
 @dataclass(frozen=True)
@@ -75,7 +85,7 @@ class TrialRecord:
     harness: str
     attempt: int
     status: str
-    outcome: str | None
+    outcome: Outcome | None
     reward: float | None
     rewards: dict[str, float]
     error: str | None

@@ -14,6 +14,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from pytest_hemra.core.stored import StoredPlan
 from pytest_hemra.report.fairness import Flag
 from pytest_hemra.report.stats import Comparison, Estimate, mean_ci, paired_difference
 from pytest_hemra.report.tables import SIGNIFICANCE, by_task
@@ -52,13 +53,13 @@ class RunComparison:
 
 def compare_runs(store: Store, before_id: str, after_id: str) -> RunComparison:
     before, after = store.run(before_id), store.run(after_id)
-    spec_a, spec_b = before.spec, after.spec
+    plan_a, plan_b = before.plan, after.plan
     trials_a, trials_b = store.trials(before_id), store.trials(after_id)
     datasets = []
-    for name in [d for d in spec_b["datasets"] if d in spec_a["datasets"]]:
-        flags = _run_flags(spec_a, spec_b, name)
+    for name in [d for d in plan_b.datasets if d in plan_a.datasets]:
+        flags = _run_flags(plan_a, plan_b, name)
         changes = []
-        for harness in [h for h in spec_b["spec"]["harnesses"] if h in spec_a["harnesses"]]:
+        for harness in [h for h in plan_b.harness_names if h in plan_a.harnesses]:
             rewards_a = by_task([t for t in trials_a if (t.dataset, t.harness) == (name, harness)])
             rewards_b = by_task([t for t in trials_b if (t.dataset, t.harness) == (name, harness)])
             if not rewards_a.keys() & rewards_b.keys():
@@ -75,8 +76,8 @@ def compare_runs(store: Store, before_id: str, after_id: str) -> RunComparison:
                     change,
                 )
             )
-            digest_a = spec_a["harnesses"][harness]["digest"]
-            digest_b = spec_b["harnesses"][harness]["digest"]
+            digest_a = plan_a.harnesses[harness].digest or ""
+            digest_b = plan_b.harnesses[harness].digest or ""
             if digest_a != digest_b:
                 flags.append(
                     Flag(
@@ -98,15 +99,16 @@ def compare_runs(store: Store, before_id: str, after_id: str) -> RunComparison:
     return RunComparison(before_id, after_id, datasets)
 
 
-def _run_flags(spec_a: dict[str, object], spec_b: dict[str, object], dataset: str) -> list[Flag]:
+def _run_flags(plan_a: StoredPlan, plan_b: StoredPlan, dataset: str) -> list[Flag]:
     flags = []
-    entry_a = spec_a["datasets"][dataset]  # type: ignore[index]
-    entry_b = spec_b["datasets"][dataset]  # type: ignore[index]
-    if entry_a["digest"] != entry_b["digest"]:
+    if plan_a.datasets[dataset].digest != plan_b.datasets[dataset].digest:
         flags.append(Flag("dataset_changed", None, "the dataset's content differs between runs"))
-    for key, what in (("timeout_secs", "timeouts"), ("model", "models"), ("attempts", "attempts")):
-        value_a = spec_a["spec"][key]  # type: ignore[index]
-        value_b = spec_b["spec"][key]  # type: ignore[index]
+    settings: tuple[tuple[str, str, object, object], ...] = (
+        ("timeout_secs", "timeouts", plan_a.timeout_secs, plan_b.timeout_secs),
+        ("model", "models", plan_a.model, plan_b.model),
+        ("attempts", "attempts", plan_a.attempts, plan_b.attempts),
+    )
+    for key, what, value_a, value_b in settings:
         if value_a != value_b:
             flags.append(Flag(key, None, f"different {what}: {value_a} before, {value_b} after"))
     return flags

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
-from pytest_hemra.execute.selfreport import SelfReport, disagrees
-from pytest_hemra.run.trial import SCORED_OUTCOMES
+from pytest_hemra.core.usage import Usage, disagrees
 
 
 @dataclass(frozen=True)
@@ -27,25 +27,14 @@ class Flag:
         return f"! {self.harness}: {self.message}" if self.harness else f"! {self.message}"
 
 
-UNMETERED_KINDS = frozenset({"harbor"})  # kinds whose model calls bypass the gateway
-
-
-def unmetered_harnesses(recorded: dict[str, Any]) -> frozenset[str]:
-    """The run's harnesses (from its recorded plan) whose tokens the gateway cannot count."""
-    return frozenset(
-        name
-        for name, entry in recorded.get("harnesses", {}).items()
-        if entry.get("spec", {}).get("kind") in UNMETERED_KINDS
-    )
-
-
 def dataset_flags(
     trials: Sequence[TrialRecord],
     harnesses: Sequence[str],
     model: str | None,
     unmetered: frozenset[str] = frozenset(),
 ) -> list[Flag]:
-    """The flags a dataset's trials raise by themselves (statistics add `too_few_tasks`)."""
+    """The flags a dataset's trials raise by themselves (statistics add `too_few_tasks`);
+    `unmetered` names the harnesses whose tokens the gateway cannot count (`StoredPlan`)."""
     counted = [t for t in trials if t.status != "deselected"]
     by_harness: dict[str, list[TrialRecord]] = defaultdict(list)
     for trial in counted:
@@ -88,7 +77,7 @@ def dataset_flags(
 
 
 def _task_set(harness: str, mine: list[TrialRecord], every_task: set[str]) -> list[Flag]:
-    scored_tasks = {t.task for t in mine if t.outcome in SCORED_OUTCOMES}
+    scored_tasks = {t.task for t in mine if t.outcome in Outcome.SCORED}
     missing = sorted(every_task - scored_tasks)
     if not missing:
         return []
@@ -106,7 +95,7 @@ def _task_set(harness: str, mine: list[TrialRecord], every_task: set[str]) -> li
 def _unfinished(harness: str, mine: list[TrialRecord]) -> list[Flag]:
     unfinished: dict[str, int] = defaultdict(int)
     for trial in mine:
-        if trial.outcome not in SCORED_OUTCOMES:
+        if trial.outcome not in Outcome.SCORED:
             unfinished[trial.outcome or trial.status] += 1
     if not unfinished:
         return []
@@ -136,12 +125,12 @@ def _self_reports(harness: str, mine: list[TrialRecord]) -> list[Flag]:
     off = [
         t
         for t in mine
-        if t.own_report is not None and disagrees(SelfReport(**t.own_report), t.tokens)
+        if t.own_report is not None and disagrees(Usage.of(t.own_report).total_tokens, t.tokens)
     ]
     if not off:
         return []
     first = off[0]
-    own = SelfReport(**(first.own_report or {})).total_tokens
+    own = Usage.of(first.own_report or {}).total_tokens
     return [
         Flag(
             "self_report",

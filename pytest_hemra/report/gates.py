@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_hemra.core.errors import SpecError
+from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.report.comparison import RunComparison
 from pytest_hemra.report.tables import RunReport
-from pytest_hemra.run.trial import SCORED_OUTCOMES
 
 SCORE = re.compile(r"^(?:(?P<harness>[A-Za-z0-9_.-]+):)?score<(?P<threshold>[0-9.]+)$")
 KINDS = ("unfinished", "failure", "regression")
@@ -58,12 +58,14 @@ def tripped(
         if gate.kind == "regression":
             reasons += _regressions(report, comparison)
         elif gate.kind == "unfinished":
-            missing = [t for t in counted if not t.is_finished or t.outcome not in SCORED_OUTCOMES]
+            missing = [t for t in counted if not t.is_finished or t.outcome in Outcome.UNFINISHED]
             if missing:
                 outcomes = sorted({t.outcome or t.status for t in missing})
                 reasons.append(f"{len(missing)} trial(s) without a result ({', '.join(outcomes)})")
         elif gate.kind == "failure":
-            failed = [t for t in counted if t.outcome in SCORED_OUTCOMES and t.outcome != "pass"]
+            failed = [
+                t for t in counted if t.outcome in Outcome.SCORED and t.outcome != Outcome.PASS
+            ]
             if failed:
                 reasons.append(f"{len(failed)} scored trial(s) did not pass")
         else:
@@ -73,7 +75,7 @@ def tripped(
                 rewards = [
                     t.reward or 0.0
                     for t in counted
-                    if t.harness == harness and t.outcome in SCORED_OUTCOMES
+                    if t.harness == harness and t.outcome in Outcome.SCORED
                 ]
                 mean = sum(rewards) / len(rewards) if rewards else 0.0
                 if mean < gate.threshold:

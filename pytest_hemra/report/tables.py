@@ -8,20 +8,20 @@ baseline on the tasks both have scored trials for.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_hemra.core.errors import StoreError
+from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
-from pytest_hemra.execute.selfreport import SelfReport
+from pytest_hemra.core.usage import Usage
 from pytest_hemra.report.fairness import (
     Flag,
     calibration_flags,
     dataset_flags,
-    unmetered_harnesses,
 )
 from pytest_hemra.report.stats import (
     Comparison,
@@ -33,7 +33,6 @@ from pytest_hemra.report.stats import (
     paired_difference,
     summary,
 )
-from pytest_hemra.run.trial import SCORED_OUTCOMES
 from pytest_hemra.store import Store
 
 SIGNIFICANCE = 0.05
@@ -93,7 +92,7 @@ def by_task(trials: Sequence[TrialRecord]) -> dict[str, list[float]]:
     """Scored trials' rewards, grouped by task (attempts of a task stay together)."""
     grouped: dict[str, list[float]] = defaultdict(list)
     for trial in trials:
-        if trial.outcome in SCORED_OUTCOMES:
+        if trial.outcome in Outcome.SCORED:
             grouped[trial.task].append(trial.reward or 0.0)
     return dict(grouped)
 
@@ -110,13 +109,13 @@ def summarize(
     # a pass is the trial's outcome: the task's own threshold (the open track's) decides it
     passes: dict[str, list[float]] = defaultdict(list)
     for trial in mine:
-        if trial.outcome in SCORED_OUTCOMES:
-            passes[trial.task].append(float(trial.outcome == "pass"))
+        if trial.outcome in Outcome.SCORED:
+            passes[trial.task].append(float(trial.outcome == Outcome.PASS))
     outcomes: dict[str, int] = defaultdict(int)
     for trial in mine:
         if trial.outcome:
             outcomes[trial.outcome] += 1
-    own = [SelfReport(**t.own_report).total_tokens for t in finished if t.own_report]
+    own = [Usage.of(t.own_report).total_tokens for t in finished if t.own_report]
     judges: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for trial in finished:
         for name, score in trial.judges.items():
@@ -160,24 +159,22 @@ def versus_baseline(
 
 def build_report(store: Store, run_id: str) -> RunReport:
     run = store.run(run_id)
-    spec = run.spec["spec"]
-    harnesses: list[str] = spec["harnesses"]
-    baseline = spec.get("baseline") or harnesses[0]
-    ordered = [baseline, *(h for h in harnesses if h != baseline)]
+    plan = run.plan
+    if plan.baseline is None:
+        raise StoreError(f"{store.path}: run {run_id} was recorded without harnesses")
+    baseline, ordered = plan.baseline, plan.ordered_harnesses
     groups: dict[tuple[str, str], list[TrialRecord]] = defaultdict(list)
     for trial in store.trials(run_id):
         groups[trial.dataset, trial.harness].append(trial)
-    judges = [(j["name"], j["model"]) for j in run.spec.get("judges", [])]
+    judges = [(j.name, j.model) for j in plan.judges]
     calibrations = {
-        j["name"]: store.latest_calibration(
-            hashlib.sha256(j["rubric"].encode()).hexdigest(), j["model"]
-        )
-        for j in run.spec.get("judges", [])
-        if j["model"] is not None
+        j.name: store.latest_calibration(j.rubric_digest, j.model)
+        for j in plan.judges
+        if j.model is not None
     }
     judge_flags = calibration_flags(judges, calibrations)
     datasets = []
-    for name, entry in run.spec["datasets"].items():
+    for name, entry in plan.datasets.items():
         mine = [t for h in ordered for t in groups[name, h]]
         attempts = max((t.attempt for t in mine), default=1)
         base_rewards = by_task(groups[name, baseline])
@@ -185,15 +182,13 @@ def build_report(store: Store, run_id: str) -> RunReport:
             summarize(groups[name, h], h, attempts, None if h == baseline else base_rewards)
             for h in ordered
         ]
-        flags = dataset_flags(mine, ordered, spec.get("model"), unmetered_harnesses(run.spec))
+        flags = dataset_flags(mine, ordered, plan.model, plan.unmetered)
         flags += [flag for row in rows if (flag := too_few_tasks(row)) is not None]
         flags += judge_flags
         datasets.append(
-            DatasetReport(name, entry["digest"], len(entry["tasks"]), attempts, rows, flags)
+            DatasetReport(name, entry.digest or "", len(entry.tasks), attempts, rows, flags)
         )
-    return RunReport(
-        run.id, run.name, str(store.path), run.status, baseline, spec.get("model"), datasets
-    )
+    return RunReport(run.id, run.name, str(store.path), run.status, baseline, plan.model, datasets)
 
 
 def too_few_tasks(row: HarnessSummary) -> Flag | None:

@@ -173,22 +173,23 @@ def record_plan(plan: Plan, store: Store, status: str = "recorded") -> str:
 
 def load_recorded(store: Store, run_id: str) -> RecordedRun:
     run = store.run(run_id)
-    record = run.spec
-    if record.get("schema_version") != PLAN_SCHEMA_VERSION:
+    stored = run.plan
+    if stored.schema_version != PLAN_SCHEMA_VERSION:
         raise StoreError(f"{store.path}: run {run_id} was recorded by another HEMRA version")
+    missing = [h.name for h in stored.harnesses.values() if h.path is None]
+    missing += [d.name for d in stored.datasets.values() if d.path is None]
+    if missing:
+        raise StoreError(f"{store.path}: run {run_id} has no recorded path for {missing}")
     harnesses = {
-        name: Harness(name, Path(entry["path"]), HarnessSpec.model_validate(entry["spec"]))
-        for name, entry in record["harnesses"].items()
+        name: Harness(name, Path(h.path or ""), HarnessSpec.model_validate(h.settings))
+        for name, h in stored.harnesses.items()
     }
     return RecordedRun(
         id=run.id,
-        spec=RunSpec.model_validate(record["spec"]),
+        spec=RunSpec.model_validate(stored.settings),
         harnesses=harnesses,
-        dataset_paths={name: Path(d["path"]) for name, d in record["datasets"].items()},
+        dataset_paths={name: Path(d.path or "") for name, d in stored.datasets.items()},
         trials=store.trials(run_id),
         trials_dir=run.trials_dir,
-        judges=tuple(
-            Judge(j["name"], j["rubric"], j["model"], tuple(j["command"]) if j["command"] else None)
-            for j in record.get("judges", [])
-        ),
+        judges=tuple(Judge(j.name, j.rubric, j.model, j.command) for j in stored.judges),
     )

@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_hemra.core.errors import StoreError
+from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import (
+    CANCELLED,
+    FINISHED,
     CallRow,
     RunRecord,
     TrialCounts,
@@ -125,7 +128,7 @@ class ResultStore(StoreBase):
     def finish_trial(self, trial: str, result: dict[str, Any]) -> None:
         """Store a trial's result and close its job, before pytest reports the item."""
         usage = result.get("usage") or EMPTY_USAGE
-        status = "cancelled" if result["outcome"] == "cancelled" else "finished"
+        status = CANCELLED if result["outcome"] == Outcome.CANCELLED else FINISHED
         with self._transaction() as tx:
             tx.execute(
                 "UPDATE trials SET status = ?, outcome = ?, reward = ?, rewards = ?,"

@@ -6,7 +6,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import (
+    STATUSES_WITHOUT_OUTCOME,
     TrialFilter,
     TrialRecord,
 )
@@ -205,10 +207,6 @@ TRIAL_COLUMNS = (
 )
 
 
-# A filter on a trial's outcome names its status when it has no outcome yet.
-STATUSES_WITHOUT_OUTCOME = frozenset({"planned", "running", "deselected"})
-
-
 def filter_clauses(run_id: str, where: TrialFilter) -> tuple[list[str], list[Any]]:
     clauses, args = ["run_id = ?", CURRENT], [run_id]
     for column in ("harness", "task", "dataset"):
@@ -244,7 +242,7 @@ def trial_record(row: Sequence[Any]) -> TrialRecord:
         harness=row[6],
         attempt=row[7],
         status=row[8],
-        outcome=row[9],
+        outcome=None if row[9] is None else Outcome(row[9]),
         reward=row[10],
         rewards=json_column(row[11]) or {},
         error=row[12],

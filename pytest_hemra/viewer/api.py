@@ -10,7 +10,14 @@ from typing import Any
 
 from aiohttp import web
 
-from pytest_hemra.core.records import RunRecord, TrialCounts, TrialFilter, TrialRecord
+from pytest_hemra.core.outcome import Outcome
+from pytest_hemra.core.records import (
+    STATUSES_WITHOUT_OUTCOME,
+    RunRecord,
+    TrialCounts,
+    TrialFilter,
+    TrialRecord,
+)
 from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.report.comparison import compare_runs, comparison_dict
 from pytest_hemra.run.cancellation import cancel_run
@@ -19,10 +26,8 @@ from pytest_hemra.viewer.context import viewer
 from pytest_hemra.viewer.pairing import Side, pair_sides
 from pytest_hemra.viewer.params import BadRequest, integer, required, text
 
-OUTCOMES = (
-    "pass", "fail", "timeout", "harness_error", "verifier_error", "infra_error", "cancelled",
-    "planned", "running", "deselected",
-)  # fmt: skip
+# a trial's state: its outcome, or while it has none its status (what `?outcome=` may name)
+STATES = (*(str(o) for o in Outcome), *STATUSES_WITHOUT_OUTCOME)
 ACTIVE = frozenset({"recorded", "queued", "running"})
 DEFAULT_PAGE, MAX_PAGE = 200, 1000
 MAX_CANCEL_WAIT = 60
@@ -31,8 +36,7 @@ MAX_CANCEL_WAIT = 60
 def run_json(
     run: RunRecord, counts: TrialCounts | None, *, with_tasks: bool = False
 ) -> dict[str, Any]:
-    spec = run.spec.get("spec", {})
-    harnesses = list(spec.get("harnesses", []))
+    plan = run.plan
     statuses = counts.statuses if counts else {}
     return {
         "id": run.id,
@@ -40,19 +44,17 @@ def run_json(
         "created_at": run.created_at,
         "status": run.status,
         "is_active": run.status in ACTIVE,
-        "harnesses": harnesses,
-        "baseline": spec.get("baseline") or (harnesses[0] if harnesses else None),
-        "model": spec.get("model"),
-        "attempts": spec.get("attempts"),
+        "harnesses": list(plan.harness_names),
+        "baseline": plan.baseline,
+        "model": plan.model,
+        "attempts": plan.attempts,
         "datasets": [
             {
-                "name": name,
-                "digest": entry.get("digest"),
-                "tasks": list(entry.get("tasks", []))
-                if with_tasks
-                else len(entry.get("tasks", [])),
+                "name": dataset.name,
+                "digest": dataset.digest,
+                "tasks": list(dataset.tasks) if with_tasks else len(dataset.tasks),
             }
-            for name, entry in run.spec.get("datasets", {}).items()
+            for dataset in plan.datasets.values()
         ],
         "progress": {
             "queued": statuses.get("planned", 0),
@@ -108,7 +110,7 @@ def _cancel(store: Store, run_id: str, provider: SandboxProvider, wait: float) -
 
 def _compare_runs(store: Store, before: str, after: str, harness: str | None) -> dict[str, Any]:
     run_a, run_b = store.run(before), store.run(after)
-    shared = [h for h in run_b.spec["spec"]["harnesses"] if h in run_a.spec["spec"]["harnesses"]]
+    shared = [h for h in run_b.plan.harness_names if h in run_a.plan.harness_names]
     if harness is not None and harness not in shared:
         raise BadRequest(
             f"parameter 'harness': {harness!r} is not in both runs (expected one of {shared})"
@@ -135,7 +137,7 @@ def _compare_runs(store: Store, before: str, after: str, harness: str | None) ->
 
 def _compare_harnesses(store: Store, run_id: str, a: str, b: str) -> dict[str, Any]:
     run = store.run(run_id)
-    harnesses = run.spec["spec"]["harnesses"]
+    harnesses = list(run.plan.harness_names)
     for name, value in (("a", a), ("b", b)):
         if value not in harnesses:
             raise BadRequest(
@@ -148,6 +150,11 @@ def _compare_harnesses(store: Store, run_id: str, a: str, b: str) -> dict[str, A
         "b": b,
         "datasets": pair_sides(store, Side(run_id, a), Side(run_id, b)),
     }
+
+
+async def outcomes(request: web.Request) -> web.Response:
+    """Every outcome, its groups, and the states a trial can show (the pages read them here)."""
+    return web.json_response({**Outcome.groups(), "states": list(STATES)})
 
 
 async def runs(request: web.Request) -> web.Response:
@@ -167,10 +174,8 @@ async def report(request: web.Request) -> web.Response:
 async def trials(request: web.Request) -> web.Response:
     query = request.query
     outcome = text(query, "outcome")
-    if outcome is not None and outcome not in OUTCOMES:
-        raise BadRequest(
-            f"parameter 'outcome': {outcome!r} (expected one of {', '.join(OUTCOMES)})"
-        )
+    if outcome is not None and outcome not in STATES:
+        raise BadRequest(f"parameter 'outcome': {outcome!r} (expected one of {', '.join(STATES)})")
     where = TrialFilter(
         harness=text(query, "harness"),
         task=text(query, "task"),

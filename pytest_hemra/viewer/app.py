@@ -56,6 +56,7 @@ def make_app(
     for path in ("/", "/runs/{run_id}", "/trials/{trial_id}", "/compare"):
         routes.add_get(path, page)
     routes.add_static("/static/", STATIC)
+    routes.add_get("/api/outcomes", api.outcomes)
     routes.add_get("/api/runs", api.runs)
     routes.add_get("/api/runs/{run_id}", api.run)
     routes.add_get("/api/runs/{run_id}/report", api.report)

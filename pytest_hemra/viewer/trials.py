@@ -28,7 +28,7 @@ def _trial(store: Store, trial_id: str) -> dict[str, Any]:
     detail = store.trial_detail(trial_id)
     trial = detail.trial
     run = store.run(trial.run_id)
-    dataset = run.spec.get("datasets", {}).get(trial.dataset, {})
+    dataset = run.plan.datasets.get(trial.dataset)
     try:
         files, folder_error = TrialFolder(run.trials_dir, trial.trial_dir).files(), None
     except NotFound as error:
@@ -51,7 +51,7 @@ def _trial(store: Store, trial_id: str) -> dict[str, Any]:
             "cost": trial.cost,
         },
         "judgments": store.judgments(trial_id),
-        "instruction": read_instruction(dataset.get("path"), trial.task),
+        "instruction": read_instruction(dataset.path if dataset else None, trial.task),
         "files": files,
         "folder_error": folder_error,
     }

@@ -55,10 +55,11 @@ export async function api(path, options = {}) {
   return data;
 }
 
-export const OUTCOMES = [
-  "pass", "fail", "timeout", "harness_error", "verifier_error", "infra_error", "cancelled",
-  "running", "planned", "deselected",
-];
+// Every outcome, its groups (scored, failed, error, unfinished) and the states a trial can show:
+// its outcome, or its status while it has none. The server owns the lists (GET /api/outcomes);
+// when it cannot be read, every state shows as "other" and the page says what went wrong.
+export const OUTCOME_GROUPS = await api("/api/outcomes").catch(() => ({ states: [] }));
+export const OUTCOMES = OUTCOME_GROUPS.states;
 
 // A trial's state: its outcome, or its status while it has none.
 export function stateOf(trial) {

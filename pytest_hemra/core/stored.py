@@ -1,0 +1,153 @@
+"""The run's plan as the store keeps it, read back as plain typed values.
+
+`resolve.plan.Plan.record()` writes it with the run (`RunRecord.spec`, schema_version 1):
+
+    {"schema_version": 1, "source": "run.toml",
+     "spec": {...the RunSpec's settings...},
+     "harnesses": {name: {"path", "digest", "spec": {...the harness file...}, "metered"?}},
+     "datasets": {name: {"path", "digest", "tasks": [...]}},
+     "judges": [{"name", "rubric", "model", "command"}]}
+
+`StoredPlan.read` is what every reader (reports, the viewer, the CLI) goes through instead of
+indexing that dict. It is forgiving on purpose: a key that is missing reads as its default, so
+a run recorded by an older HEMRA or by a test with a partial plan still reads. The runner, which
+must rebuild the harness files and the run spec exactly, parses them with pydantic in
+`resolve.plan.load_recorded`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+UNMETERED_KIND = "harbor"  # its agent calls the model directly, not through HEMRA's gateway
+
+
+@dataclass(frozen=True)
+class StoredHarness:
+    name: str
+    digest: str | None = None
+    path: str | None = None
+    kind: str | None = None
+    metered: bool = True  # its model calls go through the gateway, which counts their tokens
+    settings: Mapping[str, Any] = field(default_factory=dict)  # the harness file, as recorded
+
+    @classmethod
+    def read(cls, name: str, entry: Mapping[str, Any]) -> StoredHarness:
+        settings = _mapping(entry.get("spec"))
+        kind = _text(settings.get("kind"))
+        metered = entry.get("metered")
+        return cls(
+            name=name,
+            digest=_text(entry.get("digest")),
+            path=_text(entry.get("path")),
+            kind=kind,
+            metered=metered if isinstance(metered, bool) else kind != UNMETERED_KIND,
+            settings=settings,
+        )
+
+
+@dataclass(frozen=True)
+class StoredDataset:
+    name: str
+    digest: str | None = None
+    path: str | None = None
+    tasks: tuple[str, ...] = ()
+
+    @classmethod
+    def read(cls, name: str, entry: Mapping[str, Any]) -> StoredDataset:
+        return cls(
+            name=name,
+            digest=_text(entry.get("digest")),
+            path=_text(entry.get("path")),
+            tasks=tuple(str(t) for t in entry.get("tasks") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class StoredJudge:
+    name: str
+    rubric: str = ""
+    model: str | None = None  # None: a program judge
+    command: tuple[str, ...] | None = None
+
+    @classmethod
+    def read(cls, entry: Mapping[str, Any]) -> StoredJudge:
+        command = entry.get("command")
+        return cls(
+            name=str(entry.get("name", "")),
+            rubric=str(entry.get("rubric") or ""),
+            model=_text(entry.get("model")),
+            command=tuple(str(part) for part in command) if command else None,
+        )
+
+    @property
+    def rubric_digest(self) -> str:
+        return hashlib.sha256(self.rubric.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class StoredPlan:
+    """What a run was recorded to do: its harnesses (in the run's order), datasets, judges and
+    the settings readers compare runs by."""
+
+    schema_version: int | None = None
+    source: str | None = None
+    harness_names: tuple[str, ...] = ()  # the run's order; the baseline need not come first
+    baseline: str | None = None  # the run's baseline, else its first harness
+    model: str | None = None
+    attempts: int | None = None
+    timeout_secs: float | None = None
+    harnesses: Mapping[str, StoredHarness] = field(default_factory=dict)
+    datasets: Mapping[str, StoredDataset] = field(default_factory=dict)
+    judges: tuple[StoredJudge, ...] = ()
+    settings: Mapping[str, Any] = field(default_factory=dict)  # the run spec, as recorded
+
+    @classmethod
+    def read(cls, record: Mapping[str, Any]) -> StoredPlan:
+        settings = _mapping(record.get("spec"))
+        names = tuple(str(h) for h in settings.get("harnesses") or ())
+        version = record.get("schema_version")
+        attempts = settings.get("attempts")
+        timeout = settings.get("timeout_secs")
+        return cls(
+            schema_version=version if isinstance(version, int) else None,
+            source=_text(record.get("source")),
+            harness_names=names,
+            baseline=_text(settings.get("baseline")) or (names[0] if names else None),
+            model=_text(settings.get("model")),
+            attempts=attempts if isinstance(attempts, int) else None,
+            timeout_secs=timeout if isinstance(timeout, int | float) else None,
+            harnesses={
+                name: StoredHarness.read(name, _mapping(entry))
+                for name, entry in _mapping(record.get("harnesses")).items()
+            },
+            datasets={
+                name: StoredDataset.read(name, _mapping(entry))
+                for name, entry in _mapping(record.get("datasets")).items()
+            },
+            judges=tuple(StoredJudge.read(_mapping(j)) for j in record.get("judges") or ()),
+            settings=settings,
+        )
+
+    @property
+    def ordered_harnesses(self) -> list[str]:
+        """The baseline first, then the other harnesses in the run's order."""
+        if self.baseline is None:
+            return list(self.harness_names)
+        return [self.baseline, *(h for h in self.harness_names if h != self.baseline)]
+
+    @property
+    def unmetered(self) -> frozenset[str]:
+        """The harnesses whose tokens the gateway cannot count."""
+        return frozenset(name for name, h in self.harnesses.items() if not h.metered)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
