@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from tabulate import tabulate
 
 from pytest_hemra.core.errors import InfraError
-from pytest_hemra.execute.sandbox.docker import DOCKER_ERRORS, SANDBOX_REPOSITORY, TASK_REPOSITORY
+from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS
+from pytest_hemra.execute.sandbox.docker import SANDBOX_REPOSITORY, TASK_REPOSITORY
 from pytest_hemra.execute.sandbox.pool import EnginePool
 from pytest_hemra.resolve.spec import EngineSettings
 from pytest_hemra.store import Store

@@ -30,7 +30,8 @@ import docker.tls
 from pytest_hemra.core.errors import InfraError, SpecError
 from pytest_hemra.core.records import EngineSlot
 from pytest_hemra.execute.sandbox import Placement, Sandbox, SandboxRequest
-from pytest_hemra.execute.sandbox.docker import DOCKER_ERRORS, DockerProvider, remove_container
+from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS, remove_container
+from pytest_hemra.execute.sandbox.docker import DockerProvider
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.spec import EngineSettings, EngineTLS
 from pytest_hemra.store import Store

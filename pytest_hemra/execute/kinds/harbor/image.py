@@ -29,7 +29,8 @@ from pytest_hemra.execute.sandbox.base_image import (
     bootstrap_base_image,
     has_image,
 )
-from pytest_hemra.execute.sandbox.docker import DOCKER_ERRORS, connect
+from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS
+from pytest_hemra.execute.sandbox.docker import connect
 
 RECIPE_VERSION = "1"
 SUITE = "trixie"
