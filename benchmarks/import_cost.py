@@ -34,7 +34,7 @@ def wall(argv: list[str], cwd: Path | None = None) -> float:
 def import_secs(code: str) -> float:
     """Seconds of imports `python -X importtime -c code` reports (top-level modules only)."""
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True
+        [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, check=True
     )
     total = 0
     for line in done.stderr.splitlines():
