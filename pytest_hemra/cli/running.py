@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_hemra.cli.arguments import add_store_argument, add_viewer_arguments, open_store
+from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import DEFAULT_STORE
 from pytest_hemra.resolve.overrides import OVERRIDE_FLAGS, Overrides, read_overrides
+
+USAGE_ERROR = 4  # pytest.ExitCode.USAGE_ERROR, without importing pytest for --help
 
 if TYPE_CHECKING:
     from pytest_hemra.cli.arguments import Commands
@@ -112,9 +115,13 @@ def run_command(args: argparse.Namespace) -> int:
 
     if not (args.run_file or args.harnesses or args.datasets or args.resume):
         print("hemra run: name a run file, or harnesses (-H) and datasets (-d)", file=sys.stderr)
-        return 4
+        return USAGE_ERROR
     if args.detach or args.dry_run:
-        return detach_command(args)
+        try:
+            return detach_command(args)
+        except HemraError as error:  # the same status as the pytest session's usage error
+            print(f"hemra: {error}", file=sys.stderr)
+            return USAGE_ERROR
     if args.concurrency is None and args.run_file:
         args.concurrency = _file_concurrency(Path(args.run_file))
     return int(pytest.main(pytest_argv(args)))
