@@ -19,6 +19,7 @@ from pytest_hemra.core import registry
 from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import DEFAULT_STORE, PlannedTrial, TrialRecord
+from pytest_hemra.core.usage import Usage
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.provisioning import ProviderFactory, provision
 from pytest_hemra.report.comparison import (
@@ -232,7 +233,7 @@ class TrialItem(pytest.Item):
                 ("cost", "unknown" if record.cost is None else f"{record.cost:.6f}"),
                 ("retries", str(record.retries)),
                 ("stopped_by", record.stopped_by or ""),
-                ("own_tokens", "" if own is None else str(_own_total(own))),
+                ("own_tokens", "" if own is None else str(Usage.of(own).total_tokens)),
                 ("trial", record.id),
                 ("trial_dir", record.trial_dir or ""),
                 ("engine", record.engine or ""),
@@ -263,11 +264,6 @@ class TrialItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, self.name
-
-
-def _own_total(own: dict[str, Any]) -> int:
-    keys = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
-    return sum(int(own.get(key) or 0) for key in keys)
 
 
 def _run_phases(item: pytest.Item, nextitem: pytest.Item | None) -> list[pytest.TestReport]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_hemra.core.usage import Usage
 from pytest_hemra.execute.gateway.canary import reported_usage
-from pytest_hemra.execute.gateway.wire import Usage, Wire
+from pytest_hemra.execute.gateway.wire import Wire
 from tests.upstream import USAGE, running_upstream
 
 

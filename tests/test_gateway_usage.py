@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from pytest_hemra.execute.gateway.usage import MAX_LINE_BYTES, UsageReader, is_streaming
-from pytest_hemra.execute.gateway.wire import Usage, Wire
+from pytest_hemra.execute.gateway.wire import CallUsage as Usage
+from pytest_hemra.execute.gateway.wire import Wire
 
 Feed = Callable[[bytes], Iterator[bytes]]
 

@@ -36,7 +36,8 @@ from pytest_hemra.execute.gateway.scripted import (
     whole_files,
 )
 from pytest_hemra.execute.gateway.usage import UsageReader, is_streaming
-from pytest_hemra.execute.gateway.wire import Usage, Wire, wire_of
+from pytest_hemra.execute.gateway.wire import CallUsage as Usage
+from pytest_hemra.execute.gateway.wire import Wire, wire_of
 from pytest_hemra.resolve.datasets import bundled_dir, load_task, task_dirs
 from pytest_hemra.resolve.spec import HarnessSpec
 from pytest_hemra.run.trial import script_for

@@ -8,6 +8,7 @@ from typing import Any
 
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.stored import StoredPlan
+from pytest_hemra.core.usage import TOKEN_FIELDS, Usage
 
 DEFAULT_STORE = Path(".hemra") / "hemra.db"  # relative to the run file's folder, or the cwd
 FINISHED = "finished"
@@ -30,9 +31,10 @@ class PlannedTrial:
         return f"{self.dataset}::{self.task}[{self.harness}-{self.attempt}]"
 
 
-@dataclass(frozen=True)
-class CallRow:
-    """One model call through the gateway; cost None means the model's price is unknown."""
+@dataclass(frozen=True, kw_only=True)
+class CallRow(Usage):
+    """One model call through the gateway and its tokens; cost None means the model's price is
+    unknown. Stored in the `calls` table, a column per field."""
 
     run_id: str | None
     trial_id: str | None
@@ -44,10 +46,6 @@ class CallRow:
     model_requested: str | None
     model: str | None
     status: int
-    input_tokens: int
-    output_tokens: int
-    cache_read_tokens: int
-    cache_write_tokens: int
     cost: float | None
     latency: float
     ttfb: float | None
@@ -57,6 +55,14 @@ class CallRow:
     refused: bool
     headers: dict[str, str]
     role: str = "agent"  # or "judge:<name>"
+
+
+# a call's fields in the order the store's `calls` columns and the viewer's answers list them
+CALL_COLUMNS = (
+    "run_id", "trial_id", "at", "provider", "wire", "method", "path", "model_requested", "model",
+    "status", *TOKEN_FIELDS, "cost", "latency", "ttfb", "request_bytes", "response_bytes", "error",
+    "refused", "headers", "role",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -136,8 +142,8 @@ class TrialCounts:
         return sum(self.statuses.values())
 
 
-@dataclass(frozen=True)
-class TrialDetail:
+@dataclass(frozen=True, kw_only=True)
+class TrialDetail(Usage):
     """What a trial's page shows beyond its `TrialRecord`: phases, times and usage."""
 
     trial: TrialRecord
@@ -146,10 +152,6 @@ class TrialDetail:
     finished_at: float | None
     worker: str | None
     calls: int
-    input_tokens: int
-    output_tokens: int
-    cache_read_tokens: int
-    cache_write_tokens: int
     job_state: str | None
 
 

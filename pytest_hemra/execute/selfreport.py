@@ -11,39 +11,32 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-AGREEMENT_TOLERANCE = 0.05  # relative difference in total tokens before a trial is flagged
+from pytest_hemra.core.usage import Usage
 
 
-@dataclass
-class SelfReport:
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
+@dataclass(frozen=True)
+class SelfReport(Usage):
+    """The harness's own token counts (stored as the trial's `own_report`), and what else it
+    says: cost, turns, its final message, whether it ended in error. `core.usage.disagrees`
+    compares its total with the gateway's."""
+
     cost_usd: float | None = None
     turns: int | None = None
     final_message: str | None = None
     is_error: bool | None = None
 
-    @property
-    def total_tokens(self) -> int:
-        return (
-            self.input_tokens
-            + self.output_tokens
-            + self.cache_read_tokens
-            + self.cache_write_tokens
-        )
 
-
-def disagrees(own: SelfReport | None, gateway_tokens: int) -> bool:
-    """Whether the harness's own token total is off the gateway's by more than the tolerance."""
-    if own is None:
-        return False
-    largest = max(own.total_tokens, gateway_tokens)
-    return largest > 0 and abs(own.total_tokens - gateway_tokens) / largest > AGREEMENT_TOLERANCE
+def _with_tokens(report: SelfReport, tokens: Usage) -> SelfReport:
+    return replace(
+        report,
+        input_tokens=tokens.input_tokens,
+        output_tokens=tokens.output_tokens,
+        cache_read_tokens=tokens.cache_read_tokens,
+        cache_write_tokens=tokens.cache_write_tokens,
+    )
 
 
 def _events(text: str) -> Iterator[dict[str, Any]]:
@@ -88,53 +81,61 @@ def _claude_code(text: str) -> SelfReport | None:
 
 
 def _codex(text: str) -> SelfReport | None:
-    report, seen = SelfReport(turns=0), False
+    tokens, turns, final, is_error = Usage(), 0, None, None
     for event in _events(text):
         kind = event.get("type")
         if kind == "turn.completed":
-            seen = True
             usage = event.get("usage") or {}
             cached = _int(usage.get("cached_input_tokens"))
-            report.input_tokens += _int(usage.get("input_tokens")) - cached
-            report.cache_read_tokens += cached
-            report.output_tokens += _int(usage.get("output_tokens"))
-            report.turns = (report.turns or 0) + 1
+            tokens += Usage(
+                input_tokens=_int(usage.get("input_tokens")) - cached,
+                output_tokens=_int(usage.get("output_tokens")),
+                cache_read_tokens=cached,
+            )
+            turns += 1
         elif kind == "item.completed":
             item = event.get("item") or {}
             if item.get("type") == "agent_message" and isinstance(item.get("text"), str):
-                report.final_message = item["text"]
+                final = item["text"]
         elif kind == "turn.failed":
-            report.is_error = True
-    return report if seen else None
+            is_error = True
+    if not turns:
+        return None
+    report = SelfReport(turns=turns, final_message=final, is_error=is_error)
+    return _with_tokens(report, tokens)
 
 
 def _pi(text: str) -> SelfReport | None:
-    report, seen = SelfReport(turns=0), False
+    tokens, turns, cost_usd, final, is_error = Usage(), 0, None, None, None
     for event in _events(text):
         message = event.get("message") or {}
         if event.get("type") != "message_end" or message.get("role") != "assistant":
             continue
-        seen = True
         usage = message.get("usage") or {}
-        report.input_tokens += _int(usage.get("input"))
-        report.output_tokens += _int(usage.get("output"))
-        report.cache_read_tokens += _int(usage.get("cacheRead"))
-        report.cache_write_tokens += _int(usage.get("cacheWrite"))
+        tokens += Usage(
+            _int(usage.get("input")),
+            _int(usage.get("output")),
+            _int(usage.get("cacheRead")),
+            _int(usage.get("cacheWrite")),
+        )
         cost = usage.get("cost")
         total = cost.get("total") if isinstance(cost, dict) else cost
         if isinstance(total, int | float):
-            report.cost_usd = (report.cost_usd or 0.0) + float(total)
-        report.turns = (report.turns or 0) + 1
+            cost_usd = (cost_usd or 0.0) + float(total)
+        turns += 1
         texts = [
             str(c["text"])
             for c in message.get("content") or []
             if isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str)
         ]
         if texts:
-            report.final_message = "\n".join(texts)
+            final = "\n".join(texts)
         if message.get("stopReason") == "error":
-            report.is_error = True
-    return report if seen else None
+            is_error = True
+    if not turns:
+        return None
+    report = SelfReport(cost_usd=cost_usd, turns=turns, final_message=final, is_error=is_error)
+    return _with_tokens(report, tokens)
 
 
 # `Tokens: 1.2k sent, 20 cache write, 5 cache hit, 50 received.`: "sent" holds the cached and
@@ -156,21 +157,22 @@ def _aider_count(text: str | None) -> int:
 def _aider(text: str) -> SelfReport | None:
     """aider prints a `Tokens:` line per message it sends (and a `Cost:` one when it knows the
     price). No final message: it prints replies re-wrapped, with diffs in place of files."""
-    report, seen = SelfReport(turns=0), False
+    tokens, turns, cost_usd = Usage(), 0, None
     for line in text.splitlines():
-        tokens, cost = AIDER_TOKENS.match(line), AIDER_COST.search(line)
-        if tokens:
-            seen = True
-            sent, hit = _aider_count(tokens["sent"]), _aider_count(tokens["hit"])
-            written = _aider_count(tokens["write"])
-            report.input_tokens += max(sent - hit - written, 0)
-            report.cache_read_tokens += hit
-            report.cache_write_tokens += written
-            report.output_tokens += _aider_count(tokens["received"])
-            report.turns = (report.turns or 0) + 1
+        counts, cost = AIDER_TOKENS.match(line), AIDER_COST.search(line)
+        if counts:
+            sent, hit = _aider_count(counts["sent"]), _aider_count(counts["hit"])
+            written = _aider_count(counts["write"])
+            tokens += Usage(
+                input_tokens=max(sent - hit - written, 0),
+                output_tokens=_aider_count(counts["received"]),
+                cache_read_tokens=hit,
+                cache_write_tokens=written,
+            )
+            turns += 1
         if cost:
-            report.cost_usd = float(cost["session"])  # the session's running total
-    return report if seen else None
+            cost_usd = float(cost["session"])  # the session's running total
+    return _with_tokens(SelfReport(cost_usd=cost_usd, turns=turns), tokens) if turns else None
 
 
 def _mini_swe_agent(text: str) -> SelfReport | None:
@@ -183,7 +185,7 @@ def _mini_swe_agent(text: str) -> SelfReport | None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
         return None
-    report, seen = SelfReport(turns=0), False
+    tokens, seen, final, is_error = Usage(), False, None, None
     for message in data["messages"]:
         if not isinstance(message, dict):
             continue
@@ -192,18 +194,26 @@ def _mini_swe_agent(text: str) -> SelfReport | None:
         if message.get("role") == "assistant" and usage:
             seen = True
             cached = _int(_mapping(usage.get("prompt_tokens_details")).get("cached_tokens"))
-            report.input_tokens += max(_int(usage.get("prompt_tokens")) - cached, 0)
-            report.cache_read_tokens += cached
-            report.output_tokens += _int(usage.get("completion_tokens"))
+            tokens += Usage(
+                input_tokens=max(_int(usage.get("prompt_tokens")) - cached, 0),
+                output_tokens=_int(usage.get("completion_tokens")),
+                cache_read_tokens=cached,
+            )
         if message.get("role") == "exit":
             status = extra.get("exit_status")
-            report.final_message = str(extra.get("submission") or status or "")
-            report.is_error = status not in ("Submitted", None)
+            final = str(extra.get("submission") or status or "")
+            is_error = status not in ("Submitted", None)
+    if not seen:
+        return None
     stats = _mapping(_mapping(data.get("info")).get("model_stats"))
-    if isinstance(stats.get("instance_cost"), int | float):
-        report.cost_usd = float(stats["instance_cost"])
-    report.turns = _int(stats.get("api_calls")) or None
-    return report if seen else None
+    cost = stats.get("instance_cost")
+    report = SelfReport(
+        cost_usd=float(cost) if isinstance(cost, int | float) else None,
+        turns=_int(stats.get("api_calls")) or None,
+        final_message=final,
+        is_error=is_error,
+    )
+    return _with_tokens(report, tokens)
 
 
 PARSERS: dict[str, Callable[[str], SelfReport | None]] = {

@@ -24,7 +24,7 @@ from pytest_hemra.execute.context import (
     TrialContext,
     TrialResult,
 )
-from pytest_hemra.execute.gateway.ledger import CallPolicy, TrialUsage
+from pytest_hemra.execute.gateway.ledger import CallPolicy
 from pytest_hemra.execute.gateway.scripted import (
     NO_EDITS,
     Script,
@@ -372,7 +372,7 @@ def _run_steps(
             turn = Progress()
             with _model_access(step_context, turn) as access:
                 _run_agent(step_context, sandbox, turn, access, installed)
-            progress.usage = _added_usage(progress.usage, turn.usage)
+            progress.usage = progress.usage.combined(turn.usage)
             after = sandbox.read_tree(WORKDIR)
             (step_dir / "diff.patch").write_text(tree_diff(before, after))
             reward: float | None = None
@@ -407,27 +407,6 @@ def _run_steps(
     else:
         reward = sum(scores) / len(scores)
     return reward, {"reward": reward, **{f"step:{s.name}": s.reward or 0.0 for s in progress.steps}}
-
-
-def _added_usage(total: TrialUsage, more: TrialUsage) -> TrialUsage:
-    """Two token windows of one trial added up (a multi-step task has one per step)."""
-    if not total.calls:
-        return more
-    if not more.calls:
-        return total
-    return TrialUsage(
-        calls=total.calls + more.calls,
-        refused=total.refused + more.refused,
-        unreachable=total.unreachable + more.unreachable,
-        input_tokens=total.input_tokens + more.input_tokens,
-        output_tokens=total.output_tokens + more.output_tokens,
-        cache_read_tokens=total.cache_read_tokens + more.cache_read_tokens,
-        cache_write_tokens=total.cache_write_tokens + more.cache_write_tokens,
-        other_model_tokens=total.other_model_tokens + more.other_model_tokens,
-        cost=None if total.cost is None or more.cost is None else total.cost + more.cost,
-        models=list(dict.fromkeys([*total.models, *more.models])),
-        stopped_by=total.stopped_by or more.stopped_by,
-    )
 
 
 def tree_diff(before: dict[str, bytes], after: dict[str, bytes]) -> str:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from pytest_hemra.core.errors import StoreError
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import (
+    CALL_COLUMNS,
     CANCELLED,
     FINISHED,
     CallRow,
@@ -20,6 +20,7 @@ from pytest_hemra.core.records import (
     TrialFilter,
     TrialRecord,
 )
+from pytest_hemra.core.usage import TOKEN_FIELDS
 from pytest_hemra.store.base import StoreBase
 from pytest_hemra.store.schema import (
     CURRENT,
@@ -123,7 +124,16 @@ class ResultStore(StoreBase):
         ).fetchone()
         if row is None:
             raise StoreError(f"{self.path}: no trial {trial!r}")
-        return TrialDetail(self.trial(trial), json_column(row[0]) or {}, *row[1:])
+        return TrialDetail(
+            trial=self.trial(trial),
+            phases=json_column(row[0]) or {},
+            started_at=row[1],
+            finished_at=row[2],
+            worker=row[3],
+            calls=row[4],
+            **dict(zip(TOKEN_FIELDS, row[5:9], strict=True)),
+            job_state=row[9],
+        )
 
     def finish_trial(self, trial: str, result: dict[str, Any]) -> None:
         """Store a trial's result and close its job, before pytest reports the item."""
@@ -278,36 +288,9 @@ class ResultStore(StoreBase):
         """One model call, written as it completes (by the gateway's writer thread)."""
         with self._transaction() as tx:
             tx.execute(
-                "INSERT INTO calls (run_id, trial_id, at, provider, wire, method, path,"
-                " model_requested, model, status, input_tokens, output_tokens,"
-                " cache_read_tokens, cache_write_tokens, cost, latency, ttfb, request_bytes,"
-                " response_bytes, error, refused, headers, role)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    call.run_id,
-                    call.trial_id,
-                    call.at,
-                    call.provider,
-                    call.wire,
-                    call.method,
-                    call.path,
-                    call.model_requested,
-                    call.model,
-                    call.status,
-                    call.input_tokens,
-                    call.output_tokens,
-                    call.cache_read_tokens,
-                    call.cache_write_tokens,
-                    call.cost,
-                    call.latency,
-                    call.ttfb,
-                    call.request_bytes,
-                    call.response_bytes,
-                    call.error,
-                    int(call.refused),
-                    json.dumps(call.headers, sort_keys=True),
-                    call.role,
-                ],
+                f"INSERT INTO calls ({', '.join(CALL_COLUMNS)})"
+                f" VALUES ({', '.join('?' * len(CALL_COLUMNS))})",
+                [_call_column(call, name) for name in CALL_COLUMNS],
             )
 
     def calls(self, trial: str | None = None, run_id: str | None = None) -> list[CallRow]:
@@ -315,16 +298,13 @@ class ResultStore(StoreBase):
         if trial is None and run_id is None:
             where, args = ("1", [])
         rows = self.db.execute(
-            "SELECT run_id, trial_id, at, provider, wire, method, path, model_requested, model,"
-            " status, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost,"
-            " latency, ttfb, request_bytes, response_bytes, error, refused, headers,"
-            f" coalesce(role, 'agent') FROM calls WHERE {where} ORDER BY id",
+            f"SELECT {', '.join(CALL_COLUMNS[:-1])}, coalesce(role, 'agent')"
+            f" FROM calls WHERE {where} ORDER BY id",
             args,
         ).fetchall()
-        names = [f.name for f in fields(CallRow)]
         return [
             CallRow(
-                **dict(zip(names[:20], row[:20], strict=True)),
+                **dict(zip(CALL_COLUMNS[:20], row[:20], strict=True)),
                 refused=bool(row[20]),
                 headers=json.loads(row[21]),
                 role=row[22],
@@ -338,3 +318,10 @@ class ResultStore(StoreBase):
             "SELECT coalesce(sum(cost), 0) FROM calls WHERE run_id = ?", [run_id]
         ).fetchone()
         return float(found[0])
+
+
+def _call_column(call: CallRow, name: str) -> Any:
+    value = getattr(call, name)
+    if name == "refused":
+        return int(value)
+    return json.dumps(value, sort_keys=True) if name == "headers" else value

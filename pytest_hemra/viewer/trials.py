@@ -3,19 +3,19 @@ byte offset) and its transcript (paged by message)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
 
-from pytest_hemra.core.records import CallRow
+from pytest_hemra.core.records import CALL_COLUMNS
 from pytest_hemra.store import Store
 from pytest_hemra.viewer.api import trial_json
 from pytest_hemra.viewer.context import viewer
 from pytest_hemra.viewer.folder import DEFAULT_LIMIT, MAX_LIMIT, TrialFolder, read_instruction
 from pytest_hemra.viewer.params import NotFound, integer
 
-CALL_FIELDS = tuple(f.name for f in fields(CallRow) if f.name != "headers")
+CALL_FIELDS = tuple(name for name in CALL_COLUMNS if name != "headers")
 DEFAULT_MESSAGES, MAX_MESSAGES = 500, 5000
 
 
@@ -43,10 +43,7 @@ def _trial(store: Store, trial_id: str) -> dict[str, Any]:
         "job_state": detail.job_state,
         "usage": {
             "calls": detail.calls,
-            "input_tokens": detail.input_tokens,
-            "output_tokens": detail.output_tokens,
-            "cache_read_tokens": detail.cache_read_tokens,
-            "cache_write_tokens": detail.cache_write_tokens,
+            **detail.counts(),
             "tokens": trial.tokens,
             "cost": trial.cost,
         },
@@ -60,8 +57,7 @@ def _trial(store: Store, trial_id: str) -> dict[str, Any]:
 def _calls(store: Store, trial_id: str) -> list[dict[str, Any]]:
     store.trial(trial_id)
     return [
-        {name: value for name, value in asdict(call).items() if name in CALL_FIELDS}
-        for call in store.calls(trial=trial_id)
+        {name: getattr(call, name) for name in CALL_FIELDS} for call in store.calls(trial=trial_id)
     ]
 
 

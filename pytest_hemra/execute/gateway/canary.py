@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_hemra.core.records import CallRow
+from pytest_hemra.core.usage import Usage
 from pytest_hemra.execute.gateway.scripted import scripted_usage
 from pytest_hemra.execute.gateway.server import Gateway
-from pytest_hemra.execute.gateway.wire import Usage, Wire
+from pytest_hemra.execute.gateway.wire import Wire
 from pytest_hemra.resolve.upstreams import SCRIPTED, SCRIPTED_MODEL, ModelApi
 
 TOLERANCE = 0.0  # relative: usage is counted exactly, or the canary fails
@@ -98,9 +99,7 @@ def _probe(
         error = f"the call failed: {failure}"
     finally:
         usage = gateway.close_trial(access.token)
-    recorded = Usage(
-        usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens
-    )
+    recorded = usage.tokens
     if provider.name == SCRIPTED or expect_scripted:
         expected: Usage | None = scripted_usage(wire)
     else:
@@ -199,12 +198,7 @@ def _usages(node: Any) -> Iterator[dict[str, Any]]:
 
 
 def _agree(recorded: Usage, expected: Usage) -> bool:
-    pairs = [
-        (recorded.input_tokens, expected.input_tokens),
-        (recorded.output_tokens, expected.output_tokens),
-        (recorded.cache_read_tokens, expected.cache_read_tokens),
-        (recorded.cache_write_tokens, expected.cache_write_tokens),
-    ]
+    pairs = zip(recorded.counts().values(), expected.counts().values(), strict=True)
     return all(abs(a - b) <= TOLERANCE * max(a, b, 1) for a, b in pairs)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_hemra.core.records import CallRow
+from pytest_hemra.core.usage import Usage
 from pytest_hemra.execute.gateway.prices import price_table
 
 BYTES_PER_TOKEN = 4  # a generous estimate of input tokens from the request size
@@ -35,45 +36,52 @@ class CallPolicy:
     max_cost_usd: float | None = None  # per trial
 
 
-@dataclass
-class TrialUsage:
-    """A trial's calls added up by the gateway; cost None once any call's price is unknown."""
+@dataclass(frozen=True, kw_only=True)
+class TrialUsage(Usage):
+    """A trial's calls added up by the gateway; cost None once any call's price is unknown.
+
+    Stored flat (`result.json`'s `usage`): the four token counts, then the fields below."""
 
     calls: int = 0
     refused: int = 0
     unreachable: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
     other_model_tokens: int = 0
     cost: float | None = 0.0
     models: list[str] = field(default_factory=list)
     stopped_by: str | None = None  # "token cap", "cost cap", "run budget"
 
-    def add(self, row: CallRow, is_other_model: bool) -> None:
-        self.calls += 1
-        self.refused += int(row.refused)
-        self.unreachable += int((row.error or "").startswith("upstream unreachable"))
-        self.input_tokens += row.input_tokens
-        self.output_tokens += row.output_tokens
-        self.cache_read_tokens += row.cache_read_tokens
-        self.cache_write_tokens += row.cache_write_tokens
-        tokens = (
-            row.input_tokens + row.output_tokens + row.cache_read_tokens + row.cache_write_tokens
+    def with_call(self, row: CallRow, is_other_model: bool) -> TrialUsage:
+        """These totals with one more call."""
+        return TrialUsage(
+            **(self.tokens + row.tokens).counts(),
+            calls=self.calls + 1,
+            refused=self.refused + int(row.refused),
+            unreachable=self.unreachable
+            + int((row.error or "").startswith("upstream unreachable")),
+            other_model_tokens=self.other_model_tokens
+            + (row.total_tokens if is_other_model else 0),
+            cost=None if self.cost is None or row.cost is None else self.cost + row.cost,
+            models=[*self.models, row.model]
+            if row.model and row.model not in self.models
+            else self.models,
+            stopped_by=self.stopped_by,
         )
-        self.other_model_tokens += tokens if is_other_model else 0
-        self.cost = None if self.cost is None or row.cost is None else self.cost + row.cost
-        if row.model and row.model not in self.models:
-            self.models.append(row.model)
 
-    @property
-    def total_tokens(self) -> int:
-        return (
-            self.input_tokens
-            + self.output_tokens
-            + self.cache_read_tokens
-            + self.cache_write_tokens
+    def combined(self, more: TrialUsage) -> TrialUsage:
+        """Two token windows of one trial added up (a multi-step task has one per step)."""
+        if not self.calls:
+            return more
+        if not more.calls:
+            return self
+        return TrialUsage(
+            **(self.tokens + more.tokens).counts(),
+            calls=self.calls + more.calls,
+            refused=self.refused + more.refused,
+            unreachable=self.unreachable + more.unreachable,
+            other_model_tokens=self.other_model_tokens + more.other_model_tokens,
+            cost=None if self.cost is None or more.cost is None else self.cost + more.cost,
+            models=list(dict.fromkeys([*self.models, *more.models])),
+            stopped_by=self.stopped_by or more.stopped_by,
         )
 
     @property

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pytest_hemra.execute.gateway.wire import Usage
+from pytest_hemra.execute.gateway.wire import CallUsage
 
 PRICES_FILE = Path(__file__).with_name("prices.toml")
 DATE_SUFFIX = re.compile(r"-(\d{8}|\d{4}-\d{2}-\d{2})$")
@@ -65,7 +65,7 @@ def price_table(path: Path = PRICES_FILE) -> PriceTable:
         return PriceTable.model_validate(tomllib.load(handle))
 
 
-def cost_of(usage: Usage, table: PriceTable | None = None) -> Cost:
+def cost_of(usage: CallUsage, table: PriceTable | None = None) -> Cost:
     price = (table or price_table()).price_of(usage.model)
     if price is None:
         return Cost(None)

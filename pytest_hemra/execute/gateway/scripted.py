@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pytest_hemra.core.errors import SpecError
-from pytest_hemra.execute.gateway.wire import Usage, Wire
+from pytest_hemra.execute.gateway.wire import CallUsage, Wire
 from pytest_hemra.resolve.spec import read_toml
 
 
@@ -64,7 +64,7 @@ MODEL = "hemra/scripted"
 # Every scripted response reports these. Anthropic carries them as they are. OpenAI wires have no
 # cache writes (reported 0) and count cached input inside the input: `input_tokens`/`prompt_tokens`
 # 120 of which `cached_tokens` 20, which the gateway normalizes back to input 100 + cache read 20.
-SCRIPTED_USAGE = Usage(
+SCRIPTED_USAGE = CallUsage(
     input_tokens=100, output_tokens=50, cache_read_tokens=20, cache_write_tokens=10, model=MODEL
 )
 FINAL_STEP = TextStep("Done.")
@@ -86,7 +86,7 @@ STEP_KEYS = {
 }
 
 
-def scripted_usage(wire: Wire) -> Usage:
+def scripted_usage(wire: Wire) -> CallUsage:
     """`SCRIPTED_USAGE` as read back from `wire`'s responses: OpenAI wires have no cache writes."""
     if wire in (Wire.RESPONSES, Wire.CHAT):
         return replace(SCRIPTED_USAGE, cache_write_tokens=0)

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import aiohttp
@@ -44,7 +44,7 @@ from pytest_hemra.execute.gateway.replies import respond
 from pytest_hemra.execute.gateway.routes import TrialAccess, TrialRoute
 from pytest_hemra.execute.gateway.scripted import Script
 from pytest_hemra.execute.gateway.usage import UsageReader, is_streaming
-from pytest_hemra.execute.gateway.wire import Usage, Wire, route_call, wire_of
+from pytest_hemra.execute.gateway.wire import CallUsage, Wire, route_call, wire_of
 from pytest_hemra.resolve.upstreams import SCRIPTED, SCRIPTED_MODEL, ModelApi
 
 ERROR_TEXT_BYTES = 2048
@@ -279,7 +279,8 @@ class Gateway:
             if refusal is None and route.budget is not None and wire is not Wire.OTHER:
                 reserved = route.budget.reserve(requested, data, len(body))
                 if reserved is None:
-                    refusal = route.totals.stopped_by = "run budget"
+                    refusal = "run budget"
+                    route.totals = replace(route.totals, stopped_by=refusal)
             if refusal is not None:
                 refused = True
                 call.status, call.error = 400, f"refused: {refusal}"
@@ -355,10 +356,10 @@ class Gateway:
         if wire is Wire.OTHER:
             return None
         if policy.max_tokens is not None and totals.total_tokens >= policy.max_tokens:
-            totals.stopped_by = "token cap"
+            route.totals = replace(totals, stopped_by="token cap")
             return f"the trial's token cap ({policy.max_tokens}) is reached"
         if policy.max_cost_usd is not None and (totals.cost or 0.0) >= policy.max_cost_usd:
-            totals.stopped_by = "cost cap"
+            route.totals = replace(totals, stopped_by="cost cap")
             return f"the trial's cost cap (${policy.max_cost_usd:g}) is reached"
         if policy.refuse_other_models and policy.model and not same_model(requested, policy.model):
             return f"model {requested!r} is not this run's model {policy.model!r}"
@@ -380,12 +381,12 @@ class Gateway:
         provider: str | None,
         requested: str | None,
         body: bytes,
-        usage: Usage | None,
+        usage: CallUsage | None,
         *,
         refused: bool = False,
         error: str | None = None,
     ) -> None:
-        usage = usage or Usage()
+        usage = usage or CallUsage()
         if route is not None and route.calls_dir is not None:
             route.seq += 1
             self._writer.submit(keep_bodies, route.calls_dir, route.seq, body, call.kept)
@@ -400,10 +401,7 @@ class Gateway:
             model_requested=requested,
             model=usage.model,
             status=call.status,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cache_read_tokens=usage.cache_read_tokens,
-            cache_write_tokens=usage.cache_write_tokens,
+            **usage.tokens.counts(),
             cost=cost_of(usage).usd if usage.total_tokens else 0.0,
             latency=time.perf_counter() - call.started,
             ttfb=call.ttfb,
@@ -418,5 +416,6 @@ class Gateway:
             route.rows.append(record)
             expected = route.policy.model  # the model that answered counts, else the one asked
             used = record.model or requested
-            route.totals.add(record, bool(expected) and not same_model(used, expected or ""))
+            is_other = bool(expected) and not same_model(used, expected or "")
+            route.totals = route.totals.with_call(record, is_other)
         self._writer.submit(self._record, record)

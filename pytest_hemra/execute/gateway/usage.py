@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any
 
-from pytest_hemra.execute.gateway.wire import Usage, Wire
+from pytest_hemra.execute.gateway.wire import CallUsage, Wire
 
 MAX_LINE_BYTES = 1 << 20  # an SSE line (or event's data) longer than this is skipped
 MAX_BODY_BYTES = 32 << 20  # a plain JSON body longer than this is given up on
@@ -67,7 +67,7 @@ class UsageReader:
                 self._read_line(chunk[start:end])
             start = end + 1
 
-    def result(self) -> Usage | None:
+    def result(self) -> CallUsage | None:
         """The usage found, once the last chunk is fed; None if there was none (or none billed)."""
         if not self._is_billed:
             return None
@@ -89,7 +89,7 @@ class UsageReader:
             return
         self._body += chunk
 
-    def _body_usage(self) -> Usage | None:
+    def _body_usage(self) -> CallUsage | None:
         if self._is_too_big:
             return None
         body = _decode(bytes(self._body))
@@ -223,10 +223,10 @@ class _Tokens:
         if isinstance(model, str) and model:
             self.model = model
 
-    def usage(self) -> Usage | None:
+    def usage(self) -> CallUsage | None:
         if not self.is_found:
             return None
-        return Usage(
+        return CallUsage(
             input_tokens=self.input,
             output_tokens=self.output,
             cache_read_tokens=self.cache_read,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from pytest_hemra.core.usage import Usage
 from pytest_hemra.resolve.upstreams import SCRIPTED, SCRIPTED_MODEL
 
 
@@ -31,27 +32,11 @@ def wire_of(path: str) -> Wire:
 
 
 @dataclass(frozen=True)
-class Usage:
-    """Tokens of one call, normalized across providers.
+class CallUsage(Usage):
+    """Tokens of one call, normalized across providers (`core.usage`), and the model that
+    answered it."""
 
-    `input_tokens` excludes cached input: OpenAI's `input_tokens`/`prompt_tokens` include
-    `cached_tokens`, which are moved to `cache_read_tokens` here; Anthropic reports them apart.
-    """
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
     model: str | None = None
-
-    @property
-    def total_tokens(self) -> int:
-        return (
-            self.input_tokens
-            + self.output_tokens
-            + self.cache_read_tokens
-            + self.cache_write_tokens
-        )
 
 
 def route_call(wire: Wire, model: str | None, trial_provider: str | None) -> str:
