@@ -22,6 +22,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pytest_hemra.core.errors import InfraError
+from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.reward import is_pass
 from pytest_hemra.execute.selfreport import SelfReport
 
@@ -151,7 +152,9 @@ def read_harbor_result(path: Path) -> HarborTrialResult | None:
     return result if result.finished_at is not None else None
 
 
-def classify(result: HarborTrialResult) -> tuple[str, float | None, dict[str, float], str | None]:
+def classify(
+    result: HarborTrialResult,
+) -> tuple[Outcome, float | None, dict[str, float], str | None]:
     """(outcome, reward, rewards, error) for one Harbor trial."""
     rewards = dict(result.verifier_result.rewards or {}) if result.verifier_result else {}
     reward = rewards.get("reward")
@@ -164,22 +167,22 @@ def classify(result: HarborTrialResult) -> tuple[str, float | None, dict[str, fl
         error = f"Harbor: {failure.exception_type}: {first_line}".rstrip(": ")
         kind = failure.exception_type
         if kind == "AgentTimeoutError":
-            return "timeout", reward, rewards, error
+            return Outcome.TIMEOUT, reward, rewards, error
         if kind in VERIFIER_EXCEPTIONS:
-            return "verifier_error", None, rewards, error
+            return Outcome.VERIFIER_ERROR, None, rewards, error
         if kind in AGENT_EXCEPTIONS or _during_agent(result, failure):
-            return "harness_error", reward, rewards, error
+            return Outcome.HARNESS_ERROR, reward, rewards, error
         if reward is None or not _after_verifier(result, failure):
-            return "infra_error", None, rewards, error
+            return Outcome.INFRA_ERROR, None, rewards, error
     if reward is None:
         reason = "its rewards have no 'reward' key" if rewards else "it recorded no reward"
         return (
-            "verifier_error",
+            Outcome.VERIFIER_ERROR,
             None,
             rewards,
             error or f"Harbor's verifier gave no score: {reason}",
         )
-    return ("pass" if is_pass(reward) else "fail"), reward, rewards, error
+    return (Outcome.PASS if is_pass(reward) else Outcome.FAIL), reward, rewards, error
 
 
 def _during_agent(result: HarborTrialResult, failure: ExceptionInfo) -> bool:
