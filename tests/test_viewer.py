@@ -401,7 +401,7 @@ def test_hemra_view_prints_its_token_and_stops_on_sigterm(fixture: Fixture) -> N
     argv = [
         sys.executable,
         "-m",
-        "pytest_hemra.cli.main",
+        "pytest_hemra.cli",
         "view",
         "--store",
         str(fixture.store.path),
@@ -433,7 +433,7 @@ def test_hemra_serve_runs_the_viewer_beside_the_queue(tmp_path: Path) -> None:
     argv = [
         sys.executable,
         "-m",
-        "pytest_hemra.cli.main",
+        "pytest_hemra.cli",
         "serve",
         "--store",
         str(finished.store.path),
