@@ -226,7 +226,7 @@ class TrialItem(pytest.Item):
         own = record.own_report
         self.user_properties.extend(
             [
-                ("outcome", record.outcome or record.status),
+                ("outcome", str(record.outcome or record.status)),  # plain text for xdist
                 ("reward", "" if record.reward is None else f"{record.reward:g}"),
                 ("duration", "" if record.duration is None else f"{record.duration:.3f}"),
                 ("tokens", str(record.tokens)),
