@@ -39,13 +39,13 @@ def test_harbor_oracle_passes_offline_tasks_imported_under_the_run(
         assert harbor["verifier_result"]["rewards"] == {"reward": 1.0}
         assert (folder / "harbor-job" / "job.log").is_file()  # the Harbor job's own log
         assert json.loads((folder / "result.json").read_text())["outcome"] == "pass"
-    board = json.loads((run.trials_dir / "harbor" / "board.json").read_text())
-    (job,) = board["jobs"]  # one Harbor job for the harness and dataset
+    board = store.shared_board(run.id, "harbor")
+    (job,) = board.jobs  # one Harbor job for the harness and dataset
     assert job["tasks"] == {"create-file": 1, "fix-test": 1} and job["ended"] == "exited 0"
-    assert sorted(board["claims"].values()) == sorted(t.id for t in trials)
+    assert sorted(board.claims.values()) == sorted(t.id for t in trials)
     left = {"label": f"hemra.run={run.id}"}
     assert docker_client.networks.list(filters=left) == []
-    projects = [Path(key).name.lower() for key in board["claims"]]  # compose project prefixes
+    projects = [Path(key).name.lower() for key in board.claims]  # compose project prefixes
     built = docker_client.images.list(filters={"label": "com.docker.compose.project"})
     assert not [
         image.tags
@@ -73,8 +73,8 @@ def test_a_job_harbor_refuses_ends_its_trials_as_infra_errors_in_its_words(
     )
     store = Store(tmp_path / ".hemra" / "hemra.db")
     (run,) = store.runs()
-    board = json.loads((run.trials_dir / "harbor" / "board.json").read_text())
-    assert [job["name"] for job in board["jobs"]] == ["mine__ds__1"]  # no job per task after it
+    board = store.shared_board(run.id, "harbor")
+    assert [job["name"] for job in board.jobs] == ["mine__ds__1"]  # no job per task after it
 
 
 @pytest.mark.parametrize(

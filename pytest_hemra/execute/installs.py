@@ -6,6 +6,8 @@ file's digest: a changed harness file is a new install, an unchanged one is neve
 again. Sandboxes get it read-only at the same path, with the runtime it needs (the host's Node
 binary, or the host's Python installation for a virtualenv) mounted beside it, so task images
 need neither Node nor network. Installs take a file lock, so parallel workers install once.
+What a harness installs is its kind's to say (`execute/kinds/`); most kinds install their
+`package` here (`ensure_package`).
 
 npm packages get the host's `node`. PyPI packages are installed with `pip install --target`
 and run by the host's own Python installation mounted at /opt/hemra/python (a virtualenv is
@@ -26,8 +28,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_hemra.core import registry
 from pytest_hemra.core.errors import InfraError
-from pytest_hemra.execute.kinds.harbor.image import build_runner_image, has_runner_image
 from pytest_hemra.execute.sandbox import Mount
 from pytest_hemra.resolve.harnesses import Harness
 
@@ -66,23 +68,29 @@ def install_dir(harness: Harness) -> Path:
 
 
 def is_installed(harness: Harness) -> bool:
-    marked = (install_dir(harness) / MARKER).is_file()
-    if harness.spec.kind == "harbor":
-        return marked and has_runner_image(harbor_version(harness))
-    return marked
+    """Whether the harness's kind has installed it already (`hemra harnesses install`)."""
+    return bool(registry.harness_kinds()[harness.spec.kind].is_installed(harness))
 
 
 def ensure_installed(harness: Harness) -> Installed | None:
+    """Install the harness as its kind does (once; a no-op when cached); None: nothing to mount."""
+    installed: Installed | None = registry.harness_kinds()[harness.spec.kind].install(harness)
+    return installed
+
+
+def is_package_installed(harness: Harness) -> bool:
+    return (install_dir(harness) / MARKER).is_file()
+
+
+def ensure_package(harness: Harness) -> Installed | None:
     """Install the harness's package once (no-op when cached); None when it has no package."""
     package = harness.spec.package
     if package is None:
         return None
-    if harness.spec.kind == "harbor":
-        return _ensure_harbor_runner(harness)
     kind, _, spec = package.partition(":")
     directory = install_dir(harness)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(directory.with_suffix(".lock")):
+    with locked(directory.with_suffix(".lock")):
         if not (directory / MARKER).is_file():
             shutil.rmtree(directory, ignore_errors=True)
             directory.mkdir(parents=True)
@@ -94,30 +102,6 @@ def ensure_installed(harness: Harness) -> Installed | None:
             (directory / MARKER).write_text(package + "\n")
     directory.chmod(0o755)
     return _installed(kind, directory)
-
-
-def harbor_version(harness: Harness) -> str:
-    """The Harbor release a harbor harness names: `package = "pypi:harbor==<version>"`."""
-    return (harness.spec.package or "").partition("==")[2]
-
-
-def _ensure_harbor_runner(harness: Harness) -> Installed:
-    """A harbor harness installs nothing in sandboxes: Harbor runs in a runner image of its
-    own, built once per Harbor release (harbor_image.py); the marker names the image."""
-    version = harbor_version(harness)
-    directory = install_dir(harness)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(directory.with_suffix(".lock")):
-        if not ((directory / MARKER).is_file() and has_runner_image(version)):
-            directory.mkdir(exist_ok=True)
-            try:
-                tag = build_runner_image(version, cache_root() / "harbor")
-            except InfraError as error:
-                raise InfraError(
-                    f"{harness.path}: installing {harness.spec.package}: {error}"
-                ) from None
-            (directory / MARKER).write_text(tag + "\n")
-    return Installed(directory, (), SYSTEM_PATH)
 
 
 def _install(kind: str, spec: str, directory: Path) -> None:
@@ -216,7 +200,8 @@ def _installed(kind: str, directory: Path) -> Installed:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive file lock, held across processes (one install at a time)."""
     with path.open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 
 from pytest_hemra.core.errors import CapabilityError, InfraError, SpecError
 from pytest_hemra.execute.installs import ensure_installed
-from pytest_hemra.execute.kinds.sdk import load_entry
+from pytest_hemra.execute.kinds import kind_of
 from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.execute.sandbox.pool import EnginePool
 from pytest_hemra.resolve.harnesses import Harness
@@ -30,16 +30,7 @@ def provision(
     spec = plan.spec
     provider = _provider(spec, plan.source, providers)
     for harness in plan.harnesses:
-        if harness.spec.kind == "harbor" and spec.sandbox.engines:
-            raise SpecError(
-                f"{harness.path}: a harbor harness runs in Harbor's own docker environment on the"
-                f" runner's engine, but the run ({plan.source}) spreads over 'sandbox.engines'"
-            )
-        if harness.spec.kind == "harbor" and spec.sandbox.provider != "docker":
-            raise SpecError(
-                f"{harness.path}: a harbor harness runs in Harbor's own docker environment, but "
-                f"the run ({plan.source}) asks for sandbox provider {spec.sandbox.provider!r}"
-            )
+        kind_of(harness).check_run(harness, spec, plan.source)
     if check_sandbox:
         provider.check()
         for harness in plan.harnesses:
@@ -51,9 +42,7 @@ def _install(harness: Harness) -> None:
     """Install (or load) at resolve, so a broken harness refuses the run before anything is
     recorded."""
     try:
-        ensure_installed(harness)
-        if harness.spec.kind == "sdk":
-            load_entry(harness)
+        ensure_installed(harness)  # its kind's install: an sdk harness's entry is loaded too
     except InfraError as error:
         raise SpecError(str(error)) from None
 

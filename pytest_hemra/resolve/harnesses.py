@@ -1,18 +1,19 @@
 """Harnesses: harness files found by name, their digests, kinds, and the argv they run.
 
 `harnesses/<name>.toml` is looked up beside the run file, then in the bundled `harnesses/`.
-`computer-use` is refused at resolve; every other kind runs.
+A harness's `kind` is one the plug-in registry holds (`core/registry.py`), and the kind checks
+the rest of the file; `computer-use` is refused at resolve with the reason why.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_hemra.core import registry
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.resolve.datasets import bundled_dir
 from pytest_hemra.resolve.spec import (
@@ -28,13 +29,6 @@ UNSUPPORTED_BECAUSE = {
         " HEMRA's sandboxes have no display and its offline scripted model cannot read one"
     ),
 }
-RUNNABLE_KINDS = frozenset({"program", "cli", "sdk", "acp", "harbor"})
-HARBOR_PACKAGE = re.compile(r"^pypi:harbor==[A-Za-z0-9.+!-]+$")
-# keys that say how HEMRA runs an agent in its own sandbox: Harbor runs its agent itself
-NOT_FOR_HARBOR = (
-    "command", "install", "provider", "key_env", "uses_solution", "environment", "files",
-    "output", "entry", "finish_command", "edit_format",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -74,20 +68,19 @@ def resolve_harness(name: str, base_dir: Path, source: str, run_model: str | Non
     """Load a harness file and check it can run in this run; every refusal names the file."""
     path = find_harness(name, base_dir, source)
     spec = load_harness_spec(path)
-    if spec.kind not in RUNNABLE_KINDS:
-        why = UNSUPPORTED_BECAUSE.get(spec.kind, "")
-        raise SpecError(
-            f"{path}: key 'kind': harness kind {spec.kind!r} is not supported yet by this "
-            f"version of HEMRA{why} (supported: {', '.join(sorted(RUNNABLE_KINDS))})"
-        )
-    if spec.kind == "harbor":
-        _check_harbor(path, spec)
-    elif spec.agent is not None:
-        raise SpecError(f"{path}: key 'agent' applies only to a harbor harness (kind = \"harbor\")")
-    if spec.kind == "sdk" and not spec.entry:
-        raise SpecError(f"{path}: key 'entry' is required for an sdk harness (module:function)")
-    if spec.kind not in ("sdk", "harbor") and not spec.command:
-        raise SpecError(f"{path}: key 'command' is required for a {spec.kind} harness")
+    kinds = registry.harness_kinds()
+    if spec.kind not in kinds:
+        supported = sorted(kinds)
+        if spec.kind in UNSUPPORTED_BECAUSE:
+            raise SpecError(
+                f"{path}: key 'kind': harness kind {spec.kind!r} is not supported yet by this "
+                f"version of HEMRA{UNSUPPORTED_BECAUSE[spec.kind]} (supported: "
+                f"{', '.join(supported)})"
+            )
+        listed = [repr(name) for name in kinds]
+        expected = listed[0] if len(listed) == 1 else f"{', '.join(listed[:-1])} or {listed[-1]}"
+        raise SpecError(f"{path}: key 'kind': input should be {expected}, got {spec.kind!r}")
+    kinds[spec.kind].validate(path, spec)
     if run_model and spec.model and spec.model != run_model:
         raise SpecError(
             f"{path}: key 'model': harness pins model {spec.model!r} but the run "
@@ -99,28 +92,6 @@ def resolve_harness(name: str, base_dir: Path, source: str, run_model: str | Non
             f"{path}: key 'env': needs environment variable {missing[0]}, which is not set"
         )
     return Harness(name=name, path=path, spec=spec)
-
-
-def _check_harbor(path: Path, spec: HarnessSpec) -> None:
-    """A harbor harness names Harbor's agent and the Harbor release, and nothing that only
-    HEMRA's own sandbox would use."""
-    if not spec.agent:
-        raise SpecError(
-            f"{path}: key 'agent' is required for a harbor harness (the Harbor agent to run,"
-            ' e.g. "oracle")'
-        )
-    if spec.package is None or not HARBOR_PACKAGE.match(spec.package):
-        got = "" if spec.package is None else f", got {spec.package!r}"
-        raise SpecError(
-            f"{path}: key 'package': a harbor harness names the Harbor release it runs,"
-            f' e.g. "pypi:harbor==0.26.0"{got}'
-        )
-    for key in NOT_FOR_HARBOR:
-        if getattr(spec, key):
-            raise SpecError(
-                f"{path}: key {key!r} does not apply to a harbor harness (Harbor runs agent"
-                f" {spec.agent!r} in its own container)"
-            )
 
 
 def render(text: str, values: Mapping[str, str]) -> str:
@@ -136,7 +107,7 @@ def render_argv(argv: list[str], values: Mapping[str, str]) -> list[str]:
 def observability(harness: Harness) -> dict[str, str]:
     """What HEMRA can see of a harness: usage at the wire, its own numbers, a transcript."""
     spec = harness.spec
-    calls_models = spec.kind in ("cli", "acp", "sdk")
+    calls_models = bool(getattr(registry.harness_kinds().get(spec.kind), "calls_models", False))
     return {
         "gateway usage": "yes" if calls_models else "no model calls",
         "self-reported usage": spec.output or "no",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_hemra.core import registry
 from pytest_hemra.core.errors import SpecError, StoreError
 from pytest_hemra.core.records import PlannedTrial, TrialRecord
 from pytest_hemra.resolve.datasets import Dataset, Task, load_task, resolve_dataset
@@ -48,6 +49,8 @@ class Plan:
                     "path": str(h.path),
                     "digest": h.digest,
                     "spec": h.spec.model_dump(mode="json"),
+                    # read by reports, which never load harness kinds (core/stored.py)
+                    "metered": bool(registry.harness_kinds()[h.spec.kind].is_metered),
                 }
                 for h in self.harnesses
             },

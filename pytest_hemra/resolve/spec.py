@@ -28,7 +28,6 @@ from pytest_hemra.resolve.overrides import Overrides as Overrides  # its old hom
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 M = TypeVar("M", bound="BaseModel")
-HARNESS_KINDS = ("program", "cli", "sdk", "acp", "computer-use", "harbor")
 PLACEHOLDER_PATTERN = re.compile(r"\{([a-z_]+)\}")
 PLACEHOLDERS = frozenset(
     {
@@ -241,7 +240,7 @@ def _check_placeholders(text: str) -> None:
 class HarnessSpec(Strict):
     """A harness file, `harnesses/<name>.toml`; see docs/harnesses.md."""
 
-    kind: Literal["program", "cli", "sdk", "acp", "computer-use", "harbor"]
+    kind: str  # a registered harness kind (`core/registry.py`), checked at resolve
     description: str = ""
     version: str | None = None
     command: list[str] = Field(default_factory=list)

@@ -34,8 +34,7 @@ from pytest_hemra.execute.gateway.scripted import (
     load_script,
 )
 from pytest_hemra.execute.installs import HARNESS_DIR, Installed, ensure_installed
-from pytest_hemra.execute.kinds.acp import run_acp
-from pytest_hemra.execute.kinds.sdk import run_sdk
+from pytest_hemra.execute.kinds import AgentTurn, kind_of
 from pytest_hemra.execute.sandbox import (
     AGENT_HOME,
     AGENT_USER,
@@ -320,21 +319,11 @@ def _run_agent(
         if setup.timed_out or setup.exit_code != 0:
             progress.exit_code, progress.timed_out = setup.exit_code, setup.timed_out
             return
-    remaining = max(deadline - time.time(), 1.0)
-    if spec.kind == "sdk":
-        result = run_sdk(context.harness, sandbox, values, env, deadline, out, err)
-    elif spec.kind == "acp":
-        argv = render_argv(spec.command, values)
-        result = run_acp(sandbox, argv, env, context.task.instruction, deadline, out, err)
-    else:
-        result = sandbox.exec(
-            render_argv(spec.command, values),
-            user=AGENT_USER,
-            env=env,
-            timeout=remaining,
-            stdout=out,
-            stderr=err,
-        )
+    argv = render_argv(spec.command, values)
+    turn = AgentTurn(
+        context.harness, sandbox, argv, values, env, context.task.instruction, deadline, out, err
+    )
+    result = kind_of(context.harness).run_agent(turn)
     progress.exit_code, progress.timed_out = result.exit_code, result.timed_out
     if spec.output:
         text = out.read_text(errors="replace")

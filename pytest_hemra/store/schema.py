@@ -13,7 +13,7 @@ from pytest_hemra.core.records import (
     TrialRecord,
 )
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 OLDEST_MIGRATED = 2  # stores from schema 2 on are brought forward when opened
 EMPTY_USAGE: dict[str, Any] = {
     "calls": 0,
@@ -186,12 +186,31 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
         {"id": int, "run_id": str, "trial_id": str, "at": float, "kind": str, "data": str},
         "id",
     ),
+    # jobs a harness kind runs for several trials at once (Harbor's), and their claimed results
+    "shared_jobs": (
+        {
+            "id": str,
+            "run_id": str,
+            "kind": str,
+            "name": str,
+            "seq": int,
+            "data": str,
+            "updated_at": float,
+        },
+        "id",
+    ),
+    "shared_claims": (
+        {"id": str, "run_id": str, "kind": str, "result": str, "trial_id": str, "at": float},
+        "id",
+    ),
 }
 INDEXES = (
     ("trials", ["run_id", "plan_seq", "seq"]),
     ("jobs", ["run_id", "state"]),
     ("calls", ["trial_id"]),
     ("trials", ["run_id", "status", "outcome"]),  # progress counts, read on every viewer poll
+    ("shared_jobs", ["run_id", "kind", "seq"]),
+    ("shared_claims", ["run_id", "kind"]),
 )
 # A trial row's status. `replaced`: a retry or a resume ran it again under a new row (`replaces`).
 CURRENT = "status != 'replaced'"

@@ -20,11 +20,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_hemra.execute.kinds import AgentTurn, SandboxKind
 from pytest_hemra.execute.sandbox import AGENT_USER, WORKDIR, ExecResult, Sandbox
 
 PROTOCOL_VERSION = 1
 KILL = ["/bin/sh", "-c", "kill -9 -1"]
 OUTPUT_LIMIT = 1 << 20
+
+
+class AcpKind(SandboxKind):
+    """`command` starts the ACP agent; HEMRA is its client for one prompt, the instruction."""
+
+    def run_agent(self, turn: AgentTurn) -> ExecResult:
+        return run_acp(
+            turn.sandbox,
+            turn.argv,
+            turn.env,
+            turn.instruction,
+            turn.deadline,
+            turn.stdout,
+            turn.stderr,
+        )
 
 
 class Interactive(Protocol):

@@ -11,4 +11,16 @@ hookimpl = pluggy.HookimplMarker("pytest")
 
 @hookimpl
 def pytest_hemra_harness_kinds() -> dict[str, Any]:
-    return {}  # filled in as each kind moves behind the HarnessKind protocol
+    from pytest_hemra.execute.kinds.acp import AcpKind
+    from pytest_hemra.execute.kinds.cli import CliKind
+    from pytest_hemra.execute.kinds.harbor import HarborKind
+    from pytest_hemra.execute.kinds.program import ProgramKind
+    from pytest_hemra.execute.kinds.sdk import SdkKind
+
+    return {
+        "program": ProgramKind(),
+        "cli": CliKind(),
+        "sdk": SdkKind(),
+        "acp": AcpKind(),
+        "harbor": HarborKind(),
+    }

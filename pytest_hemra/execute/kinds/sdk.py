@@ -21,11 +21,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_hemra.core.errors import InfraError
+from pytest_hemra.core.errors import InfraError, SpecError
+from pytest_hemra.execute.installs import Installed
+from pytest_hemra.execute.kinds import AgentTurn, SandboxKind
 from pytest_hemra.execute.sandbox import AGENT_USER, WORKDIR, ExecResult, Sandbox
 from pytest_hemra.resolve.harnesses import Harness
+from pytest_hemra.resolve.spec import HarnessSpec
 
 KILL = ["/bin/sh", "-c", "kill -9 -1"]
+
+
+class SdkKind(SandboxKind):
+    """`entry` names the function; it is loaded at resolve, so a broken one refuses the run."""
+
+    needs_command = False
+
+    def validate(self, path: Path, spec: HarnessSpec) -> None:
+        super().validate(path, spec)
+        if not spec.entry:
+            raise SpecError(f"{path}: key 'entry' is required for an sdk harness (module:function)")
+
+    def install(self, harness: Harness) -> Installed | None:
+        installed = super().install(harness)
+        load_entry(harness)
+        return installed
+
+    def run_agent(self, turn: AgentTurn) -> ExecResult:
+        sandbox, values, env = turn.sandbox, turn.values, turn.env
+        return run_sdk(turn.harness, sandbox, values, env, turn.deadline, turn.stdout, turn.stderr)
 
 
 @dataclass(frozen=True)

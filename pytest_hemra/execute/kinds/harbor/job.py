@@ -26,13 +26,14 @@ import docker.errors
 from pydantic import BaseModel, ConfigDict
 
 from pytest_hemra.core.errors import InfraError
-from pytest_hemra.execute.installs import ensure_installed, harbor_version
+from pytest_hemra.execute.context import DEFAULT_TIMEOUT_SECS
+from pytest_hemra.execute.installs import ensure_installed
+from pytest_hemra.execute.kinds.harbor import harbor_version
 from pytest_hemra.execute.kinds.harbor.image import runner_tag
-from pytest_hemra.execute.sandbox.docker import DOCKER_ERRORS, remove_container
+from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS, remove_container
 from pytest_hemra.resolve.datasets import load_task
 from pytest_hemra.resolve.harnesses import Harness
 from pytest_hemra.resolve.plan import RecordedRun
-from pytest_hemra.run.trial import DEFAULT_TIMEOUT_SECS
 
 JOB_LABEL = "hemra.harbor"
 JOB_SLACK_SECS = 120.0

@@ -5,7 +5,7 @@ that finds no Harbor job coming for its task starts one (harbor_job.py) for ever
 trial of that harness and dataset; every item then waits for a Harbor trial of its task,
 claims the earliest unclaimed one and imports it as its result (harbor_result.py). Items in
 other xdist workers, or in a later `--hemra-resume`, agree on jobs and claims through the
-board: a JSON file under a file lock in the run's `harbor/` folder. The waiting items are the
+run's board of shared jobs in the store (`store/shared.py`). The waiting items are the
 jobs' supervisors: they end a job whose runner has exited, stop one past its deadline, and
 stop their harness's jobs when the run is cancelled or interrupted.
 
@@ -16,7 +16,6 @@ its own task images and runs its own verifier, in the agent's container.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -24,14 +23,14 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import docker
-from pydantic import BaseModel, ConfigDict, Field
 
 from pytest_hemra.core.errors import HemraError, InfraError, outcome_of
 from pytest_hemra.core.records import TrialRecord
+from pytest_hemra.execute.context import TrialContext, TrialResult
 from pytest_hemra.execute.kinds.harbor.job import (
     HarborJob,
     end_job,
@@ -43,22 +42,19 @@ from pytest_hemra.execute.kinds.harbor.job import (
 from pytest_hemra.execute.kinds.harbor.result import HarborTrialResult, classify, read_harbor_result
 from pytest_hemra.execute.sandbox.docker import connect
 from pytest_hemra.resolve.plan import RecordedRun
-from pytest_hemra.run.trial import TrialContext, TrialResult
 from pytest_hemra.store import Store
 
-BOARD_SCHEMA_VERSION = 1
+KIND = "harbor"  # the board's name in the store
 POLL_SECS = 0.5
 EXIT_WAIT_SECS = 120.0  # for the runner to exit once every result of its job is written
 
 
-class Board(BaseModel):
+@dataclass
+class Board:
     """A run's Harbor jobs and which HEMRA trial claimed which Harbor trial."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    schema_version: int = BOARD_SCHEMA_VERSION
-    jobs: list[HarborJob] = Field(default_factory=list)
-    claims: dict[str, str] = Field(default_factory=dict)  # "job/trial folder" -> trial id
+    jobs: list[HarborJob] = field(default_factory=list)
+    claims: dict[str, str] = field(default_factory=dict)  # "job/trial folder" -> trial id
 
 
 class Cancelled(HemraError):
@@ -76,7 +72,7 @@ class Waiting:
 
     @property
     def root(self) -> Path:
-        """The run's Harbor folder: Harbor's jobs directory, the board, configs and logs."""
+        """The run's Harbor folder: Harbor's jobs directory, configs and logs."""
         return self.run.trials_dir.resolve() / "harbor"
 
     @property
@@ -185,7 +181,7 @@ def _poll(
     if there is one, else start jobs if none will bring one."""
     task = waiting.trial.task
     finishing: str | None = None
-    with _board(waiting.root) as board:
+    with _board(waiting) as board:
         mine = [job for job in board.jobs if waiting.is_mine(job)]
         _supervise(client, waiting.root, mine)
         results = {job.name: _results(waiting.root, job) for job in mine}
@@ -217,22 +213,15 @@ def _poll(
 
 
 @contextmanager
-def _board(root: Path) -> Iterator[Board]:
-    """The run's board, read and written back under an exclusive lock."""
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "board.json"
-    with (root / "board.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+def _board(waiting: Waiting) -> Iterator[Board]:
+    """The run's board, read from the store and written back under its write lock."""
+    waiting.root.mkdir(parents=True, exist_ok=True)
+    with waiting.store.locked_shared_board(waiting.run.id, KIND) as shared:
+        board = Board([HarborJob.model_validate(job) for job in shared.jobs], shared.claims)
         try:
-            board = Board.model_validate_json(path.read_text()) if path.is_file() else Board()
-            try:
-                yield board
-            finally:  # a job started before a failure is on the board all the same
-                partial = path.with_suffix(".partial")
-                partial.write_text(board.model_dump_json(indent=1) + "\n")
-                partial.replace(path)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            yield board
+        finally:  # a job started before a failure is on the board all the same
+            shared.jobs = [job.model_dump(mode="json") for job in board.jobs]
 
 
 def _results(root: Path, job: HarborJob) -> list[tuple[str, HarborTrialResult]]:
@@ -340,12 +329,12 @@ def _supervise(client: docker.DockerClient, root: Path, jobs: list[HarborJob]) -
 def _end_when_exited(client: docker.DockerClient, waiting: Waiting, name: str) -> None:
     """Every result of the job is in: give its runner a moment to exit (no lock held), then
     end the job, so no waiting item is needed for its clean-up."""
-    with _board(waiting.root) as board:
+    with _board(waiting) as board:
         job = next(job for job in board.jobs if job.name == name)
     deadline = time.monotonic() + EXIT_WAIT_SECS
     while is_running(client, job) and time.monotonic() < deadline:
         time.sleep(POLL_SECS)
-    with _board(waiting.root) as board:
+    with _board(waiting) as board:
         job = next(job for job in board.jobs if job.name == name)
         if job.ended:
             return
@@ -356,7 +345,7 @@ def _end_when_exited(client: docker.DockerClient, waiting: Waiting, name: str) -
 
 
 def _stop_all(client: docker.DockerClient, waiting: Waiting, why: str) -> None:
-    with _board(waiting.root) as board:
+    with _board(waiting) as board:
         for job in board.jobs:
             if waiting.is_mine(job) and not job.ended:
                 stop_job(client, job, why)
