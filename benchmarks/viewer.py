@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from pytest_hemra.core.records import PlannedTrial
-from pytest_hemra.execute.sandbox.docker import DockerProvider
 from pytest_hemra.store import Store
 from pytest_hemra.viewer.server import ViewerThread
 
@@ -102,7 +101,7 @@ def main() -> None:
         fill(store, args.harnesses, args.tasks, args.attempts)
         print(f"{total} trials recorded in {time.perf_counter() - started:.1f} s")
         store.close()
-        viewer = ViewerThread(Path(scratch) / "big.db", "127.0.0.1", 0, DockerProvider())
+        viewer = ViewerThread(Path(scratch) / "big.db", "127.0.0.1", 0)
         viewer.start()
         try:
             measure(viewer.port, total)

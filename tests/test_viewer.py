@@ -25,7 +25,6 @@ import pytest
 
 from conftest import REPO
 from pytest_hemra.core.records import CallRow, PlannedTrial
-from pytest_hemra.execute.sandbox.docker import DockerProvider
 from pytest_hemra.report.tables import build_report, report_dict
 from pytest_hemra.store import Store
 from pytest_hemra.viewer.server import ViewerThread
@@ -142,7 +141,7 @@ def fixture(tmp_path: Path) -> Fixture:
 @pytest.fixture
 def viewer(fixture: Fixture) -> Iterator[str]:
     """The viewer on loopback over the fixture's store; its base URL."""
-    thread = ViewerThread(fixture.store.path, "127.0.0.1", 0, DockerProvider())
+    thread = ViewerThread(fixture.store.path, "127.0.0.1", 0)
     thread.start()
     try:
         yield thread.url.rstrip("/")
@@ -372,7 +371,7 @@ def test_beyond_loopback_every_request_needs_the_token(
     fixture: Fixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("HEMRA_VIEWER_TOKEN", raising=False)
-    thread = ViewerThread(fixture.store.path, "0.0.0.0", 0, DockerProvider())
+    thread = ViewerThread(fixture.store.path, "0.0.0.0", 0)
     thread.start()
     try:
         assert thread.token is not None and "every request needs" in thread.announcement()

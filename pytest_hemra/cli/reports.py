@@ -113,10 +113,9 @@ def show_command(args: argparse.Namespace) -> int:
 
 def view_command(args: argparse.Namespace) -> int:
     """The viewer alone, until Ctrl-C or SIGTERM."""
-    from pytest_hemra.run.job import default_provider
     from pytest_hemra.viewer.server import running_viewer, wait_for_signal
 
     store = open_store(args.store)
-    with running_viewer(store.path, args.host, args.port, default_provider(), required=True):
+    with running_viewer(store.path, args.host, args.port, required=True):
         wait_for_signal()
     return 0

@@ -180,7 +180,6 @@ def serve_command(args: argparse.Namespace) -> int:
     """Work the queue, with the viewer beside it (a warning, not an error, if it cannot listen)."""
     from contextlib import nullcontext
 
-    from pytest_hemra.run.job import default_provider
     from pytest_hemra.run.supervisor import Supervisor
     from pytest_hemra.viewer.server import running_viewer
 
@@ -188,7 +187,7 @@ def serve_command(args: argparse.Namespace) -> int:
     viewer = (
         nullcontext()
         if args.no_viewer
-        else running_viewer(store.path, args.host, args.port, default_provider(), required=False)
+        else running_viewer(store.path, args.host, args.port, required=False)
     )
     with viewer:
         return Supervisor(store.path, args.concurrency).serve(once=args.once)

@@ -23,7 +23,7 @@ from pytest_hemra.execute.provisioning import ProviderFactory
 from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.execute.sandbox.pool import EnginePool
 from pytest_hemra.resolve.plan import RecordedRun
-from pytest_hemra.resolve.spec import RunSpec
+from pytest_hemra.resolve.spec import RunSpec, SandboxSettings
 from pytest_hemra.resolve.upstreams import configured_upstreams
 from pytest_hemra.run.lease import LEASE_SECS, Heartbeat
 from pytest_hemra.run.trial import run_trial
@@ -36,24 +36,26 @@ def sandbox_for(
 ) -> SandboxProvider:
     """The run's sandbox provider, from the plug-in registry (or `found`, when already read):
     a pool of its `[[sandbox.engines]]` when it names some."""
-    if spec.sandbox.engines:
-        return EnginePool(spec.sandbox.engines, store, owner_name())
-    factories = registry.sandbox_providers() if found is None else found
-    if spec.sandbox.provider not in factories:
-        known = ", ".join(sorted(factories))
-        raise HemraError(f"sandbox provider '{spec.sandbox.provider}' is not installed ({known})")
-    provider: SandboxProvider = factories[spec.sandbox.provider]()
-    return provider
+    return _provider_for(spec.sandbox, store, found)
 
 
 def run_provider(store: Store, run_id: str) -> SandboxProvider:
-    """The sandbox provider a recorded run names (`hemra cancel`, `hemra serve`)."""
-    return sandbox_for(RunSpec.model_validate(store.run(run_id).plan.settings), store)
+    """The sandbox provider a recorded run names (`hemra cancel`, `hemra serve`, the viewer's
+    cancel): read from its `[sandbox]` table alone, so any recorded run can be cancelled."""
+    settings = store.run(run_id).plan.settings.get("sandbox") or {}
+    return _provider_for(SandboxSettings.model_validate(settings), store, None)
 
 
-def default_provider() -> SandboxProvider:
-    """The registry's `docker` provider, for what serves every run at once (the viewer)."""
-    provider: SandboxProvider = registry.sandbox_providers()["docker"]()
+def _provider_for(
+    settings: SandboxSettings, store: Store | None, found: dict[str, ProviderFactory] | None
+) -> SandboxProvider:
+    if settings.engines:
+        return EnginePool(settings.engines, store, owner_name())
+    factories = registry.sandbox_providers() if found is None else found
+    if settings.provider not in factories:
+        known = ", ".join(sorted(factories))
+        raise HemraError(f"sandbox provider '{settings.provider}' is not installed ({known})")
+    provider: SandboxProvider = factories[settings.provider]()
     return provider
 
 

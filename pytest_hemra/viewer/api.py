@@ -18,9 +18,9 @@ from pytest_hemra.core.records import (
     TrialFilter,
     TrialRecord,
 )
-from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.report.comparison import compare_runs, comparison_dict
 from pytest_hemra.run.cancellation import cancel_run
+from pytest_hemra.run.job import run_provider
 from pytest_hemra.store import Store
 from pytest_hemra.viewer.context import viewer
 from pytest_hemra.viewer.pairing import Side, pair_sides
@@ -104,8 +104,9 @@ def _trial_page(
     }
 
 
-def _cancel(store: Store, run_id: str, provider: SandboxProvider, wait: float) -> dict[str, Any]:
-    return asdict(cancel_run(store, run_id, provider, wait))
+def _cancel(store: Store, run_id: str, wait: float) -> dict[str, Any]:
+    """`hemra cancel`'s work, with the sandbox provider the run names (from the registry)."""
+    return asdict(cancel_run(store, run_id, run_provider(store, run_id), wait))
 
 
 def _compare_runs(store: Store, before: str, after: str, harness: str | None) -> dict[str, Any]:
@@ -203,7 +204,7 @@ async def cancel(request: web.Request) -> web.Response:
         )
     context = viewer(request)
     run_id = request.match_info["run_id"]
-    done = await context.pool.call(_cancel, run_id, context.provider, float(wait))
+    done = await context.pool.call(_cancel, run_id, float(wait))
     return web.json_response(done)
 
 

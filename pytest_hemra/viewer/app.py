@@ -18,7 +18,6 @@ from pathlib import Path
 from aiohttp import web
 
 from pytest_hemra.core.errors import HemraError, InfraError, StoreError
-from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.viewer import api, trials
 from pytest_hemra.viewer.context import VIEWER, Viewer, viewer
 from pytest_hemra.viewer.params import BadRequest, NotFound
@@ -41,12 +40,10 @@ SECURITY_HEADERS = {
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def make_app(
-    store_path: Path, provider: SandboxProvider, *, token: str | None, is_loopback: bool
-) -> web.Application:
+def make_app(store_path: Path, *, token: str | None, is_loopback: bool) -> web.Application:
     app = web.Application(middlewares=[guard])
     pool = StorePool(store_path)
-    app[VIEWER] = Viewer(pool, ReportCache(pool), provider, token, is_loopback)
+    app[VIEWER] = Viewer(pool, ReportCache(pool), token, is_loopback)
 
     async def close_pool(app: web.Application) -> None:
         pool.close()

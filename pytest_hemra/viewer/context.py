@@ -1,5 +1,5 @@
-"""What every request handler shares: the store's worker threads, the report cache and the
-sandbox provider the cancel action removes sandboxes with."""
+"""What every request handler shares: the store's worker threads, the report cache, and the
+token rules. (Cancelling a run removes its sandboxes with the provider that run names.)"""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.viewer.pool import StorePool
 from pytest_hemra.viewer.reports import ReportCache
 
@@ -16,7 +15,6 @@ from pytest_hemra.viewer.reports import ReportCache
 class Viewer:
     pool: StorePool
     reports: ReportCache
-    provider: SandboxProvider
     token: str | None  # required on every request when set
     is_loopback: bool  # bound to a loopback address
 

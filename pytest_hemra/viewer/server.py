@@ -23,7 +23,6 @@ from types import FrameType
 from aiohttp import web
 
 from pytest_hemra.core.errors import HemraError
-from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.viewer.app import make_app
 
 DEFAULT_HOST = "127.0.0.1"
@@ -49,11 +48,10 @@ def viewer_token(host: str) -> str | None:
 
 
 class ViewerThread:
-    def __init__(self, store_path: Path, host: str, port: int, provider: SandboxProvider) -> None:
+    def __init__(self, store_path: Path, host: str, port: int) -> None:
         self.store_path = store_path
         self.host = host
         self.port = port
-        self.provider = provider
         self.token = viewer_token(host)
         self._ready = threading.Event()
         self._failure: BaseException | None = None
@@ -98,7 +96,6 @@ class ViewerThread:
         loop = asyncio.new_event_loop()
         app = make_app(
             self.store_path,
-            self.provider,
             token=self.token,
             is_loopback=is_loopback(self.host) and self.token is None,
         )
@@ -127,11 +124,11 @@ class ViewerThread:
 
 @contextmanager
 def running_viewer(
-    store_path: Path, host: str, port: int, provider: SandboxProvider, *, required: bool
+    store_path: Path, host: str, port: int, *, required: bool
 ) -> Iterator[ViewerThread | None]:
     """The viewer, listening for the block's length. When it cannot listen: an error if it is
     `required`, else a warning and None (`hemra serve` works the queue all the same)."""
-    viewer = ViewerThread(store_path, host, port, provider)
+    viewer = ViewerThread(store_path, host, port)
     try:
         viewer.start()
     except HemraError as error:
