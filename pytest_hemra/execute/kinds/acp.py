@@ -21,10 +21,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_hemra.execute.kinds import AgentTurn, SandboxKind
-from pytest_hemra.execute.sandbox import AGENT_USER, WORKDIR, ExecResult, Sandbox
+from pytest_hemra.execute.sandbox import (
+    AGENT_USER,
+    WORKDIR,
+    ExecResult,
+    Sandbox,
+    kill_agent_processes,
+)
 
 PROTOCOL_VERSION = 1
-KILL = ["/bin/sh", "-c", "kill -9 -1"]
 OUTPUT_LIMIT = 1 << 20
 
 
@@ -254,14 +259,7 @@ def run_acp(
         client.stderr += f"\nhemra: {error}\n".encode()
     finally:
         process.close_stdin()
-        sandbox.exec(
-            KILL,
-            user=AGENT_USER,
-            env={},
-            timeout=10,
-            stdout=scratch / "kill.out",
-            stderr=scratch / "kill.err",
-        )
+        kill_agent_processes(sandbox, scratch)
         reader.join(5)
         process.close()
         stderr.write_bytes(bytes(client.stderr))

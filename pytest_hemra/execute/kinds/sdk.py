@@ -24,11 +24,15 @@ from typing import Any
 from pytest_hemra.core.errors import InfraError, SpecError
 from pytest_hemra.execute.installs import Installed
 from pytest_hemra.execute.kinds import AgentTurn, SandboxKind
-from pytest_hemra.execute.sandbox import AGENT_USER, WORKDIR, ExecResult, Sandbox
+from pytest_hemra.execute.sandbox import (
+    AGENT_USER,
+    WORKDIR,
+    ExecResult,
+    Sandbox,
+    kill_agent_processes,
+)
 from pytest_hemra.resolve.harnesses import Harness
 from pytest_hemra.resolve.spec import HarnessSpec
-
-KILL = ["/bin/sh", "-c", "kill -9 -1"]
 
 
 class SdkKind(SandboxKind):
@@ -158,14 +162,7 @@ def run_sdk(
     worker.start()
     worker.join(max(deadline - time.time(), 0.0))
     if worker.is_alive() or time.time() >= deadline:  # also: its last command hit the deadline
-        sandbox.exec(
-            KILL,
-            user=AGENT_USER,
-            env={},
-            timeout=10,
-            stdout=scratch / "kill.out",
-            stderr=scratch / "kill.err",
-        )
+        kill_agent_processes(sandbox, scratch)
         return ExecResult(None, True, time.monotonic() - started)
     if "error" in outcome:
         stderr.write_text(outcome["error"])

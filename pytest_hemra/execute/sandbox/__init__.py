@@ -21,6 +21,7 @@ AGENT_USER = "1000:1000"
 ROOT_USER = "0:0"
 AGENT_HOME = "/home/agent"
 WORKDIR = "/app"
+KILL_ALL = ("/bin/sh", "-c", "kill -9 -1")  # as a user: every process of it but PID 1
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,19 @@ def run_as_owner(
         stdout=_log(logs, name, "stdout"),
         stderr=_log(logs, name, "stderr"),
         workdir=WORKDIR,
+    )
+
+
+def kill_agent_processes(sandbox: Sandbox, logs: Path) -> None:
+    """Kill every process the agent user runs in the sandbox (all but PID 1): whatever an agent
+    started, when its turn ends past its deadline or its protocol session closes."""
+    sandbox.exec(
+        KILL_ALL,
+        user=AGENT_USER,
+        env={},
+        timeout=10,
+        stdout=logs / "kill.out",
+        stderr=logs / "kill.err",
     )
 
 

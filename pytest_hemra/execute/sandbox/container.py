@@ -18,7 +18,7 @@ import docker.errors
 import requests
 from docker.utils.socket import frames_iter
 
-from pytest_hemra.execute.sandbox import AGENT_HOME, WORKDIR, ExecResult
+from pytest_hemra.execute.sandbox import AGENT_HOME, KILL_ALL, WORKDIR, ExecResult
 
 DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
 MAX_TREE_FILE_BYTES = 1 << 20
@@ -114,7 +114,7 @@ class DockerSandbox:
 
     def _kill_processes(self, user: str) -> None:
         """Kill every process of `user` but PID 1: the exec's whole tree, whatever it spawned."""
-        self.container.exec_run(["/bin/sh", "-c", "kill -9 -1"], user=user)
+        self.container.exec_run(list(KILL_ALL), user=user)
 
     def put_dir(self, source: Path, target: str) -> None:
         """Copy a host folder in as `target`, owned by root and read-only for the agent."""
