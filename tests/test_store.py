@@ -152,3 +152,48 @@ def test_a_store_too_old_to_migrate_is_refused_clearly(tmp_path: Path) -> None:
     store.close()
     with pytest.raises(StoreError, match=r"s.db: store schema 1, expected \d+"):
         Store(path)
+
+
+def test_a_shared_board_lock_holds_up_no_other_writer_and_one_holder_at_a_time(
+    tmp_path: Path,
+) -> None:
+    import threading
+    import time
+
+    store = Store(tmp_path / "s.db")
+    store.record_plan("r1", "run", {}, tmp_path, PLAN)
+    other = Store(store.path)
+    entered: list[str] = []
+    with store.locked_shared_board("r1", "harbor", owner="a@here:1") as board:
+        board.jobs.append({"name": "job-1"})
+        # another process writes at once while the board is held (a heartbeat, a result)
+        (trial,) = [t for t in other.trials("r1") if t.attempt == 1]
+        assert other.claim(trial.id, "w", 30) == "leased"
+
+        def second() -> None:
+            with other.locked_shared_board("r1", "harbor", owner="b@here:2") as seen:
+                entered.append(",".join(job["name"] for job in seen.jobs))
+
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        time.sleep(0.5)
+        assert entered == []  # the second holder waits for the first
+    waiter.join(10)
+    assert entered == ["job-1"]  # and then sees what the first wrote back
+    assert store.count("shared_locks") == 0
+
+
+def test_a_dead_holders_board_lock_is_taken_over(tmp_path: Path) -> None:
+    import socket
+
+    store = Store(tmp_path / "s.db")
+    store.record_plan("r1", "run", {}, tmp_path, PLAN)
+    dead = f"main@{socket.gethostname()}:999999999"
+    with store._transaction() as tx:
+        tx.execute(
+            "INSERT INTO shared_locks (id, owner, expires_at) VALUES (?, ?, ?)",
+            ["r1/harbor", dead, 4e9],
+        )
+    with store.locked_shared_board("r1", "harbor", owner="a@here:1") as board:
+        board.claims["job-1/trial"] = "r1.00001"
+    assert store.shared_board("r1", "harbor").claims == {"job-1/trial": "r1.00001"}

@@ -203,6 +203,8 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
         {"id": str, "run_id": str, "kind": str, "result": str, "trial_id": str, "at": float},
         "id",
     ),
+    # who holds a run's board of one kind while it starts, watches or stops shared jobs
+    "shared_locks": ({"id": str, "owner": str, "expires_at": float}, "id"),
 }
 INDEXES = (
     ("trials", ["run_id", "plan_seq", "seq"]),

@@ -2,14 +2,15 @@
 
 Each trial still claims its own job in the queue; the trials a shared job serves agree on
 which jobs were started and which trial took which of their results through one board per
-run and kind, read and written back in one write transaction, so items in other workers or in
-a later resume see the same board. A job is the kind's own record (JSON); a claim is a result
-key (unique in the run) and the trial that took it.
+run and kind, read and written back under the board's lock (a row in `shared_locks`), so
+items in other workers or in a later resume see the same board. A job is the kind's own
+record (JSON); a claim is a result key (unique in the run) and the trial that took it.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_hemra.store.base import StoreBase
+from pytest_hemra.store.owner import is_alive, owner_name
+
+LOCK_SECS = 600.0  # a holder on another host that stopped answering is taken over after this
+LOCK_POLL_SECS = 0.1
 
 
 @dataclass
@@ -49,12 +54,19 @@ class SharedJobStore(StoreBase):
         return SharedBoard(jobs, claims)
 
     @contextmanager
-    def locked_shared_board(self, run_id: str, kind: str) -> Iterator[SharedBoard]:
-        """The board, changed in place by the caller and written back, under the store's write
-        lock: other processes' readers go on, their writers wait. What changed is written even
-        when the caller fails (a job started before a failure stays on the board)."""
+    def locked_shared_board(
+        self, run_id: str, kind: str, owner: str | None = None
+    ) -> Iterator[SharedBoard]:
+        """The board, changed in place by the caller and written back, while this process holds
+        the board's lock: a row in the store, taken and given back in short transactions, so
+        the caller may take its time (start a container) without holding up other writers.
+        A lock whose holder died is taken over (at once on this host, else on its expiry).
+        What changed is written even when the caller fails (a job started stays on the board)."""
+        holder = owner or owner_name()
+        lock_id = f"{run_id}/{kind}"
+        self._take_lock(lock_id, holder)
         failure: BaseException | None = None
-        with self._transaction() as tx:
+        try:
             board = self.shared_board(run_id, kind)
             before = {job["name"]: json.dumps(job, sort_keys=True) for job in board.jobs}
             claimed = set(board.claims)
@@ -62,24 +74,56 @@ class SharedJobStore(StoreBase):
                 yield board
             except BaseException as error:
                 failure = error
-            now = time.time()
-            for seq, job in enumerate(board.jobs):
-                data = json.dumps(job, sort_keys=True)
-                if before.get(job["name"]) != data:
-                    tx.execute(
-                        "INSERT INTO shared_jobs (id, run_id, kind, name, seq, data, updated_at)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET seq ="
-                        " excluded.seq, data = excluded.data, updated_at = excluded.updated_at",
-                        [f"{run_id}/{job['name']}", run_id, kind, job["name"], seq, data, now],
-                    )
-            tx.executemany(
-                "INSERT OR IGNORE INTO shared_claims (id, run_id, kind, result, trial_id, at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                [
-                    (f"{run_id}/{key}", run_id, kind, key, trial, now)
-                    for key, trial in board.claims.items()
-                    if key not in claimed
-                ],
-            )
+            with self._transaction() as tx:
+                self._write_board(tx, run_id, kind, board, before, claimed)
+        finally:
+            with self._transaction() as tx:
+                tx.execute("DELETE FROM shared_locks WHERE id = ? AND owner = ?", [lock_id, holder])
         if failure is not None:
             raise failure
+
+    def _take_lock(self, lock_id: str, holder: str) -> None:
+        while True:
+            now = time.time()
+            with self._transaction() as tx:
+                row = tx.execute(
+                    "SELECT owner, expires_at FROM shared_locks WHERE id = ?", [lock_id]
+                ).fetchone()
+                if row is None or row[1] < now or not is_alive(row[0]) or row[0] == holder:
+                    tx.execute(
+                        "INSERT INTO shared_locks (id, owner, expires_at) VALUES (?, ?, ?)"
+                        " ON CONFLICT (id) DO UPDATE SET owner = excluded.owner,"
+                        " expires_at = excluded.expires_at",
+                        [lock_id, holder, now + LOCK_SECS],
+                    )
+                    return
+            time.sleep(LOCK_POLL_SECS)
+
+    @staticmethod
+    def _write_board(
+        tx: sqlite3.Connection,
+        run_id: str,
+        kind: str,
+        board: SharedBoard,
+        before: dict[str, str],
+        claimed: set[str],
+    ) -> None:
+        now = time.time()
+        for seq, job in enumerate(board.jobs):
+            data = json.dumps(job, sort_keys=True)
+            if before.get(job["name"]) != data:
+                tx.execute(
+                    "INSERT INTO shared_jobs (id, run_id, kind, name, seq, data, updated_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET seq ="
+                    " excluded.seq, data = excluded.data, updated_at = excluded.updated_at",
+                    [f"{run_id}/{job['name']}", run_id, kind, job["name"], seq, data, now],
+                )
+        tx.executemany(
+            "INSERT OR IGNORE INTO shared_claims (id, run_id, kind, result, trial_id, at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (f"{run_id}/{key}", run_id, kind, key, trial, now)
+                for key, trial in board.claims.items()
+                if key not in claimed
+            ],
+        )
