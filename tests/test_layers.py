@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = [
     sys.executable,
@@ -43,29 +45,33 @@ def test_the_tree_keeps_every_layer_contract(tmp_path: Path) -> None:
     assert "BROKEN" not in result.stdout
 
 
-def test_a_core_module_importing_the_runner_breaks_the_layers(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("module", "wrong_import", "refusal"),
+    [
+        (
+            "core/records.py",
+            "from pytest_hemra.run import trial",
+            "pytest_hemra.core.records -> pytest_hemra.run.trial",
+        ),
+        (
+            "report/stats.py",
+            "from pytest_hemra.execute import sandbox",
+            "report needs only core and the store BROKEN",
+        ),
+        (
+            "viewer/params.py",
+            "import sqlite3",
+            "pytest_hemra.viewer is not allowed to import sqlite3",
+        ),
+    ],
+    ids=["core-imports-the-runner", "report-reaches-a-sandbox", "sql-outside-the-store"],
+)
+def test_a_deliberately_wrong_import_breaks_its_contract(
+    tmp_path: Path, module: str, wrong_import: str, refusal: str
+) -> None:
     tree = _copy_tree(tmp_path)
-    records = tree / "pytest_hemra" / "core" / "records.py"
-    records.write_text(records.read_text() + "\nfrom pytest_hemra.run import trial  # noqa\n")
+    path = tree / "pytest_hemra" / module
+    path.write_text(path.read_text() + f"\n{wrong_import}  # noqa\n")
     result = _lint(tree)
     assert result.returncode != 0
-    assert "pytest_hemra.core is not allowed to import pytest_hemra.run" in result.stdout
-    assert "pytest_hemra.core.records -> pytest_hemra.run.trial" in result.stdout
-
-
-def test_a_report_module_reaching_into_a_sandbox_is_refused(tmp_path: Path) -> None:
-    tree = _copy_tree(tmp_path)
-    stats = tree / "pytest_hemra" / "report" / "stats.py"
-    stats.write_text(stats.read_text() + "\nfrom pytest_hemra.execute import sandbox  # noqa\n")
-    result = _lint(tree)
-    assert result.returncode != 0
-    assert "report needs only core and the store BROKEN" in result.stdout
-
-
-def test_sql_outside_the_store_is_refused(tmp_path: Path) -> None:
-    tree = _copy_tree(tmp_path)
-    tables = tree / "pytest_hemra" / "viewer" / "params.py"
-    tables.write_text(tables.read_text() + "\nimport sqlite3  # noqa\n")
-    result = _lint(tree)
-    assert result.returncode != 0
-    assert "pytest_hemra.viewer is not allowed to import sqlite3" in result.stdout
+    assert refusal in result.stdout
