@@ -117,11 +117,7 @@ def run_command(args: argparse.Namespace) -> int:
         print("hemra run: name a run file, or harnesses (-H) and datasets (-d)", file=sys.stderr)
         return USAGE_ERROR
     if args.detach or args.dry_run:
-        try:
-            return detach_command(args)
-        except HemraError as error:  # the same status as the pytest session's usage error
-            print(f"hemra: {error}", file=sys.stderr)
-            return USAGE_ERROR
+        return detach_command(args)  # nothing runs: a refusal is hemra's own (exit 2)
     if args.concurrency is None and args.run_file:
         args.concurrency = _file_concurrency(Path(args.run_file))
     return int(pytest.main(pytest_argv(args)))
@@ -131,7 +127,6 @@ def detach_command(args: argparse.Namespace) -> int:
     """Resolve and record the run with its jobs queued, print its id, and return; with
     `--dry-run`, print the resolved plan instead and record nothing."""
     from pytest_hemra.core import registry
-    from pytest_hemra.core.errors import HemraError
     from pytest_hemra.execute.provisioning import describe, provision
     from pytest_hemra.execute.sandbox import SandboxProvider
     from pytest_hemra.resolve.plan import record_plan, resolve_plan
