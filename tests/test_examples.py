@@ -26,13 +26,14 @@ def test_own_harness_example_passes_with_its_harness_and_fails_with_nop(
     result.stdout.fnmatch_lines(["nop (baseline)*2/2*0*", "echo-agent*2/2*2*1*1*"])
 
 
-def test_examples_collect(pytester: pytest.Pytester) -> None:
+def test_examples_collect(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     run_files = sorted((REPO / "examples").glob("*.toml")) + sorted(
         (REPO / "examples").glob("*/run.toml")
     )
     assert len(run_files) >= 2
     for run_file in run_files:
-        result = pytester.runpytest("--hemra-run", str(run_file), "--collect-only", "-q")
+        monkeypatch.chdir(run_file.parent)  # as their comments say to run them (a conftest.py)
+        result = pytester.runpytest_subprocess("--hemra-run", str(run_file), "--collect-only", "-q")
         assert result.ret == 0, (run_file, result.errlines)
 
 
