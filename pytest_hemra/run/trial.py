@@ -6,14 +6,12 @@ verified). Exceptions are for infrastructure, and `errors.outcome_of` maps them 
 
 from __future__ import annotations
 
-import difflib
 import json
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from pytest_hemra.core.errors import HemraError, InfraError, VerifierError, outcome_of
 from pytest_hemra.core.outcome import Outcome
@@ -24,6 +22,7 @@ from pytest_hemra.execute.context import (
     TrialContext,
     TrialResult,
 )
+from pytest_hemra.execute.diff import tree_diff
 from pytest_hemra.execute.gateway.ledger import CallPolicy
 from pytest_hemra.execute.gateway.scripted import (
     NO_EDITS,
@@ -60,7 +59,6 @@ from pytest_hemra.score.verification import (
 )
 
 INSTRUCTION_FILE = "/hemra/instruction.md"
-MAX_DIFF_BYTES = 4 << 20
 
 
 def run_trial(context: TrialContext) -> TrialResult:
@@ -396,32 +394,3 @@ def _run_steps(
     else:
         reward = sum(scores) / len(scores)
     return reward, {"reward": reward, **{f"step:{s.name}": s.reward or 0.0 for s in progress.steps}}
-
-
-def tree_diff(before: dict[str, bytes], after: dict[str, bytes]) -> str:
-    """A unified diff of the agent's changes to /app (binary files named, not shown)."""
-    lines: list[str] = []
-    for name in sorted(before.keys() | after.keys()):
-        old, new = before.get(name), after.get(name)
-        if old == new:
-            continue
-        try:
-            old_text = (old or b"").decode().splitlines(keepends=True)
-            new_text = (new or b"").decode().splitlines(keepends=True)
-        except UnicodeDecodeError:
-            lines.append(f"Binary files a/{name} and b/{name} differ\n")
-            continue
-        lines.extend(
-            difflib.unified_diff(
-                old_text,
-                new_text,
-                fromfile=f"a/{name}" if old is not None else "/dev/null",
-                tofile=f"b/{name}" if new is not None else "/dev/null",
-            )
-        )
-    text = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
-    return text[:MAX_DIFF_BYTES]
-
-
-def result_row(result: TrialResult) -> dict[str, Any]:
-    return asdict(result)
