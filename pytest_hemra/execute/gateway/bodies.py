@@ -4,6 +4,7 @@ upstream's own format, and each call's bodies kept in the trial folder (capped).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,26 @@ def json_object(body: bytes) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+ANTHROPIC_KINDS = {401: "authentication_error", 403: "permission_error"}
+OPENAI_KINDS = {401: "invalid_request_error", 403: "permission_denied"}
+
+
 def error_response(wire: Wire, status: int, message: str) -> web.Response:
     """An error in the provider's own format, so harnesses handle it as they would upstream's."""
     if wire in (Wire.ANTHROPIC, Wire.COUNT_TOKENS):
-        kind = "authentication_error" if status == 401 else "api_error"
+        kind = ANTHROPIC_KINDS.get(status, "api_error")
         payload: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
     else:
-        kind = "invalid_request_error" if status == 401 else "server_error"
+        kind = OPENAI_KINDS.get(status, "server_error")
         payload = {"error": {"message": message, "type": kind, "code": None, "param": None}}
     return web.json_response(payload, status=status)
+
+
+def error_format(wire: Wire, headers: Mapping[str, str]) -> Wire:
+    """The wire whose error format answers a call: its own, or for a path that is no model
+    endpoint, Anthropic's when the client speaks Anthropic (its SDKs send `anthropic-version`)."""
+    if wire is not Wire.OTHER:
+        return wire
+    if "anthropic-version" in headers or "x-api-key" in headers:
+        return Wire.ANTHROPIC
+    return Wire.CHAT

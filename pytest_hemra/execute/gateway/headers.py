@@ -1,8 +1,15 @@
 """Headers on the way through the gateway: what is never forwarded, how a trial presents its
-token, how the real key is put in for the upstream, and what is stored (keys redacted)."""
+token, how the real key is put in for the upstream, and what is stored (secrets redacted).
+
+Names are judged by pattern, not by a list of known headers: any request header whose name
+holds auth, key, token, secret or cookie may carry a credential, so it never goes upstream (the
+only key the upstream sees is the one the gateway puts in); those and session headers are stored
+as `[redacted]`.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from pytest_hemra.resolve.upstreams import ModelApi
@@ -21,7 +28,11 @@ HOP_BY_HOP = frozenset(
         "content-length",
     }
 )
-KEY_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "cookie"})
+CREDENTIAL_NAME = re.compile(r"auth|key|token|secret|cookie", re.IGNORECASE)
+SECRET_NAME = re.compile(r"auth|key|token|secret|cookie|session", re.IGNORECASE)
+# which organization or project of the runner's account pays is the runner's choice, not the agent's
+ACCOUNT_HEADERS = frozenset({"openai-organization", "openai-project"})
+REDACTED = "[redacted]"
 DROPPED_RESPONSE = frozenset({*HOP_BY_HOP, "content-encoding"})
 
 
@@ -35,13 +46,17 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
 
 
 def upstream_headers(
-    headers: Mapping[str, str], provider: ModelApi, key: str | None
+    headers: Mapping[str, str], provider: ModelApi, key: str | None, token: str
 ) -> dict[str, str]:
+    """The request's headers as the upstream gets them: no credential but the real `key`, and
+    nothing that carries the trial's `token` (session ids pass: providers cache prompts by them)."""
     forwarded = {
         name: value
         for name, value in headers.items()
         if name.lower() not in HOP_BY_HOP
-        and name.lower() not in KEY_HEADERS
+        and name.lower() not in ACCOUNT_HEADERS
+        and not CREDENTIAL_NAME.search(name)
+        and token not in value
         and not name.lower().startswith("x-hemra")
         and name.lower() != "accept-encoding"
     }
@@ -54,9 +69,10 @@ def upstream_headers(
     return forwarded
 
 
-def redacted_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """Request headers as stored: keys, tokens and cookies never leave memory."""
+def redacted_headers(headers: Mapping[str, str], token: str = "") -> dict[str, str]:
+    """Request headers as stored: keys, tokens, cookies and session ids never leave memory, nor
+    does any value that carries the trial's `token`."""
     return {
-        name.lower(): "[redacted]" if name.lower() in KEY_HEADERS else value
+        name.lower(): REDACTED if SECRET_NAME.search(name) or (token and token in value) else value
         for name, value in headers.items()
     }

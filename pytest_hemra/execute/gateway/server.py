@@ -4,7 +4,9 @@ A trial gets `http://<gateway>/t/<token>/` as its base URL and the same unguessa
 API key. The gateway checks the token, swaps in the real key from the runner's environment (held
 in memory only), forwards the request, streams the answer back chunk by chunk as it arrives, reads
 the token usage on the way past, and records one row per call as it completes. Calls with an
-unknown, ended or other trial's token are refused with 401 and recorded as refused.
+unknown, ended or other trial's token are refused with 401, and calls that are not model calls
+(`wire.ALLOWED_CALLS`: files, batches and the rest) with 403, both before the request's body is
+read, and recorded as refused. The real key is scrubbed out of everything the upstream answers.
 
 It runs on its own event loop in a background thread: the rest of HEMRA stays synchronous.
 """
@@ -28,6 +30,7 @@ from pytest_hemra.core.errors import InfraError
 from pytest_hemra.core.records import CallRow
 from pytest_hemra.execute.gateway.bodies import (
     KEPT_BODY_BYTES,
+    error_format,
     error_response,
     json_object,
     keep_bodies,
@@ -43,8 +46,9 @@ from pytest_hemra.execute.gateway.prices import cost_of
 from pytest_hemra.execute.gateway.replies import respond
 from pytest_hemra.execute.gateway.routes import TrialAccess, TrialRoute
 from pytest_hemra.execute.gateway.scripted import Script
+from pytest_hemra.execute.gateway.scrub import KeyScrubber
 from pytest_hemra.execute.gateway.usage import UsageReader, is_streaming
-from pytest_hemra.execute.gateway.wire import CallUsage, Wire, route_call, wire_of
+from pytest_hemra.execute.gateway.wire import CallUsage, Wire, allowed_wire, route_call, wire_of
 from pytest_hemra.resolve.upstreams import SCRIPTED, SCRIPTED_MODEL, ModelApi
 
 ERROR_TEXT_BYTES = 2048
@@ -220,11 +224,13 @@ class Gateway:
             await self._session.close()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        """Token first, then the allowlist, and only then the body: a call refused for either is
+        answered without reading what it sent (a 60 MB upload with a bad token costs nothing)."""
         call = _Call()
         token = request.match_info["token"]
         tail = request.match_info["tail"]
-        wire = wire_of(tail)
-        body = await request.read()
+        allowed = allowed_wire(request.method, tail)
+        wire = allowed or Wire.OTHER
         route = self._routes.get(token)
         presented = presented_key(request.headers)
         if (
@@ -241,16 +247,28 @@ class Gateway:
                 wire,
                 None,
                 None,
-                body,
+                b"",
                 None,
                 refused=True,
                 error=f"refused: {why} trial token",
             )
-            return error_response(wire, 401, "invalid or expired HEMRA trial token")
+            return error_response(
+                error_format(wire, request.headers), 401, "invalid or expired HEMRA trial token"
+            )
+        if allowed is None:
+            call.status = 403
+            reason = f"{request.method} /{tail} is not a model call the gateway forwards"
+            self._submit(
+                route, call, request, wire, None, None, b"", None, refused=True, error=reason
+            )
+            return error_response(
+                error_format(wire, request.headers), 403, f"HEMRA refused the call: {reason}"
+            )
         route.inflight += 1
         if route.calls_dir is not None:
             call.kept = bytearray()
         try:
+            body = await request.read()
             return await self._forward(request, route, wire, tail, body, call)
         finally:
             route.inflight -= 1
@@ -284,16 +302,20 @@ class Gateway:
             if refusal is not None:
                 refused = True
                 call.status, call.error = 400, f"refused: {refusal}"
-                return error_response(wire, 400, f"HEMRA refused the call: {refusal}")
+                return error_response(
+                    error_format(wire, request.headers), 400, f"HEMRA refused the call: {refusal}"
+                )
             if provider is None:
                 call.status, call.error = 502, f"no provider named {provider_name!r}"
-                return error_response(wire, 502, call.error)
+                return error_response(error_format(wire, request.headers), 502, call.error)
             if provider.name == SCRIPTED or provider.base_url is None:
                 base = f"{self._scripted_url}/s/{route.token}"
             else:
                 base = provider.base_url.rstrip("/")
             url = f"{base}/{tail}" + (f"?{request.query_string}" if request.query_string else "")
-            headers = upstream_headers(request.headers, provider, route.keys.get(provider.name))
+            key = route.keys.get(provider.name)
+            headers = upstream_headers(request.headers, provider, key, route.token)
+            scrubber = KeyScrubber([*route.keys.values(), *([key] if key else [])])
             assert self._session is not None
             response: web.StreamResponse | None = None
             try:
@@ -304,31 +326,31 @@ class Gateway:
                     response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
                     for name, value in upstream.headers.items():
                         if name.lower() not in DROPPED_RESPONSE:
-                            response.headers.add(name, value)
+                            response.headers.add(name, scrubber.text(value))
                     reader = UsageReader(
                         wire, is_streaming(wire, data, upstream.headers.get("Content-Type", ""))
                     )
                     await response.prepare(request)
-                    async for chunk in upstream.content.iter_any():
+                    async for raw in upstream.content.iter_any():
                         if call.ttfb is None:
                             call.ttfb = time.perf_counter() - call.started
-                        call.response_bytes += len(chunk)
-                        reader.feed(chunk)
-                        if call.status >= 400 and len(call.error_text) < ERROR_TEXT_BYTES:
-                            call.error_text += chunk[: ERROR_TEXT_BYTES - len(call.error_text)]
-                        if call.kept is not None and len(call.kept) < KEPT_BODY_BYTES:
-                            call.kept += chunk[: KEPT_BODY_BYTES - len(call.kept)]
-                        await response.write(chunk)
+                        call.response_bytes += len(raw)
+                        await self._pass_on(scrubber.feed(raw), call, reader, response)
+                    await self._pass_on(scrubber.flush(), call, reader, response)
                     await response.write_eof()
                     return response
             except aiohttp.ClientConnectorError as error:
                 call.status, call.error = 502, f"upstream unreachable: {error}"
-                return error_response(wire, 502, "upstream unreachable")
+                return error_response(
+                    error_format(wire, request.headers), 502, "upstream unreachable"
+                )
             except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
                 call.error = f"upstream failed mid-response: {type(error).__name__}: {error}"
                 if response is None:
                     call.status = 502
-                    return error_response(wire, 502, "upstream failed")
+                    return error_response(
+                        error_format(wire, request.headers), 502, "upstream failed"
+                    )
                 if request.transport is not None:
                     request.transport.abort()  # the harness sees the reset, as from the provider
                 return response
@@ -349,6 +371,20 @@ class Gateway:
             )
             if reserved is not None and route.budget is not None:
                 route.budget.release(reserved)
+
+    @staticmethod
+    async def _pass_on(
+        chunk: bytes, call: _Call, reader: UsageReader, response: web.StreamResponse
+    ) -> None:
+        """One scrubbed piece of the upstream's answer: read for usage, kept, sent on."""
+        if not chunk:
+            return
+        reader.feed(chunk)
+        if call.status >= 400 and len(call.error_text) < ERROR_TEXT_BYTES:
+            call.error_text += chunk[: ERROR_TEXT_BYTES - len(call.error_text)]
+        if call.kept is not None and len(call.kept) < KEPT_BODY_BYTES:
+            call.kept += chunk[: KEPT_BODY_BYTES - len(call.kept)]
+        await response.write(chunk)
 
     def _refusal(self, route: TrialRoute, wire: Wire, requested: str | None) -> str | None:
         """Why the run's rules refuse this call, if they do."""
@@ -409,7 +445,7 @@ class Gateway:
             response_bytes=call.response_bytes,
             error=error or call.error,
             refused=refused,
-            headers=redacted_headers(request.headers),
+            headers=redacted_headers(request.headers, route.token if route else ""),
             role=route.role if route else "agent",
         )
         if route is not None:
