@@ -22,7 +22,12 @@ from pytest_hemra.resolve.datasets import Dataset, Task, load_task, resolve_data
 from pytest_hemra.resolve.harnesses import Harness, resolve_harness
 from pytest_hemra.resolve.judges import Judge, resolve_judges
 from pytest_hemra.resolve.spec import HarnessSpec, Overrides, RunSpec, load_run_spec
-from pytest_hemra.resolve.upstreams import SCRIPTED, ModelApi, configured_upstreams
+from pytest_hemra.resolve.upstreams import (
+    SCRIPTED,
+    ModelApi,
+    configured_upstreams,
+    key_variables,
+)
 from pytest_hemra.store import Store
 
 PLAN_SCHEMA_VERSION = 1
@@ -85,6 +90,7 @@ def resolve_plan(run_file: Path | None, overrides: Overrides, cwd: Path) -> Plan
     _check_providers(known_providers, source)
     for harness in harnesses:
         _check_provider(harness, known_providers)
+    _check_no_keys_in_sandboxes(harnesses, known_providers)
     for name in spec.verifier.env:
         if name not in os.environ:
             raise SpecError(f"{source}: key 'verifier.env': environment variable {name} is not set")
@@ -122,6 +128,25 @@ def _check_provider(harness: Harness, known: Mapping[str, ModelApi]) -> None:
             raise SpecError(
                 f"{harness.path}: key 'key_env': environment variable {spec.key_env} is not set"
             )
+
+
+def _check_no_keys_in_sandboxes(
+    harnesses: tuple[Harness, ...], known: Mapping[str, ModelApi]
+) -> None:
+    """A harness reaches models through the gateway, with its trial token: its `env` never
+    carries a key the gateway holds into the sandbox (`[verifier] env` may: verifiers are not the
+    agent). The harbor kind, trusted-only and unmetered, runs its own agents outside the gateway."""
+    keys = key_variables(known) | {h.spec.key_env for h in harnesses if h.spec.key_env}
+    for harness in harnesses:
+        if not registry.harness_kinds()[harness.spec.kind].is_metered:
+            continue
+        for name in harness.spec.env:
+            if name in keys:
+                raise SpecError(
+                    f"{harness.path}: key 'env': {name} holds a model provider's key, which never "
+                    "enters a sandbox (the harness gets its trial token as its key from the "
+                    "gateway: '{api_key}')"
+                )
 
 
 def _check_providers(known: Mapping[str, ModelApi], source: str) -> None:

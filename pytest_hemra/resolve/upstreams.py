@@ -47,3 +47,8 @@ def configured_upstreams(settings: Mapping[str, ProviderSettings]) -> dict[str, 
         changes = {k: v for k, v in table.model_dump().items() if v is not None}
         providers[name] = base.model_copy(update=changes)
     return providers
+
+
+def key_variables(upstreams: Mapping[str, ModelApi]) -> set[str]:
+    """The runner variables holding the real keys of the upstreams the gateway serves."""
+    return {upstream.key_env for upstream in upstreams.values() if upstream.key_env}
