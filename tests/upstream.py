@@ -1,5 +1,6 @@
 """A real aiohttp model API for tests and benchmarks: answers like Anthropic and OpenAI, and
-misbehaves on request (`x-test-mode`: reset mid-stream, 429, 500, slow first byte)."""
+misbehaves on request (`x-test-mode`: reset mid-stream, 429, 500, slow first byte, echo the
+key); any other path answers 200 and is recorded in `seen`."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
         )
     if mode == "slow":
         await asyncio.sleep(float(request.headers.get("x-test-delay", "0.3")))
+    if mode == "echo-key":
+        return await echo_key(request, body)
     model = body.get("model", MODEL)
     usage = {
         "input_tokens": USAGE["input_tokens"],
@@ -132,6 +135,34 @@ async def messages(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def echo_key(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    """A careless upstream: the key it was sent comes back in a header and in the body (in a
+    stream, split across two writes)."""
+    key = request.headers.get("x-api-key", "")
+    if not body.get("stream"):
+        return web.json_response(
+            {"type": "error", "error": {"type": "authentication_error", "message": f"bad {key}"}},
+            status=401,
+            headers={"x-echo": key},
+        )
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "x-echo": key})
+    await response.prepare(request)
+    event = _sse("error", {"type": "error", "error": {"type": "api_error", "message": key}})
+    cut = event.index(key.encode()) + len(key) // 2
+    for piece in (event[:cut], event[cut:]):
+        await response.write(piece)
+        await asyncio.sleep(0.05)  # two chunks on the wire, the key cut between them
+    await response.write_eof()
+    return response
+
+
+async def anything(request: web.Request) -> web.Response:
+    """Any other path answers 200: a call the gateway forwarded would succeed, and be seen."""
+    state: Upstream = request.app["state"]
+    state.seen.append({"path": request.path, "headers": dict(request.headers), "body": None})
+    return web.json_response({"ok": True})
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
     state: Upstream = request.app["state"]
     body = await request.json()
@@ -178,6 +209,7 @@ def running_upstream() -> Iterator[Upstream]:
         app.router.add_post("/v1/messages", messages)
         app.router.add_post("/v1/chat/completions", chat)
         app.router.add_get("/v1/models", models)
+        app.router.add_route("*", "/{tail:.*}", anything)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
