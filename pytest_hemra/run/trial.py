@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, replace
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from pytest_hemra.core.errors import HemraError, InfraError, VerifierError, outcome_of
 from pytest_hemra.core.outcome import Outcome
@@ -41,6 +41,7 @@ from pytest_hemra.execute.sandbox import (
     Limits,
     Sandbox,
     SandboxRequest,
+    Tree,
 )
 from pytest_hemra.execute.selfreport import parse_output
 from pytest_hemra.execute.trajectory import build_trajectory
@@ -188,6 +189,7 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
         with progress.phase("diff"):
             after = sandbox.read_tree(WORKDIR)
             (folder / "diff.patch").write_text(tree_diff(before, after))
+            _keep_tree_notes(after, folder)
             _keep_agent_logs(sandbox, folder / "agent" / "logs")
         with progress.phase("verifier"):
             hemra = task.config.hemra
@@ -258,6 +260,14 @@ def script_for(task: Task, harness: HarnessSpec) -> Script:
     return (solve, ShellStep(finish), final) if finish else (solve, final)
 
 
+def _keep_tree_notes(tree: Tree, folder: Path) -> None:
+    """What the bounded read of /app left out (files over the cap, a cap reached), as
+    `tree-notes.json` beside the diff."""
+    notes = tree.notes()
+    if notes is not None:
+        (folder / "tree-notes.json").write_text(json.dumps({"path": WORKDIR, **notes}, indent=1))
+
+
 def _keep_agent_logs(sandbox: Sandbox, target: Path) -> None:
     """What the harness wrote to /logs/agent (its own trajectory, say), into the trial folder."""
     for name, content in sandbox.read_tree("/logs/agent").items():
@@ -301,10 +311,17 @@ def _run_agent(
         **{name: runner_env(name) for name in spec.env},
         **{render(name, values): render(value, values) for name, value in spec.environment.items()},
     }
-    for path, content in spec.files.items():
-        sandbox.put_file(render(content, values).encode(), render(path, values), owner=AGENT_USER)
     logs = context.trial_dir / "agent"
     out, err = logs / "stdout.txt", logs / "stderr.txt"
+    for path, content in spec.files.items():
+        target = render(path, values)
+        try:  # as the agent user, never through the engine (which writes as root)
+            sandbox.write_file(target, render(content, values).encode(), user=AGENT_USER)
+        except OSError as error:
+            with err.open("a") as handle:
+                handle.write(f"hemra: [files] {target}: {error}\n")
+            progress.exit_code, progress.timed_out = 1, False
+            return
     for argv in context.harness.spec.install:
         setup = sandbox.exec(
             render_argv(argv, values),
@@ -326,9 +343,11 @@ def _run_agent(
     if spec.output:
         text = out.read_text(errors="replace")
         if spec.output_file:  # the harness writes its own numbers to a file, not stdout
-            wanted = PurePosixPath(render(spec.output_file, values))
-            found = sandbox.read_tree(str(wanted.parent)).get(wanted.name)
-            text = found.decode(errors="replace") if found is not None else ""
+            try:  # as the agent user: the harness reads only what it could have written
+                found = sandbox.read_file(render(spec.output_file, values), user=AGENT_USER)
+            except OSError:
+                found = b""
+            text = found.decode(errors="replace")
         progress.own_report = parse_output(spec.output, text)
 
 
@@ -362,6 +381,7 @@ def _run_steps(
             progress.usage = progress.usage.combined(turn.usage)
             after = sandbox.read_tree(WORKDIR)
             (step_dir / "diff.patch").write_text(tree_diff(before, after))
+            _keep_tree_notes(after, step_dir)
             reward: float | None = None
             rewards: dict[str, float] = {}
             error: str | None = None

@@ -4,9 +4,10 @@ The agent (e.g. `claude-code-acp`) runs in the sandbox with its stdin open. HEMR
 `initialize` (offering file and terminal capabilities), `session/new` (cwd /app) and
 `session/prompt` with the task's instruction, and answers the agent's own requests inside the
 sandbox: permission requests are granted, `fs/read_text_file` and `fs/write_text_file` read and
-write the sandbox's files as the sandbox user, `terminal/*` run commands there. Every message
-either way is recorded, one JSON object a line, in the trial's `agent/stdout.txt`. The prompt's
-answer ends the session; an agent that does not exit on a closed stdin is killed.
+write the sandbox's files as the sandbox user (by `head` and `cat` run as that user there, never
+by the engine, which acts as root), `terminal/*` run commands there, none past the deadline.
+Every message either way is recorded, one JSON object a line, in the trial's `agent/stdout.txt`.
+The prompt's answer ends the session; an agent that does not exit on a closed stdin is killed.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from pytest_hemra.execute.sandbox import (
 
 PROTOCOL_VERSION = 1
 OUTPUT_LIMIT = 1 << 20
+RESOURCE_NOT_FOUND = -32002  # ACP's error code for a missing file
+INTERNAL_ERROR = -32603
 
 
 class AcpKind(SandboxKind):
@@ -79,6 +82,7 @@ class AcpClient:
         self.terminals: dict[str, Terminal] = {}
         self.next_id = 0
         self.stderr = bytearray()
+        self.deadline = float("inf")
 
     def pump(self) -> None:
         """Read the agent's stdout into messages (one JSON-RPC message a line)."""
@@ -111,6 +115,7 @@ class AcpClient:
         """Send a request and serve the agent's requests until its answer comes."""
         self.next_id += 1
         wanted = self.next_id
+        self.deadline = deadline
         self._send({"jsonrpc": "2.0", "id": wanted, "method": method, "params": params})
         while True:
             try:
@@ -132,11 +137,14 @@ class AcpClient:
         try:
             result = self._handle(method, params)
             reply: dict[str, Any] = {"jsonrpc": "2.0", "id": request["id"], "result": result}
+        except TimeoutError:
+            raise
         except Exception as error:  # the agent gets an error answer, as from any client
+            code = RESOURCE_NOT_FOUND if isinstance(error, FileNotFoundError) else INTERNAL_ERROR
             reply = {
                 "jsonrpc": "2.0",
                 "id": request["id"],
-                "error": {"code": -32603, "message": f"{type(error).__name__}: {error}"},
+                "error": {"code": code, "message": f"{type(error).__name__}: {error}"},
             }
         self._send(reply)
 
@@ -147,14 +155,14 @@ class AcpClient:
             chosen = (allow or options)[0]["optionId"]
             return {"outcome": {"outcome": "selected", "optionId": chosen}}
         if method == "fs/read_text_file":
-            found = self.sandbox.read_tree(params["path"])
-            text = next(iter(found.values()), b"").decode(errors="replace")
-            lines = text.splitlines(keepends=True)
+            text = self.sandbox.read_file(str(params["path"]), user=AGENT_USER)
+            lines = text.decode(errors="replace").splitlines(keepends=True)
             start = max(int(params.get("line") or 1) - 1, 0)
             limit = params.get("limit")
             return {"content": "".join(lines[start : start + limit if limit else None])}
         if method == "fs/write_text_file":
-            self.sandbox.put_file(str(params["content"]).encode(), params["path"], owner=AGENT_USER)
+            content = str(params["content"]).encode()
+            self.sandbox.write_file(str(params["path"]), content, user=AGENT_USER)
             return {}
         if method == "terminal/create":
             return {"terminalId": self._create_terminal(params)}
@@ -171,7 +179,9 @@ class AcpClient:
             }
         if method == "terminal/wait_for_exit":
             terminal = self.terminals[params["terminalId"]]
-            terminal.thread.join()
+            terminal.thread.join(max(self.deadline - time.time(), 0.0))
+            if terminal.thread.is_alive():  # the deadline ends the session, not the command
+                raise TimeoutError(method)
             return self._exit_status(terminal)
         if method in ("terminal/release", "terminal/kill"):
             return {}
@@ -185,6 +195,7 @@ class AcpClient:
         env = {**self.env, **{e["name"]: e["value"] for e in params.get("env") or []}}
         out = self.scratch / f"{name}.out"
         terminal = Terminal(out, threading.Thread(daemon=True))
+        timeout = max(self.deadline - time.time(), 0.001)
 
         def run() -> None:
             terminal.result.append(
@@ -192,7 +203,7 @@ class AcpClient:
                     argv,
                     user=AGENT_USER,
                     env=env,
-                    timeout=float(params.get("timeout") or 600),
+                    timeout=min(float(params.get("timeout") or 600), timeout),
                     stdout=out,
                     stderr=out,
                     workdir=str(params.get("cwd") or WORKDIR),

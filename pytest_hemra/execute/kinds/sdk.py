@@ -3,10 +3,13 @@
 `entry = "my_agent.py:solve"` (a file beside the harness file) or `"package.module:solve"`
 names a function that takes one `SdkAgent`. It runs in the runner's Python, talks to the model
 through the gateway on loopback (`agent.base_url`, `agent.api_key`), and acts only through the
-agent object: `agent.run(...)` executes in the sandbox as the sandbox user, `read_file` and
-`write_file` reach its files. So an agent built on any Python SDK needs nothing installed in the
-task image. The deadline is enforced: past it the sandbox's processes are killed and the trial
-is a timeout, whatever the function is still doing (its thread is left to end by itself).
+agent object: `agent.run(...)` executes in the sandbox as the sandbox user; `read_file` and
+`write_file` reach its files as that user too (run by `head` and `cat` in the sandbox, never by
+the engine, which acts as root). So an agent built on any Python SDK needs nothing installed in
+the task image. The deadline is enforced: past it the sandbox's processes are killed and the
+trial is a timeout, whatever the function is still doing; its thread is left to end by itself,
+and the agent object refuses every call from then on (`TurnOver`), as it does once the function
+has returned.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import importlib.util
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +37,8 @@ from pytest_hemra.execute.sandbox import (
 )
 from pytest_hemra.resolve.harnesses import Harness
 from pytest_hemra.resolve.spec import HarnessSpec
+
+DRAIN_SECS = 10.0  # how long the end of a turn waits for calls already under way
 
 
 class SdkKind(SandboxKind):
@@ -63,8 +69,14 @@ class Completed:
     timed_out: bool
 
 
+class TurnOver(RuntimeError):
+    """A call on an `SdkAgent` whose turn has ended: its deadline passed, or its function
+    returned."""
+
+
 class SdkAgent:
-    """What an sdk harness function gets: the task, the model access, and the sandbox."""
+    """What an sdk harness function gets: the task, the model access, and the sandbox, for the
+    length of its turn only."""
 
     def __init__(
         self,
@@ -82,6 +94,9 @@ class SdkAgent:
         self.workdir = WORKDIR
         self._sandbox, self._env, self._scratch = sandbox, dict(env), scratch
         self._runs = 0
+        self._is_over = False
+        self._under_way = 0
+        self._calls = threading.Condition()
 
     @property
     def seconds_left(self) -> float:
@@ -90,22 +105,54 @@ class SdkAgent:
     def run(self, command: str | Sequence[str], timeout: float | None = None) -> Completed:
         """Run a command in the sandbox (a string goes to `bash -c`); never past the deadline."""
         argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
-        self._runs += 1
-        out = self._scratch / f"run-{self._runs}.stdout"
-        err = self._scratch / f"run-{self._runs}.stderr"
-        limit = min(timeout or self.seconds_left, self.seconds_left) or 0.001
-        result = self._sandbox.exec(
-            argv, user=AGENT_USER, env=self._env, timeout=limit, stdout=out, stderr=err
-        )
+        with self._call("run"):
+            self._runs += 1
+            out = self._scratch / f"run-{self._runs}.stdout"
+            err = self._scratch / f"run-{self._runs}.stderr"
+            limit = min(timeout or self.seconds_left, self.seconds_left) or 0.001
+            result = self._sandbox.exec(
+                argv, user=AGENT_USER, env=self._env, timeout=limit, stdout=out, stderr=err
+            )
         return Completed(result.exit_code, _read(out), _read(err), result.timed_out)
 
-    def read_file(self, path: str) -> bytes | None:
-        found = self._sandbox.read_tree(path)
-        return next(iter(found.values())) if len(found) == 1 else None
+    def read_file(self, path: str) -> bytes:
+        """A file's bytes as the sandbox user reads it; the OSError that user meets otherwise
+        (FileNotFoundError, PermissionError, IsADirectoryError; EFBIG over 16 MiB)."""
+        with self._call("read_file"):
+            return self._sandbox.read_file(path, user=AGENT_USER)
 
     def write_file(self, path: str, content: str | bytes) -> None:
+        """Write a file as the sandbox user (its missing folders too); the OSError that user
+        meets otherwise (PermissionError outside what it may write)."""
         data = content.encode() if isinstance(content, str) else content
-        self._sandbox.put_file(data, path, owner=AGENT_USER)
+        with self._call("write_file"):
+            self._sandbox.write_file(path, data, user=AGENT_USER)
+
+    @contextmanager
+    def _call(self, name: str) -> Iterator[None]:
+        with self._calls:
+            if self._is_over or time.time() >= self.deadline:
+                raise TurnOver(
+                    f"agent.{name}: the agent's turn is over (its deadline passed or its "
+                    "function returned); the sandbox no longer takes its calls"
+                )
+            self._under_way += 1
+        try:
+            yield
+        finally:
+            with self._calls:
+                self._under_way -= 1
+                self._calls.notify_all()
+
+    def end_turn(self) -> None:
+        """Refuse every call from now on."""
+        with self._calls:
+            self._is_over = True
+
+    def drain(self, seconds: float) -> bool:
+        """Wait for the calls already under way to end; whether they did within `seconds`."""
+        with self._calls:
+            return self._calls.wait_for(lambda: self._under_way == 0, seconds)
 
 
 def _read(path: Path) -> str:
@@ -161,9 +208,12 @@ def run_sdk(
     worker = threading.Thread(target=call, name=f"hemra-sdk-{harness.name}", daemon=True)
     worker.start()
     worker.join(max(deadline - time.time(), 0.0))
+    agent.end_turn()  # whatever the function (or a thread it left) still does reaches nothing
     if worker.is_alive() or time.time() >= deadline:  # also: its last command hit the deadline
-        kill_agent_processes(sandbox, scratch)
+        kill_agent_processes(sandbox, scratch)  # ends the commands under way
+        agent.drain(DRAIN_SECS)
         return ExecResult(None, True, time.monotonic() - started)
+    agent.drain(DRAIN_SECS)
     if "error" in outcome:
         stderr.write_text(outcome["error"])
         return ExecResult(1, False, time.monotonic() - started)

@@ -22,6 +22,13 @@ ROOT_USER = "0:0"
 AGENT_HOME = "/home/agent"
 WORKDIR = "/app"
 KILL_ALL = ("/bin/sh", "-c", "kill -9 -1")  # as a user: every process of it but PID 1
+# Reading a sandbox's tree (`read_tree`): a file over the per-file cap is read as empty and named
+# in the tree's `skipped`; the read stops at the total bytes or entries cap (`stopped` says why).
+MAX_TREE_FILE_BYTES = 1 << 20
+MAX_TREE_BYTES = 128 << 20
+MAX_TREE_ENTRIES = 100_000
+# One file an agent reads through its protocol (ACP's fs/read_text_file, SdkAgent.read_file).
+MAX_FILE_OP_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,7 @@ class Limits:
     cpus: float | None = None
     memory_mb: int | None = None
     pids: int = 1024
+    disk_mb: int | None = None  # the container's writable layer (`storage_opt size`)
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,25 @@ class SandboxRequest:
     labels: Mapping[str, str] = field(default_factory=dict)
     name: str | None = None
     mounts: tuple[Mount, ...] = ()
+    gateway_port: int | None = None  # where the run's gateway listens: the one port let in
+
+
+class Tree(dict[str, bytes]):
+    """Regular files under a path by relative name, as `read_tree` bounded them: `skipped` names
+    the files over the per-file cap (read as empty) with their sizes; `stopped` says why the read
+    ended before the whole tree (a cap reached), else None; `size` counts the bytes read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skipped: dict[str, int] = {}
+        self.stopped: str | None = None
+        self.size = 0
+
+    def notes(self) -> dict[str, Any] | None:
+        """What the trial folder keeps of a bounded read (`tree-notes.json`), or None."""
+        if not self.skipped and self.stopped is None:
+            return None
+        return {"schema_version": 1, "skipped": dict(self.skipped), "stopped": self.stopped}
 
 
 class Sandbox(Protocol):
@@ -82,7 +109,18 @@ class Sandbox(Protocol):
 
     def put_file(self, content: bytes, target: str, owner: str | None = None) -> None: ...
 
-    def read_tree(self, path: str) -> dict[str, bytes]: ...
+    def read_tree(self, path: str) -> Tree:
+        """Regular files under `path`, bounded: streamed, never the whole archive in memory; files
+        over `MAX_TREE_FILE_BYTES` are never transferred, totals capped (see `Tree`)."""
+
+    def read_file(self, path: str, *, user: str, limit: int = MAX_FILE_OP_BYTES) -> bytes:
+        """One file as `user` reads it, inside the sandbox: that user's permissions, links
+        resolved there. Raises the OSError that user met (FileNotFoundError, PermissionError,
+        IsADirectoryError; EFBIG over `limit`, EINVAL for what is not a regular file)."""
+
+    def write_file(self, path: str, content: bytes, *, user: str) -> None:
+        """Write one file as `user` (its missing folders made as that user), inside the sandbox,
+        never through the engine's root. Raises the OSError that user met."""
 
     def disconnect_network(self) -> None: ...
 

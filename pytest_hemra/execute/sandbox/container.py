@@ -4,25 +4,67 @@ cut and given back, its processes killed, and the container removed with force."
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
+import os
 import socket
 import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 import docker
 import docker.errors
 import requests
 from docker.utils.socket import frames_iter
 
-from pytest_hemra.execute.sandbox import AGENT_HOME, KILL_ALL, WORKDIR, ExecResult
+from pytest_hemra.execute.sandbox import (
+    AGENT_HOME,
+    AGENT_USER,
+    KILL_ALL,
+    MAX_FILE_OP_BYTES,
+    MAX_TREE_BYTES,
+    MAX_TREE_ENTRIES,
+    MAX_TREE_FILE_BYTES,
+    WORKDIR,
+    ExecResult,
+    Tree,
+)
 
 DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
-MAX_TREE_FILE_BYTES = 1 << 20
 KILL_GRACE_SECS = 5.0
+FILE_OP_TIMEOUT_SECS = 60.0
+MAX_UNLISTED = 8  # large files met in folders `find` could not list, each a second pass
+MAX_LISTING_BYTES = 64 << 20  # find's output for read_tree: about 500,000 entries
+# What runs as the agent user for its protocol's file operations: a regular file only (a FIFO
+# would block), its folders made as that user; errors in the C library's words, mapped back.
+READ_FILE = """
+if [ -d "$1" ]; then echo "$1: Is a directory" >&2; exit 1; fi
+if [ -e "$1" ] && [ ! -f "$1" ]; then echo "$1: Invalid argument" >&2; exit 1; fi
+exec head -c "$2" -- "$1"
+"""
+WRITE_FILE = """
+if [ -d "$1" ]; then echo "$1: Is a directory" >&2; exit 1; fi
+if [ -e "$1" ] && [ ! -f "$1" ]; then echo "$1: Invalid argument" >&2; exit 1; fi
+mkdir -p -- "$(dirname -- "$1")" || exit 1
+exec cat > "$1"
+"""
+KNOWN_ERRNOS = (
+    errno.ENOENT,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EISDIR,
+    errno.ENOTDIR,
+    errno.EINVAL,
+    errno.EROFS,
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.ELOOP,
+    errno.ENAMETOOLONG,
+)
 
 
 def remove_container(container: Any) -> None:
@@ -142,25 +184,165 @@ class DockerSandbox:
             archive.addfile(info, io.BytesIO(content))
         self.container.put_archive("/", buffer.getvalue())
 
-    def read_tree(self, path: str) -> dict[str, bytes]:
-        """Regular files under `path` (relative names); files over 1 MiB read as empty."""
-        try:
-            chunks, _ = self.container.get_archive(path)
-        except docker.errors.NotFound:
-            return {}
-        data = b"".join(chunks)
-        files: dict[str, bytes] = {}
-        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-            for member in archive:
-                if not member.isfile():
+    def read_tree(self, path: str) -> Tree:
+        """Regular files under `path` (relative names; a file `path` under its own name),
+        bounded. The sizes are listed first inside the sandbox (`find`, as the agent user), so a
+        file over the per-file cap is never transferred: the folders holding one are fetched
+        around it. The archives are streamed; a member over the cap that the listing missed (a
+        folder the agent user cannot list) stops the read there, as do the total caps."""
+        tree = Tree()
+        listing = self._list_sizes(path)
+        oversized: dict[str, int] = {}
+        around: set[str] = set()  # the folders (relative; "" is `path`) that hold one
+
+        def skip(name: str, size: int) -> None:
+            oversized[name] = tree.skipped[name] = size
+            tree[name] = b""
+            parts = PurePosixPath(name).parts
+            around.update("/".join(parts[:depth]) for depth in range(len(parts)))
+
+        for name, size in listing.items():
+            if size > MAX_TREE_FILE_BYTES:
+                skip(name, size)
+        pending, surprises = [""], 0
+        while pending and tree.stopped is None:
+            relative = pending.pop()
+            if relative not in around:
+                unlisted = self._stream_tree(path, relative, tree)
+                if unlisted is not None:  # in a folder the agent user cannot list: go around it
+                    skip(*unlisted)
+                    surprises += 1
+                    if surprises > MAX_UNLISTED:
+                        tree.stopped = f"{path}: more than {MAX_UNLISTED} unlisted large files"
+                    elif relative in around:
+                        pending.append(relative)
+                continue
+            prefix = relative + "/" if relative else ""
+            children = {
+                prefix + rest.split("/", 1)[0]
+                for rest in (n[len(prefix) :] for n in listing.entries if n.startswith(prefix))
+                if rest
+            }
+            pending.extend(sorted(children - oversized.keys(), reverse=True))
+        return tree
+
+    def _list_sizes(self, path: str) -> Listing:
+        """Every entry under `path` with its size, as the agent user can list them; an image
+        without GNU find (or a path that is not a folder) lists nothing."""
+        command = 'find -H "$1" -mindepth 1 -printf "%y %s %P\\0" 2>/dev/null | head -c "$2"'
+        exec_id = self.api.exec_create(
+            self.container.id,
+            ["sh", "-c", command, "sh", path, str(MAX_LISTING_BYTES)],
+            stdout=True,
+            stderr=False,
+            user=AGENT_USER,
+            workdir="/",
+        )["Id"]
+        listing = Listing()
+        with tempfile.TemporaryFile() as spool:  # a long listing waits on disk, not in memory
+            for chunk in self.api.exec_start(exec_id, stream=True):
+                spool.write(chunk)
+            spool.seek(0)
+            for record in _records(spool):
+                kind, _, rest = record.partition(" ")
+                size, _, name = rest.partition(" ")
+                if not name or not size.isdigit():
                     continue
-                name = member.name.split("/", 1)[1] if "/" in member.name else member.name
-                handle = archive.extractfile(member)
-                if handle is not None and member.size <= MAX_TREE_FILE_BYTES:
-                    files[name] = handle.read()
+                listing.entries.add(name)
+                if kind == "f":
+                    listing[name] = int(size)
+        return listing
+
+    def _stream_tree(self, root: str, relative: str, tree: Tree) -> tuple[str, int] | None:
+        """Add the regular files of `root/relative` to `tree`, streamed from the engine's archive
+        one member at a time; the connection is closed at the first member over a cap. Returns
+        the name and size of a file over the per-file cap met there, before its data."""
+        path = str(PurePosixPath(root) / relative) if relative else root
+        response = self.api._get(
+            self.api._url("/containers/{0}/archive", self.container.id),
+            params={"path": path},
+            stream=True,
+            headers={"Accept-Encoding": "identity"},
+        )
+        try:
+            if response.status_code == 404:
+                return None
+            self.api._raise_for_status(response)
+            parent = str(PurePosixPath(relative).parent) + "/" if "/" in relative else ""
+            with tarfile.open(fileobj=response.raw, mode="r|") as archive:
+                for member in archive:
+                    if len(tree) + len(tree.skipped) >= MAX_TREE_ENTRIES:
+                        tree.stopped = f"{path}: more than {MAX_TREE_ENTRIES} entries"
+                        return None
+                    if not member.isfile():
+                        continue
+                    name = member.name
+                    if relative:
+                        name = parent + name
+                    elif "/" in name:
+                        name = name.split("/", 1)[1]
+                    if member.size > MAX_TREE_FILE_BYTES:  # unlisted: stop before its data
+                        return name, member.size
+                    if tree.size + member.size > MAX_TREE_BYTES:
+                        tree.stopped = f"{path}: more than {MAX_TREE_BYTES} bytes"
+                        return None
+                    handle = archive.extractfile(member)
+                    tree[name] = handle.read() if handle is not None else b""
+                    tree.size += member.size
+        finally:
+            response.close()
+        return None
+
+    def read_file(self, path: str, *, user: str, limit: int = MAX_FILE_OP_BYTES) -> bytes:
+        """One regular file as `user` reads it, by `head` run as that user in the sandbox."""
+        code, out, err = self._run_with_input(
+            ["sh", "-c", READ_FILE, "sh", path, str(limit + 1)], user=user, data=b"", limit=limit
+        )
+        if code != 0:
+            raise _os_error(err, path)
+        if len(out) > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
+        return out
+
+    def write_file(self, path: str, content: bytes, *, user: str) -> None:
+        """One file written by `cat` run as `user` in the sandbox, its content on stdin."""
+        code, _, err = self._run_with_input(
+            ["sh", "-c", WRITE_FILE, "sh", path], user=user, data=content, limit=0
+        )
+        if code != 0:
+            raise _os_error(err, path)
+
+    def _run_with_input(
+        self, argv: Sequence[str], *, user: str, data: bytes, limit: int
+    ) -> tuple[int | None, bytes, bytes]:
+        """Run a file operation's argv (its path the fifth item) with `data` on its stdin; its
+        exit code and output (stdout up to `limit` + 1 bytes, stderr up to 4 KiB), within
+        `FILE_OP_TIMEOUT_SECS`."""
+        exec_id = self.api.exec_create(
+            self.container.id, list(argv), stdin=True, stdout=True, stderr=True, user=user
+        )["Id"]
+        process = DockerInteractive(self.api.exec_start(exec_id, socket=True))
+        out, err = bytearray(), bytearray()
+        try:
+            process.settimeout(FILE_OP_TIMEOUT_SECS)
+            with contextlib.suppress(OSError):  # it may have exited already: its stderr says why
+                process.send(data)
+            process.close_stdin()
+            for stream, chunk in process.frames():
+                if stream == 1:
+                    out += chunk[: limit + 1 - len(out)]
                 else:
-                    files[name] = b""
-        return files
+                    err += chunk[: 4096 - len(err)]
+        except OSError as error:  # no answer in time: what still runs is the agent user's
+            raise OSError(errno.EIO, f"no answer in {FILE_OP_TIMEOUT_SECS}s", argv[4]) from error
+        finally:
+            process.close()
+        deadline = time.monotonic() + KILL_GRACE_SECS
+        state = self.api.exec_inspect(exec_id)
+        while state.get("Running") and time.monotonic() < deadline:
+            time.sleep(0.02)
+            state = self.api.exec_inspect(exec_id)
+        return state.get("ExitCode"), bytes(out), bytes(err)
 
     def disconnect_network(self) -> None:
         self.container.reload()
@@ -193,9 +375,37 @@ class DockerInteractive:
         for stream, data in frames_iter(self._io, tty=False):
             yield int(stream), bytes(data)
 
+    def settimeout(self, seconds: float) -> None:
+        self._raw.settimeout(seconds)
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._raw.close()
+
+
+class Listing(dict[str, int]):
+    """A folder's regular files by relative name with their sizes; `entries` names every entry."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entries: set[str] = set()
+
+
+def _records(spool: IO[bytes]) -> Iterator[str]:
+    """NUL-terminated records of a spooled listing, read a block at a time."""
+    rest = b""
+    while block := spool.read(1 << 16):
+        *records, rest = (rest + block).split(b"\0")
+        yield from (record.decode(errors="replace") for record in records)
+
+
+def _os_error(stderr: bytes, path: str) -> OSError:
+    """The OSError a command in the sandbox met, from the C library's message it printed."""
+    text = stderr.decode(errors="replace").strip()
+    for code in KNOWN_ERRNOS:
+        if os.strerror(code) in text:
+            return OSError(code, os.strerror(code), path)
+    return OSError(errno.EIO, text or "failed", path)
 
 
 def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
