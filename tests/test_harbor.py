@@ -24,6 +24,7 @@ def test_harbor_oracle_passes_offline_tasks_imported_under_the_run(
     run_file.write_text(
         'harnesses = ["harbor-oracle"]\ndatasets = ["hemra-offline"]\n'
         'tasks = ["create-file", "fix-test"]\nconcurrency = 2\n'
+        'trust_unisolated = ["harbor-oracle"]\n'
     )
     result = pytester.runpytest("--hemra-run", str(run_file))  # builds the runner if missing
     result.assert_outcomes(passed=2)
@@ -65,7 +66,7 @@ def test_a_job_harbor_refuses_ends_its_trials_as_infra_errors_in_its_words(
     make_task("two")
     write_harness("mine", HARBOR + 'agent = "no-such-agent"\n')
     run_file = tmp_path / "run.toml"
-    run_file.write_text('harnesses = ["mine"]\ndatasets = ["ds"]\n')
+    run_file.write_text('harnesses = ["mine"]\ndatasets = ["ds"]\ntrust_unisolated = ["mine"]\n')
     result = pytester.runpytest("--hemra-run", str(run_file))
     result.assert_outcomes(errors=2)
     result.stdout.fnmatch_lines(
@@ -97,7 +98,7 @@ def test_a_malformed_harbor_harness_is_refused_and_nothing_recorded(
     make_task("one")
     write_harness("mine", content)
     run_file = tmp_path / "run.toml"
-    run_file.write_text('harnesses = ["mine"]\ndatasets = ["ds"]\n')
+    run_file.write_text('harnesses = ["mine"]\ndatasets = ["ds"]\ntrust_unisolated = ["mine"]\n')
     result = pytester.runpytest("--hemra-run", str(run_file))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: *mine.toml: {expected}"])
@@ -126,7 +127,7 @@ def test_a_harbor_release_that_cannot_be_installed_refuses_the_run(
     make_task("one")
     write_harness("mine", 'kind = "harbor"\npackage = "pypi:harbor==0.0.1"\nagent = "oracle"\n')
     run_file = tmp_path / "run.toml"
-    run_file.write_text('harnesses = ["mine"]\ndatasets = ["ds"]\n')
+    run_file.write_text('harnesses = ["mine"]\ndatasets = ["ds"]\ntrust_unisolated = ["mine"]\n')
     result = pytester.runpytest("--hemra-run", str(run_file))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(

@@ -1,6 +1,6 @@
 """A real aiohttp model API for tests and benchmarks: answers like Anthropic and OpenAI, and
-misbehaves on request (`x-test-mode`: reset mid-stream, 429, 500, slow first byte, echo the
-key); any other path answers 200 and is recorded in `seen`."""
+misbehaves on request (`x-test-mode`: reset mid-stream, 429, 500, slow first byte; a revoked
+key: 401; echo the key); any other path answers 200 and is recorded in `seen`."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from aiohttp import web
 
 USAGE = {"input_tokens": 11, "output_tokens": 7, "cache_read": 3, "cache_write": 2}
 MODEL = "claude-sonnet-4-5-20250929"
+REVOKED_KEY = "sk-revoked"  # an x-api-key starting so is answered 401, as a revoked key is
 
 
 @dataclass
@@ -34,6 +35,11 @@ async def messages(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     state.seen.append({"path": request.path, "headers": dict(request.headers), "body": body})
     mode = request.headers.get("x-test-mode", "")
+    if request.headers.get("x-api-key", "").startswith(REVOKED_KEY):
+        return web.json_response(
+            {"type": "error", "error": {"type": "authentication_error", "message": "bad key"}},
+            status=401,
+        )
     if mode == "429":
         return web.json_response(
             {"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}},

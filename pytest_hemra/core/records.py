@@ -116,6 +116,11 @@ class TrialRecord:
         return self.status in (FINISHED, CANCELLED)
 
 
+# how a scored trial's `error` starts when the real upstream answered some of its model calls
+# 401/403 (the runner's key refused): the score stands, the report flags it (`upstream_refused`)
+UPSTREAM_REFUSED = "the upstream refused the runner's key"
+
+
 @dataclass(frozen=True)
 class TrialFilter:
     """Which of a run's trials to list: each field left None matches every trial.

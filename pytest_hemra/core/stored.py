@@ -4,7 +4,8 @@
 
     {"schema_version": 1, "source": "run.toml",
      "spec": {...the RunSpec's settings...},
-     "harnesses": {name: {"path", "digest", "spec": {...the harness file...}, "metered"?}},
+     "harnesses": {name: {"path", "digest", "spec": {...the harness file...}, "metered"?,
+                          "isolated"?}},
      "datasets": {name: {"path", "digest", "tasks": [...]}},
      "judges": [{"name", "rubric", "model", "command"}]}
 
@@ -22,7 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-UNMETERED_KIND = "harbor"  # its agent calls the model directly, not through HEMRA's gateway
+# its agent calls the model directly, not through HEMRA's gateway, and runs in Harbor's own
+# containers, not HEMRA's sandbox: how a plan recorded before `metered`/`isolated` reads
+UNMETERED_KIND = "harbor"
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class StoredHarness:
     path: str | None = None
     kind: str | None = None
     metered: bool = True  # its model calls go through the gateway, which counts their tokens
+    isolated: bool = True  # its agent ran in HEMRA's sandbox (False: trusted by the run)
     settings: Mapping[str, Any] = field(default_factory=dict)  # the harness file, as recorded
 
     @classmethod
@@ -39,12 +43,14 @@ class StoredHarness:
         settings = _mapping(entry.get("spec"))
         kind = _text(settings.get("kind"))
         metered = entry.get("metered")
+        isolated = entry.get("isolated")
         return cls(
             name=name,
             digest=_text(entry.get("digest")),
             path=_text(entry.get("path")),
             kind=kind,
             metered=metered if isinstance(metered, bool) else kind != UNMETERED_KIND,
+            isolated=isolated if isinstance(isolated, bool) else kind != UNMETERED_KIND,
             settings=settings,
         )
 
@@ -143,6 +149,11 @@ class StoredPlan:
     def unmetered(self) -> frozenset[str]:
         """The harnesses whose tokens the gateway cannot count."""
         return frozenset(name for name, h in self.harnesses.items() if not h.metered)
+
+    @property
+    def unisolated(self) -> frozenset[str]:
+        """The harnesses whose agents ran outside HEMRA's sandbox (trusted by the run)."""
+        return frozenset(name for name, h in self.harnesses.items() if not h.isolated)
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_hemra.core.outcome import Outcome
-from pytest_hemra.core.records import TrialRecord
+from pytest_hemra.core.records import UPSTREAM_REFUSED, TrialRecord
 from pytest_hemra.core.usage import Usage, disagrees
 
 
 @dataclass(frozen=True)
 class Flag:
     kind: str  # task_set, unfinished, other_models, self_report, unknown_price, stopped,
-    #            too_few_tasks, timeouts, not_metered
+    #            too_few_tasks, timeouts, not_metered, not_isolated, upstream_refused
     harness: str | None
     message: str
 
@@ -32,9 +32,11 @@ def dataset_flags(
     harnesses: Sequence[str],
     model: str | None,
     unmetered: frozenset[str] = frozenset(),
+    unisolated: frozenset[str] = frozenset(),
 ) -> list[Flag]:
     """The flags a dataset's trials raise by themselves (statistics add `too_few_tasks`);
-    `unmetered` names the harnesses whose tokens the gateway cannot count (`StoredPlan`)."""
+    `unmetered` names the harnesses whose tokens the gateway cannot count, `unisolated` those
+    whose agents ran outside HEMRA's sandbox (`StoredPlan`)."""
     counted = [t for t in trials if t.status != "deselected"]
     by_harness: dict[str, list[TrialRecord]] = defaultdict(list)
     for trial in counted:
@@ -52,6 +54,11 @@ def dataset_flags(
             flags.append(Flag("not_metered", harness, message))
         else:
             flags += _self_reports(harness, mine)
+        if harness in unisolated:  # nothing HEMRA enforces held its agent
+            message = "not isolated: its agent ran outside HEMRA's sandbox (Harbor's own"
+            message += " containers, without HEMRA's hardening, clean room or limits; trusted"
+            message += " by the run's trust_unisolated)"
+            flags.append(Flag("not_isolated", harness, message))
         if any(t.status == "finished" and t.cost is None for t in mine):
             models = sorted({m for t in mine if t.cost is None for m in t.models})
             flags.append(
@@ -69,6 +76,7 @@ def dataset_flags(
             if count:
                 message = f"judge {judge} gave no score on {count} trial(s)"
                 flags.append(Flag("judge_failed", harness, message))
+        flags += _upstream_refused(harness, mine)
         stopped = [t for t in mine if t.stopped_by]
         if stopped:
             reasons = ", ".join(sorted({t.stopped_by or "" for t in stopped}))
@@ -101,6 +109,19 @@ def _unfinished(harness: str, mine: list[TrialRecord]) -> list[Flag]:
         return []
     counts = ", ".join(f"{count} {name}" for name, count in sorted(unfinished.items()))
     return [Flag("unfinished", harness, f"unfinished cells: {counts} (excluded from scores)")]
+
+
+def _upstream_refused(harness: str, mine: list[TrialRecord]) -> list[Flag]:
+    refused = [
+        t
+        for t in mine
+        if t.outcome in Outcome.SCORED and (t.error or "").startswith(UPSTREAM_REFUSED)
+    ]
+    if not refused:
+        return []
+    message = f"{len(refused)} scored trial(s) had model calls the upstream refused (401/403:"
+    message += f" the runner's key, not the harness), e.g. {refused[0].item_id}"
+    return [Flag("upstream_refused", harness, message)]
 
 
 def _other_models(harness: str, mine: list[TrialRecord], model: str | None) -> list[Flag]:

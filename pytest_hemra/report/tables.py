@@ -182,7 +182,7 @@ def build_report(store: Store, run_id: str) -> RunReport:
             summarize(groups[name, h], h, attempts, None if h == baseline else base_rewards)
             for h in ordered
         ]
-        flags = dataset_flags(mine, ordered, plan.model, plan.unmetered)
+        flags = dataset_flags(mine, ordered, plan.model, plan.unmetered, plan.unisolated)
         flags += [flag for row in rows if (flag := too_few_tasks(row)) is not None]
         flags += judge_flags
         datasets.append(

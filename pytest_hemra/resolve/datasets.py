@@ -3,6 +3,10 @@
 A dataset is a folder of task folders, found by name (`datasets/` beside the run file, then
 `HEMRA_DATASETS_PATH`, then the bundled datasets) or by path. Its digest covers the sorted
 relative paths and file hashes of the selected tasks, so it is the same on every machine.
+
+A task's files are read, hashed, sent to models and copied into sandboxes, so a link in a task
+folder that leads out of it (to a host file) is refused when the task is loaded; a link that
+stays inside is hashed as the link it is, never followed.
 """
 
 from __future__ import annotations
@@ -200,6 +204,7 @@ def load_task(path: Path) -> Task:
     """Parse one task folder; anything missing or malformed names the task's file."""
     if not is_valid_name(path.name):
         raise SpecError(f"{path}: {path.name!r} is not a valid task name")
+    check_links(path)
     config = parse_model(TaskConfig, read_toml(path / "task.toml"), str(path / "task.toml"), "key")
     if config.steps:
         _check_steps(path, config)
@@ -248,15 +253,39 @@ def select_tasks(
     ]
 
 
+def check_links(task_dir: Path) -> None:
+    """Refuse a task whose folder holds a link (to a file or a folder, dangling or not) that
+    resolves outside the task folder: its target is a host file, not the task's."""
+    root = task_dir.resolve()
+    for folder, dirs, files in os.walk(task_dir):
+        for name in [*dirs, *files]:
+            entry = Path(folder) / name
+            if not entry.is_symlink():
+                continue
+            target = Path(os.path.realpath(entry))
+            if target != root and root not in target.parents:
+                raise SpecError(
+                    f"{entry}: a link to {target}, outside the task folder {root}"
+                    " (a task's files must be inside its folder)"
+                )
+
+
 def tree_digest(root: Path, folders: Sequence[Path]) -> str:
-    """sha256 over `relative/path\\0sha256(content)` lines, sorted, for every file in `folders`."""
+    """sha256 over `relative/path\\0sha256(content)` lines, sorted, for every file in `folders`;
+    a link counts as `link:` and where it points (never followed)."""
     lines = []
     for folder in folders:
         for file in folder.rglob("*"):
             relative = file.relative_to(root)
-            if file.is_file() and not IGNORED_PARTS.intersection(relative.parts):
+            if IGNORED_PARTS.intersection(relative.parts):
+                continue
+            if file.is_symlink():
+                content = "link:" + os.readlink(file)
+            elif file.is_file():
                 content = hashlib.sha256(file.read_bytes()).hexdigest()
-                lines.append(f"{relative.as_posix()}\0{content}\n")
+            else:
+                continue
+            lines.append(f"{relative.as_posix()}\0{content}\n")
     return hashlib.sha256("".join(sorted(lines)).encode()).hexdigest()
 
 

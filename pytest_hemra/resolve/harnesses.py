@@ -115,6 +115,12 @@ def observability(harness: Harness) -> dict[str, str]:
     }
 
 
+def is_isolated(spec: HarnessSpec) -> bool:
+    """Whether the harness's kind runs its agent in HEMRA's sandbox (a plug-in kind that does
+    not say is taken to: it runs through HEMRA's sandbox provider)."""
+    return bool(getattr(registry.harness_kinds().get(spec.kind), "is_isolated", True))
+
+
 def available_harnesses(base_dir: Path) -> list[Path]:
     """Every harness file a run beside `base_dir` can name (a local one hides a bundled one)."""
     found: dict[str, Path] = {}

@@ -19,11 +19,12 @@ from pytest_hemra.core import registry
 from pytest_hemra.core.errors import SpecError, StoreError
 from pytest_hemra.core.records import PlannedTrial, TrialRecord
 from pytest_hemra.resolve.datasets import Dataset, Task, load_task, resolve_dataset
-from pytest_hemra.resolve.harnesses import Harness, resolve_harness
+from pytest_hemra.resolve.harnesses import Harness, is_isolated, resolve_harness
 from pytest_hemra.resolve.judges import Judge, resolve_judges
 from pytest_hemra.resolve.spec import HarnessSpec, Overrides, RunSpec, load_run_spec
 from pytest_hemra.resolve.upstreams import (
     SCRIPTED,
+    SCRIPTED_MODEL,
     ModelApi,
     configured_upstreams,
     key_variables,
@@ -56,6 +57,7 @@ class Plan:
                     "spec": h.spec.model_dump(mode="json"),
                     # read by reports, which never load harness kinds (core/stored.py)
                     "metered": bool(registry.harness_kinds()[h.spec.kind].is_metered),
+                    "isolated": is_isolated(h.spec),
                 }
                 for h in self.harnesses
             },
@@ -86,10 +88,17 @@ def resolve_plan(run_file: Path | None, overrides: Overrides, cwd: Path) -> Plan
     harnesses = tuple(
         resolve_harness(name, base_dir, source, spec.model) for name in spec.harnesses
     )
+    _check_trust(spec, harnesses, source)
     known_providers = configured_upstreams(spec.providers)
     _check_providers(known_providers, source)
     for harness in harnesses:
         _check_provider(harness, known_providers)
+        missing = missing_variables(harness, spec)
+        if missing:
+            raise SpecError(
+                f"{harness.path}: key 'provider': calls to {harness.spec.provider!r} need "
+                f"environment variable {missing[0]} (the provider's key), which is not set"
+            )
     _check_no_keys_in_sandboxes(harnesses, known_providers)
     for name in spec.verifier.env:
         if name not in os.environ:
@@ -127,6 +136,44 @@ def _check_provider(harness: Harness, known: Mapping[str, ModelApi]) -> None:
         if spec.key_env not in os.environ:
             raise SpecError(
                 f"{harness.path}: key 'key_env': environment variable {spec.key_env} is not set"
+            )
+
+
+def harness_variables(harness: Harness, spec: RunSpec) -> list[str]:
+    """The runner's environment variables a harness's trials need: its `env`, its `key_env`,
+    else the key variable of the provider it names (none when it calls the scripted model).
+    Checked at resolve, and by every process before it claims one of the harness's trials."""
+    names = list(harness.spec.env)
+    provider, model = harness.spec.provider, harness.spec.model or spec.model
+    if harness.spec.key_env is not None:
+        names.append(harness.spec.key_env)
+    elif provider is not None and not (model or "").startswith(SCRIPTED_MODEL):
+        upstream = configured_upstreams(spec.providers).get(provider)
+        if upstream is not None and upstream.key_env is not None:
+            names.append(upstream.key_env)
+    return list(dict.fromkeys(names))
+
+
+def missing_variables(harness: Harness, spec: RunSpec) -> list[str]:
+    """`harness_variables` this process's environment lacks."""
+    return [name for name in harness_variables(harness, spec) if name not in os.environ]
+
+
+def _check_trust(spec: RunSpec, harnesses: tuple[Harness, ...], source: str) -> None:
+    """A harness that runs outside HEMRA's sandbox (a harbor harness) runs only in a run that
+    names it in `trust_unisolated`: the run's author vouches for it, not the harness file."""
+    for name in spec.trust_unisolated:
+        if name not in spec.harnesses:
+            raise SpecError(
+                f"{source}: key 'trust_unisolated': {name!r} is not one of the run's harnesses "
+                f"({', '.join(spec.harnesses)})"
+            )
+    for harness in harnesses:
+        if not is_isolated(harness.spec) and harness.name not in spec.trust_unisolated:
+            raise SpecError(
+                f"{harness.path}: a {harness.spec.kind} harness runs outside HEMRA's sandbox"
+                " (no isolation, hardening or gateway); to run it, the run file must trust it:"
+                f' trust_unisolated = ["{harness.name}"] ({source})'
             )
 
 

@@ -202,6 +202,8 @@ class RunSpec(Strict):
     providers: dict[str, ProviderSettings] = Field(default_factory=dict)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     budget_usd: float | None = Field(default=None, gt=0)
+    # harnesses the run trusts to run outside HEMRA's sandbox (a harbor harness): docs/security.md
+    trust_unisolated: list[str] = Field(default_factory=list)
 
     _name = field_validator("name")(_check_name)
 
@@ -212,6 +214,13 @@ class RunSpec(Strict):
             _check_name(value)
         if len(set(values)) != len(values):
             raise ValueError("expected each harness once")
+        return values
+
+    @field_validator("trust_unisolated")
+    @classmethod
+    def _trusted_names(cls, values: list[str]) -> list[str]:
+        for value in values:
+            _check_name(value)
         return values
 
     @field_validator("tasks", "exclude")

@@ -5,6 +5,11 @@ pytest session, so both work jobs through this one `Runner`.
 
 A `Runner` also owns what every trial of the process shares: the sandbox provider and the
 gateway (started on first use, stopped by `close`).
+
+Before it claims a trial, a runner checks that its own environment holds every variable the
+trial's harness needs (`resolve.plan.harness_variables`): a worker started without a key (a
+`hemra serve` child, an xdist worker, a `--hemra-resume` session) leaves the trial queued for
+a runner that has it, rather than running it into the upstream's 401 and a scored `fail`.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from pytest_hemra.core import registry
 from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.outcome import Outcome
-from pytest_hemra.core.records import TrialRecord
+from pytest_hemra.core.records import UPSTREAM_REFUSED, TrialRecord
 from pytest_hemra.execute.context import TrialContext, TrialResult
 from pytest_hemra.execute.gateway.ledger import RunBudget
 from pytest_hemra.execute.gateway.server import Gateway
@@ -22,7 +27,7 @@ from pytest_hemra.execute.kinds import kind_of
 from pytest_hemra.execute.provisioning import ProviderFactory
 from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.execute.sandbox.pool import EnginePool
-from pytest_hemra.resolve.plan import RecordedRun
+from pytest_hemra.resolve.plan import RecordedRun, missing_variables
 from pytest_hemra.resolve.spec import RunSpec, SandboxSettings
 from pytest_hemra.resolve.upstreams import configured_upstreams
 from pytest_hemra.run.lease import LEASE_SECS, Heartbeat
@@ -93,6 +98,12 @@ class Runner:
         has replaced or deselected, is not run: the returned text says so."""
         if trial.is_finished:
             return None
+        missing = missing_variables(self.run.harnesses[trial.harness], self.run.spec)
+        if missing:  # not claimed: the job stays queued for a runner that has the variable
+            return (
+                f"hemra: {trial.id} left queued: harness {trial.harness!r} needs environment "
+                f"variable {missing[0]}, which this runner's environment lacks"
+            )
         state = self.store.claim(trial.id, self.worker, LEASE_SECS)
         if state == "leased":
             self._run(trial)
@@ -132,7 +143,31 @@ class Runner:
             result = replace(
                 result, outcome=Outcome.CANCELLED, reward=None, error="cancelled by hemra cancel"
             )
+        elif result.is_scored:
+            result = self._with_upstream_refusals(trial, result)
         store.finish_trial(trial.id, asdict(result))
+
+    def _with_upstream_refusals(self, trial: TrialRecord, result: TrialResult) -> TrialResult:
+        """A scored trial some of whose agent calls the real upstream answered 401/403 (the
+        runner's key refused, not the harness's doing) keeps its outcome, its error saying so
+        (reports flag it). Not made an infra error: an agent could provoke a refusal (a header
+        the upstream rejects) to have a failing trial dropped from the comparison."""
+        calls = [c for c in self.store.calls(trial=trial.id) if c.role == "agent"]
+        refused = [c for c in calls if c.status in (401, 403) and not c.refused]
+        if not refused:
+            return result
+        statuses = "/".join(sorted({str(c.status) for c in refused}))
+        upstreams = configured_upstreams(self.run.spec.providers)
+        spec = self.run.harnesses[trial.harness].spec
+        keys = {
+            spec.key_env if spec.key_env and c.provider == spec.provider else upstream.key_env
+            for c in refused
+            if (upstream := upstreams.get(c.provider or "")) is not None
+        }
+        names = ", ".join(sorted(k for k in keys if k))
+        note = f"{UPSTREAM_REFUSED} ({statuses}) on {len(refused)} of {len(calls)} model calls"
+        note += f" (check {names})" if names else " (check the provider's key)"
+        return replace(result, error=f"{note}; {result.error}" if result.error else note)
 
     def _run_kind(self, context: TrialContext, trial: TrialRecord) -> TrialResult:
         """The trial by its kind when the kind runs whole trials itself (Harbor's jobs), else

@@ -5,6 +5,10 @@ Each run with queued jobs (or jobs whose runner is gone) is finished by a child
 `pytest --hemra-run`. Stopping the server kills its child and removes the child's sandboxes;
 their leases are then held by a dead process, and the next server reclaims them. The child
 reads its sandbox provider from the plug-in registry, as every pytest session does.
+
+Before it starts a child for a run, the server checks its environment holds the variables the
+run's harnesses name (`resolve.plan.harness_variables`): a harness it cannot run has its trials
+left queued, the variable named; a run none of whose waiting trials it can run is not started.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from pytest_hemra.core.errors import HemraError
+from pytest_hemra.resolve.plan import load_recorded, missing_variables
 from pytest_hemra.run.job import run_provider
 from pytest_hemra.store import Store
 from pytest_hemra.store.owner import is_alive
@@ -40,6 +46,7 @@ class Supervisor:
         self.logs = self.store_path.parent / "serve"
         self.stopping = False
         self.given_up: set[str] = set()
+        self.told: set[tuple[str, str]] = set()  # (run, harness) lacking variables, said once
         self.child: subprocess.Popen[bytes] | None = None
 
     def serve(self, *, once: bool = False) -> int:
@@ -57,11 +64,37 @@ class Supervisor:
                         break
                     time.sleep(POLL_SECS)
                     continue
+                if self._lacks_everything(runnable[0]):
+                    self.given_up.add(runnable[0])
+                    continue
                 self._work(runnable[0])
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return 0
+
+    def _lacks_everything(self, run_id: str) -> bool:
+        """Say which of the run's waiting harnesses need a variable this server lacks; True
+        when that is every one of them (nothing here to run: its trials stay queued)."""
+        try:
+            run = load_recorded(self.store, run_id)
+        except HemraError:
+            return False  # the child says what is wrong, in its log
+        waiting = {t.harness for t in run.trials if not t.is_finished}
+        lacking = {
+            harness: missing
+            for harness in sorted(waiting)
+            if (missing := missing_variables(run.harnesses[harness], run.spec))
+        }
+        for harness, missing in lacking.items():
+            if (run_id, harness) not in self.told:
+                self.told.add((run_id, harness))
+                print(
+                    f"hemra serve: run {run_id}: harness {harness!r} needs environment variable"
+                    f" {missing[0]}, which this server lacks: its trials stay queued",
+                    flush=True,
+                )
+        return bool(waiting) and lacking.keys() == waiting
 
     def _stop(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True

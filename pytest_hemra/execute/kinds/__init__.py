@@ -47,6 +47,9 @@ class HarnessKind(Protocol):
 
     calls_models: bool  # its agent talks to a model through the gateway: usage and transcript
     is_metered: bool  # any model calls it makes are counted at the gateway (False: flagged)
+    # its agent runs in HEMRA's hardened sandbox (False: only in a run that trusts the harness
+    # by name, `trust_unisolated`, and flagged in reports)
+    is_isolated: bool
 
     def validate(self, path: Path, spec: HarnessSpec) -> None:
         """Refuse a harness file this kind cannot run: a one-line SpecError naming the key."""
@@ -79,6 +82,7 @@ class SandboxKind:
 
     calls_models = True
     is_metered = True
+    is_isolated = True
     needs_command = True  # the harness file's `command` is what runs
 
     def validate(self, path: Path, spec: HarnessSpec) -> None:

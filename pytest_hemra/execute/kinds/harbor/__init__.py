@@ -4,7 +4,8 @@ A harbor harness names Harbor's agent (`agent = "oracle"`) and the Harbor releas
 (`package = "pypi:harbor==0.26.0"`), and nothing that only HEMRA's own sandbox would use.
 Installing it builds Harbor's runner image (`image.py`); its trials are Harbor jobs
 (`job.py`) coordinated through the store (`trials.py`) and imported from Harbor's results
-(`result.py`). Its agents call their models directly: the gateway does not count them.
+(`result.py`). Its agents call their models directly: the gateway does not count them. It is
+trusted-only: a run names it in `trust_unisolated` or is refused at resolve (resolve/plan.py).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class HarborKind:
 
     calls_models = False  # none that the gateway sees
     is_metered = False
+    # Harbor's runner gets the Docker socket (root on the runner's engine) and starts its own
+    # containers without HEMRA's hardening: a run must trust the harness (`trust_unisolated`)
+    is_isolated = False
 
     def validate(self, path: Path, spec: HarnessSpec) -> None:
         if not spec.agent:
