@@ -42,12 +42,17 @@ class TrialContext:
 
     @property
     def agent_timeout(self) -> float:
-        return (
+        """The run's `timeout_secs`, else the step's or task's, else the run's `[sandbox]`
+        default; never over its ceiling (resolve refuses a task above it; a run recorded
+        before ceilings existed is held to it here)."""
+        sandbox = self.spec.sandbox
+        timeout = (
             self.spec.timeout_secs
             or self.step_timeout
             or self.task.config.agent.timeout_sec
-            or DEFAULT_TIMEOUT_SECS
+            or sandbox.agent_timeout_sec
         )
+        return min(timeout, sandbox.max_agent_timeout_sec)
 
 
 @dataclass

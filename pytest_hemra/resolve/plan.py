@@ -21,6 +21,7 @@ from pytest_hemra.core.records import PlannedTrial, TrialRecord
 from pytest_hemra.resolve.datasets import Dataset, Task, load_task, resolve_dataset
 from pytest_hemra.resolve.harnesses import Harness, is_isolated, resolve_harness
 from pytest_hemra.resolve.judges import Judge, resolve_judges
+from pytest_hemra.resolve.limits import check_limits
 from pytest_hemra.resolve.spec import HarnessSpec, Overrides, RunSpec, load_run_spec
 from pytest_hemra.resolve.upstreams import (
     SCRIPTED,
@@ -104,6 +105,7 @@ def resolve_plan(run_file: Path | None, overrides: Overrides, cwd: Path) -> Plan
         if name not in os.environ:
             raise SpecError(f"{source}: key 'verifier.env': environment variable {name} is not set")
     datasets = _datasets(spec, base_dir, source)
+    check_limits(spec, (task for dataset in datasets for task in dataset.tasks), source)
     for harness in harnesses:
         if harness.spec.uses_solution:
             for dataset in datasets:

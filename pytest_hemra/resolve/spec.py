@@ -135,6 +135,30 @@ class SandboxSettings(Strict):
         description="image for tasks whose environment names no Dockerfile or docker_image",
     )
     engines: list[EngineSettings] = Field(default_factory=list)
+    # every task's sandbox (docs/sandbox.md): defaults for a task that sets none, and ceilings a
+    # task's own values may not exceed (refused at resolve, naming the task and its key)
+    cpus: float = Field(default=1.0, ge=0.01, allow_inf_nan=False)
+    memory_mb: int = Field(default=2048, ge=6)
+    disk_mb: int | None = Field(default=None, gt=0)  # storage-opt size: overlay2 on xfs + pquota
+    agent_timeout_sec: float = Field(default=900.0, gt=0, allow_inf_nan=False)
+    max_cpus: float = Field(default=8.0, ge=0.01, allow_inf_nan=False)
+    max_memory_mb: int = Field(default=16384, ge=6)
+    max_pids: int = Field(default=4096, gt=0)
+    max_agent_timeout_sec: float = Field(default=6 * 3600.0, gt=0, allow_inf_nan=False)
+    max_verifier_timeout_sec: float = Field(default=6 * 3600.0, gt=0, allow_inf_nan=False)
+
+    @field_validator("max_cpus", "max_memory_mb", "max_agent_timeout_sec")
+    @classmethod
+    def _ceiling_over_default(cls, value: float, info: ValidationInfo) -> float:
+        default_key = {
+            "max_cpus": "cpus",
+            "max_memory_mb": "memory_mb",
+            "max_agent_timeout_sec": "agent_timeout_sec",
+        }[str(info.field_name)]
+        default = info.data.get(default_key)
+        if default is not None and value < default:
+            raise ValueError(f"expected at least the default {default_key} ({default:g})")
+        return value
 
     @field_validator("engines")
     @classmethod
@@ -191,7 +215,7 @@ class RunSpec(Strict):
     attempts: int = Field(default=1, ge=1, le=1000)
     concurrency: int = Field(default=1, ge=1, le=1024)
     model: str | None = None
-    timeout_secs: float | None = Field(default=None, gt=0)
+    timeout_secs: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     max_infra_retries: int = Field(default=0, ge=0, le=100)
     tasks: list[str] = Field(default_factory=list)
     exclude: list[str] = Field(default_factory=list)

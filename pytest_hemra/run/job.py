@@ -14,7 +14,9 @@ a runner that has it, rather than running it into the upstream's 401 and a score
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass, replace
+from urllib.parse import urlsplit
 
 from pytest_hemra.core import registry
 from pytest_hemra.core.errors import HemraError
@@ -26,6 +28,7 @@ from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.kinds import kind_of
 from pytest_hemra.execute.provisioning import ProviderFactory
 from pytest_hemra.execute.sandbox import SandboxProvider
+from pytest_hemra.execute.sandbox.docker import DockerProvider
 from pytest_hemra.execute.sandbox.pool import EnginePool
 from pytest_hemra.resolve.plan import RecordedRun, missing_variables
 from pytest_hemra.resolve.spec import RunSpec, SandboxSettings
@@ -187,8 +190,13 @@ class Runner:
 
     def close(self) -> None:
         if self.gateway is not None:
+            url = self.gateway.base_urls.get(self.gateway_host)
             self.gateway.stop()
             self.gateway = None
+            if isinstance(self.provider, DockerProvider):  # its port closed, its run's network
+                with contextlib.suppress(HemraError):  # gone already: reaped by the next runner
+                    self.provider.release(self.run.id, urlsplit(url).port if url else None)
+
 
 
 def folder_name(trial: TrialRecord) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pytest_hemra.core.errors import HemraError, InfraError, VerifierError, outcome_of
 from pytest_hemra.core.outcome import Outcome
@@ -48,6 +49,7 @@ from pytest_hemra.execute.trajectory import build_trajectory
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.harnesses import render, render_argv
 from pytest_hemra.resolve.judges import Judgment
+from pytest_hemra.resolve.limits import task_limits
 from pytest_hemra.resolve.spec import HarnessSpec
 from pytest_hemra.score.judges import material, run_judge
 from pytest_hemra.score.verification import (
@@ -161,15 +163,17 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
         image = context.provider.prepare(task, context.spec.sandbox.image)
         installed = ensure_installed(harness)
     environment = task.config.environment
+    limits = task_limits(context.spec.sandbox, task)
     request = SandboxRequest(
         image=image,
         limits=Limits(
-            cpus=environment.cpus, memory_mb=environment.memory_mb, pids=environment.pids_limit
+            cpus=limits.cpus, memory_mb=limits.memory_mb, pids=limits.pids, disk_mb=limits.disk_mb
         ),
         network=environment.allow_internet,
         labels={"hemra.run": context.run_id, "hemra.trial": context.trial_id},
         name=f"hemra-{context.trial_id.replace('.', '-')}",
         mounts=installed.mounts if installed else (),
+        gateway_port=gateway_port(context),
     )
     sandboxes = ExitStack()
     with progress.phase("start"):
@@ -201,6 +205,14 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
     finally:
         with progress.phase("teardown"):
             sandboxes.close()
+
+
+def gateway_port(context: TrialContext) -> int | None:
+    """The port the trial's gateway listens on where its sandbox reaches it (None: no gateway),
+    the one port of the runner's machine the sandbox's network lets it reach."""
+    gateway = context.gateway
+    url = gateway.base_urls.get(context.gateway_host) if gateway is not None else None
+    return urlsplit(url).port if url else None
 
 
 @contextmanager

@@ -3,6 +3,12 @@
 Containers run `sleep infinity` as PID 1 as the agent user with every capability dropped; they
 are removed with force (a `sleep` PID 1 ignores SIGTERM, and waiting out Docker's grace period
 costs ~10 s a trial). Every wait has a deadline enforced here.
+
+A trial's sandbox sits on HEMRA's networks of the runner's own engine, never Docker's default
+bridge: `hemra-gateway` (internal: no route out; the host side is where the gateway listens)
+and, for a task with internet, its run's `hemra-<run id>` as well (the default route out). Both
+have inter-container traffic off, and the host firewall (`firewall.py`) lets a sandbox reach
+nothing of the host but the gateway's port, and no link-local address.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pytest_hemra.execute.sandbox import (
     AGENT_USER,
     WORKDIR,
     SandboxRequest,
+    firewall,
 )
 from pytest_hemra.execute.sandbox.container import (
     DOCKER_ERRORS,
@@ -38,6 +45,10 @@ SANDBOX_LAYER_VERSION = "1"
 TASK_REPOSITORY = "hemra-task"
 SANDBOX_REPOSITORY = "hemra-sandbox"
 COPY_TIMEOUT_SECS = 900.0  # the longest a runner waits for another copying the same image
+NETWORK_LOCK_SECS = 120.0
+MIN_NANO_CPUS = 10_000_000  # Docker's smallest cpu quota (0.01 cpu)
+GATEWAY_NETWORK = "hemra-gateway"  # every sandbox of the engine: reaches the gateway, nothing else
+NETWORK_OPTIONS = {"com.docker.network.bridge.enable_icc": "false"}  # sandboxes never reach peers
 
 SANDBOX_LAYER = f"""\
 FROM {{image}}
@@ -73,10 +84,19 @@ class DockerProvider:
         *,
         engine: str | None = None,
         image_source: Callable[[], docker.DockerClient | None] | None = None,
+        own_networks: bool | None = None,
     ) -> None:
         self._client = client
         self.engine = engine or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         self._image_source = image_source
+        # HEMRA's networks and host firewall: the runner's own local engine (its rules go in the
+        # runner's tables); a pool's engines keep Docker's default bridge (docs/scaling.md)
+        self.own_networks = (
+            client is None and self.engine.startswith("unix://")
+            if own_networks is None
+            else own_networks
+        )
+        self._guarded: set[str] = set()  # bridges whose base rules this process has checked
 
     @property
     def client(self) -> docker.DockerClient:
@@ -188,18 +208,85 @@ class DockerProvider:
             raise InfraError(f"{task.path}: image build failed: {error.msg} ({tail})") from error
 
     def gateway_host(self) -> str | None:
-        """The bridge network's gateway address: the host side of every sandbox's network."""
+        """The host side of every sandbox's network, where the gateway listens for them:
+        `hemra-gateway`'s (created when missing), else (a pool's engine) the default bridge's.
+        Runs' networks no sandbox sits on any more (their runner gone) are reaped meanwhile."""
+        if self.own_networks:
+            try:
+                host = _gateway_of(self._network(GATEWAY_NETWORK, internal=True, labels={}))
+                for network in self.client.networks.list(filters={"label": "hemra.run"}):
+                    self._remove_run_network(network.attrs["Labels"]["hemra.run"])  # if empty
+                return host
+            except DOCKER_ERRORS as error:
+                raise InfraError(f"docker: cannot create {GATEWAY_NETWORK} ({error})") from error
         try:
-            configs = self.client.networks.get("bridge").attrs["IPAM"]["Config"] or []
+            return _gateway_of(self.client.networks.get("bridge"))
         except DOCKER_ERRORS as error:
             raise InfraError(f"docker: cannot read the bridge network ({error})") from error
-        for config in configs:
-            if config.get("Gateway"):
-                return str(config["Gateway"])
-            if config.get("Subnet") and ":" not in config["Subnet"]:
-                network = ipaddress.ip_network(config["Subnet"], strict=False)
-                return str(next(network.hosts()))
+
+    def _network(self, name: str, *, internal: bool, labels: Mapping[str, str]) -> Any:
+        """HEMRA's network `name`, created when missing (under the engine's lock, so concurrent
+        runners and xdist workers agree on one), its host firewall in place."""
+        with engine_lock(self.engine, f"network {name}", NETWORK_LOCK_SECS):
+            network = self._find_network(name)
+            if network is None:
+                network = self.client.networks.create(
+                    name,
+                    driver="bridge",
+                    internal=internal,
+                    options=NETWORK_OPTIONS,
+                    labels={"hemra": "1", **labels},
+                    check_duplicate=True,
+                )
+                network.reload()
+            bridge = _bridge_of(network)
+            if bridge not in self._guarded:
+                firewall.reap()
+                firewall.guard(bridge)
+                self._guarded.add(bridge)
+            return network
+
+    def _find_network(self, name: str) -> Any:
+        for network in self.client.networks.list(names=[name]):
+            if network.name == name:
+                network.reload()
+                return network
         return None
+
+    def release(self, run_id: str, gateway_port: int | None) -> None:
+        """A runner process is done: its gateway's port is closed again, and its run's network
+        removed unless another process's sandboxes still sit on it (the last one removes it)."""
+        if not self.own_networks:
+            return
+        try:
+            if gateway_port is not None:
+                gateway = self._find_network(GATEWAY_NETWORK)
+                if gateway is not None:
+                    host = _gateway_of(gateway)
+                    if host is not None:
+                        firewall.revoke(_bridge_of(gateway), host, gateway_port)
+            self._remove_run_network(run_id)
+        except DOCKER_ERRORS as error:
+            raise InfraError(f"docker: cannot release run {run_id}'s networks ({error})") from error
+
+    def _remove_run_network(self, run_id: str) -> None:
+        name = run_network(run_id)
+        with (
+            engine_lock(self.engine, f"connect {name}", NETWORK_LOCK_SECS),
+            engine_lock(self.engine, f"network {name}", NETWORK_LOCK_SECS),
+        ):
+            network = self._find_network(name)
+            if network is None or network.attrs.get("Containers"):
+                return
+            bridge = _bridge_of(network)
+            try:
+                network.remove()
+            except docker.errors.APIError as error:
+                if error.status_code not in (403, 404, 409):  # still in use, or already gone
+                    raise
+                return
+            firewall.unguard(bridge)
+            self._guarded.discard(bridge)
 
     def remove_sandboxes(self, labels: Mapping[str, str]) -> int:
         filters = {"label": ["hemra=1", *(f"{key}={value}" for key, value in labels.items())]}
@@ -207,6 +294,8 @@ class DockerProvider:
             found = self.client.containers.list(all=True, filters=filters)
             for container in found:
                 remove_container(container)
+            if self.own_networks and "hemra.run" in labels and len(labels) == 1:
+                self._remove_run_network(labels["hemra.run"])
         except DOCKER_ERRORS as error:
             raise InfraError(f"docker: cannot remove sandboxes {dict(labels)} ({error})") from error
         return len(found)
@@ -224,14 +313,15 @@ class DockerProvider:
             "pids_limit": limits.pids,
             "network_mode": "bridge" if request.network else "none",
             "labels": {"hemra": "1", **request.labels},
-            "detach": True,
             "environment": {},
         }
         if limits.memory_mb:
             options["mem_limit"] = f"{limits.memory_mb}m"
             options["memswap_limit"] = f"{limits.memory_mb}m"
         if limits.cpus:
-            options["nano_cpus"] = int(limits.cpus * 1e9)
+            options["nano_cpus"] = max(int(limits.cpus * 1e9), MIN_NANO_CPUS)  # never 0: unlimited
+        if limits.disk_mb:
+            options["storage_opt"] = {"size": f"{limits.disk_mb}M"}
         if request.name:
             options["name"] = request.name
         if request.mounts:
@@ -241,10 +331,63 @@ class DockerProvider:
             }
         container = None
         try:
-            container = self.client.containers.run(request.image, **options)
+            run_id = request.labels.get("hemra.run")
+            if self.own_networks and run_id:
+                container = self._on_networks(request, options, run_id)
+            else:  # a sandbox outside any run (tests, benchmarks): Docker's default bridge
+                container = self.client.containers.run(request.image, detach=True, **options)
             yield DockerSandbox(self.client, container)
         except DOCKER_ERRORS as error:
             raise InfraError(f"docker: sandbox failed ({error})") from error
         finally:
             if container is not None:
                 remove_container(container)
+
+    def _on_networks(self, request: SandboxRequest, options: dict[str, Any], run_id: str) -> Any:
+        """The container on `hemra-gateway` (its gateway port let in), and on its run's network
+        too when the task has internet; started once connected. A network removed meanwhile
+        (its run's last process released it) is made again."""
+        del options["network_mode"]
+        for attempt in (1, 2):
+            gateway = self._network(GATEWAY_NETWORK, internal=True, labels={})
+            host = _gateway_of(gateway)
+            if request.gateway_port is not None and host is not None:
+                firewall.admit(_bridge_of(gateway), host, request.gateway_port)
+            container = None
+            try:
+                container = self.client.containers.create(
+                    request.image, network=gateway.name, **options
+                )
+                if request.network:
+                    name = run_network(run_id)
+                    with engine_lock(self.engine, f"connect {name}", NETWORK_LOCK_SECS):
+                        outside = self._network(name, internal=False, labels={"hemra.run": run_id})
+                        outside.connect(container)
+                container.start()
+                return container
+            except BaseException as error:
+                if container is not None:
+                    remove_container(container)
+                if attempt == 2 or not isinstance(error, docker.errors.NotFound):
+                    raise
+        raise AssertionError("unreachable")
+
+
+def run_network(run_id: str) -> str:
+    """The network of a run's sandboxes with internet: `hemra-<run id>`."""
+    return f"hemra-{run_id}"
+
+
+def _bridge_of(network: Any) -> str:
+    options = network.attrs.get("Options") or {}
+    return str(options.get("com.docker.network.bridge.name") or f"br-{network.id[:12]}")
+
+
+def _gateway_of(network: Any) -> str | None:
+    for config in network.attrs["IPAM"]["Config"] or []:
+        if config.get("Gateway"):
+            return str(config["Gateway"]).split("/")[0]
+        if config.get("Subnet") and ":" not in config["Subnet"]:
+            subnet = ipaddress.ip_network(config["Subnet"], strict=False)
+            return str(next(subnet.hosts()))
+    return None

@@ -1,0 +1,128 @@
+"""The host firewall around HEMRA's sandbox networks: what a sandbox's packets may reach on the
+runner's machine. Rules live in the tables dockerd itself uses (iptables, `-w` for its lock).
+
+Each HEMRA bridge gets a chain `HEMRA-<bridge>` jumped to from INPUT: packets from the bridge to
+any of the host's addresses are rejected, except TCP to a gateway's address and port (`admit`).
+Packets from the bridge to link-local addresses (169.254.0.0/16: cloud metadata services) are
+rejected in DOCKER-USER, before anything forwards them, and IPv6 from the bridge is dropped whole.
+Rejected, not dropped: a connection the sandbox may not make fails at once instead of hanging.
+Inter-container traffic on the bridge is dropped by dockerd itself (`enable_icc=false`). `reap`
+removes the rules of bridges that no longer exist.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from pytest_hemra.core.errors import InfraError
+
+LINK_LOCAL = "169.254.0.0/16"
+CHAIN_PREFIX = "HEMRA-"
+COMMAND_TIMEOUT_SECS = 30.0
+
+
+def chain_of(bridge: str) -> str:
+    return CHAIN_PREFIX + bridge
+
+
+def _run(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
+    path = shutil.which(tool)
+    if path is None:
+        raise InfraError(f"sandbox firewall: {tool} is not installed (HEMRA's networks need it)")
+    try:
+        return subprocess.run(
+            [path, "-w", "10", *args],
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_SECS,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise InfraError(f"sandbox firewall: {tool} {' '.join(args)} failed ({error})") from error
+
+
+def _must(tool: str, *args: str) -> None:
+    done = _run(tool, *args)
+    if done.returncode != 0:
+        raise InfraError(
+            f"sandbox firewall: {tool} {' '.join(args)} failed: {done.stderr.strip()}"
+            " (HEMRA's sandbox networks need root's iptables on the runner's machine)"
+        )
+
+
+def _has(tool: str, chain: str, *rule: str) -> bool:
+    return _run(tool, "-C", chain, *rule).returncode == 0
+
+
+def _ensure(tool: str, chain: str, *rule: str, first: bool = True) -> None:
+    if not _has(tool, chain, *rule):
+        _must(tool, "-I" if first else "-A", chain, *rule)
+
+
+def _delete(tool: str, chain: str, *rule: str) -> None:
+    while _has(tool, chain, *rule):
+        if _run(tool, "-D", chain, *rule).returncode != 0:
+            return
+
+
+def _forward_chain() -> str:
+    """DOCKER-USER (dockerd's chain for user rules, ahead of its own), else FORWARD."""
+    return "DOCKER-USER" if _run("iptables", "-S", "DOCKER-USER").returncode == 0 else "FORWARD"
+
+
+def guard(bridge: str) -> None:
+    """Reject everything from `bridge` to the host and to link-local addresses (idempotent)."""
+    chain = chain_of(bridge)
+    if _run("iptables", "-S", chain).returncode != 0:
+        created = _run("iptables", "-N", chain)
+        if created.returncode != 0 and "exists" not in created.stderr:
+            _must("iptables", "-N", chain)
+    _ensure("iptables", chain, "-j", "REJECT", first=False)
+    _ensure("iptables", "INPUT", "-i", bridge, "-j", chain)
+    _ensure("iptables", _forward_chain(), "-i", bridge, "-d", LINK_LOCAL, "-j", "REJECT")
+    if shutil.which("ip6tables") is not None:
+        for base in ("INPUT", "FORWARD"):
+            _ensure("ip6tables", base, "-i", bridge, "-j", "DROP")
+
+
+def admit(bridge: str, host: str, port: int) -> None:
+    """Let the bridge's sandboxes reach TCP `host:port` (a gateway) on the host."""
+    _ensure("iptables", chain_of(bridge), *_gateway_rule(host, port))
+
+
+def revoke(bridge: str, host: str, port: int) -> None:
+    """Take back an `admit` (the gateway stopped)."""
+    if _run("iptables", "-S", chain_of(bridge)).returncode == 0:
+        _delete("iptables", chain_of(bridge), *_gateway_rule(host, port))
+
+
+def _gateway_rule(host: str, port: int) -> tuple[str, ...]:
+    return ("-p", "tcp", "-d", host, "--dport", str(port), "-j", "ACCEPT")
+
+
+def unguard(bridge: str) -> None:
+    """Every rule `guard` and `admit` made for `bridge`, removed."""
+    chain = chain_of(bridge)
+    _delete("iptables", "INPUT", "-i", bridge, "-j", chain)
+    _delete("iptables", _forward_chain(), "-i", bridge, "-d", LINK_LOCAL, "-j", "REJECT")
+    if _run("iptables", "-S", chain).returncode == 0:
+        _run("iptables", "-F", chain)
+        _run("iptables", "-X", chain)
+    if shutil.which("ip6tables") is not None:
+        for base in ("INPUT", "FORWARD"):
+            _delete("ip6tables", base, "-i", bridge, "-j", "DROP")
+
+
+def reap() -> None:
+    """Remove the rules of HEMRA bridges that are gone (a network removed by hand, say)."""
+    listed = _run("iptables", "-S")
+    if listed.returncode != 0:
+        return
+    for line in listed.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "-N" and parts[1].startswith(CHAIN_PREFIX):
+            bridge = parts[1].removeprefix(CHAIN_PREFIX)
+            if not Path("/sys/class/net", bridge).exists():
+                unguard(bridge)
