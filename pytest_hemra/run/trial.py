@@ -198,7 +198,7 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
         with progress.phase("verifier"):
             hemra = task.config.hemra
             if hemra.track == "swe":
-                return verify_swe(context, sandbox, progress)
+                return verify_swe(context, sandbox, progress, before, after)
             if hemra.track == "open":
                 return verify_open(context, sandbox, progress, after)
             return verify_reward(context, sandbox)

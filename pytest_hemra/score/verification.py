@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -87,9 +88,14 @@ def verify_step(
 
 
 def verify_swe(
-    context: TrialContext, sandbox: Sandbox, progress: Progress
+    context: TrialContext,
+    sandbox: Sandbox,
+    progress: Progress,
+    before: Mapping[str, bytes],
+    after: Mapping[str, bytes],
 ) -> tuple[float, dict[str, float]]:
-    """The SWE track: hidden tests on top of the agent's changes, passed / total (swe.py)."""
+    """The SWE track: hidden tests on top of the agent's changes, passed / total, read from
+    HEMRA's report file; `before` and `after` are /app around the agent's turn (swe.py)."""
     hemra = context.task.config.hemra
     folder = context.trial_dir
     if context.spec.verifier.network == "none":
@@ -104,6 +110,8 @@ def verify_swe(
         agent_output=text_of(folder / "agent" / "stdout.txt"),
         agent_timed_out=progress.timed_out,
         logs=folder / "verifier",
+        before=before,
+        after=after,
     )
     progress.error_class = result.error_class
     (folder / "verifier" / "swe.txt").write_text(f"{result.error_class}: {result.detail}\n")
