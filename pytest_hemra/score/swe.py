@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from pytest_hemra.execute.sandbox import ExecResult, Sandbox, output_of
+from pytest_hemra.execute.sandbox import ROOT_USER, ExecResult, Sandbox, output_of
 from pytest_hemra.score import swe_probes
 
 VERIFIER_USER = "65533:65533"  # neither the agent's user nor root: HEMRA's, for the hidden run
@@ -101,7 +101,8 @@ class Guard:
     """What the hidden run puts back as the task shipped it, and what the agent touched."""
 
     originals: dict[str, bytes]  # /app-relative path: content before the agent, restored
-    removed: tuple[str, ...]  # paths removed before the originals go back
+    removed: tuple[str, ...]  # paths removed before the originals go back (and test files the
+    # agent added: not run, so nothing they do at import reaches the test run)
     tampered: tuple[str, ...]  # what the agent changed that steers the tests
     uncounted: frozenset[str]  # files the agent added: their tests do not count
 
@@ -131,6 +132,7 @@ def guard(before: Mapping[str, bytes], after: Mapping[str, bytes], hidden_patch:
         if was is not None and (keep or path in removed) and (was or changed):
             originals[path] = was  # a file over the read cap reads as empty: left as it is
     uncounted = frozenset(p for p in after if p not in before and p not in touched)
+    removed |= {p for p in uncounted if _is_safe(p) and TEST_FILE.match(PurePosixPath(p).name)}
     return Guard(originals, tuple(sorted(removed)), tuple(tampered), uncounted)
 
 
@@ -153,11 +155,19 @@ def score(
     hidden = patch_text.decode(errors="replace")
     checked = guard(before, after, hidden)
     token = secrets.token_hex(8)
-    stage, scratch = f"/hemra/swe-{token}", f"/tmp/hemra-swe-{token}"
+    # /hemra is root's in every sandbox image: no folder above the room holds a file the agent
+    # could have left (pytest looks for conftest.py and its settings in every parent folder)
+    stage = f"/hemra/swe-{token}"
+    scratch = f"{stage}/room"
     plugin, runner = f"hemra_swe_{token}", f"hemra_unittest_{token}.py"
     with tempfile.TemporaryDirectory(prefix="hemra-swe-") as host:
         _write_stage(Path(host), patch_text, checked.originals, plugin, runner)
         sandbox.put_dir(Path(host), stage)  # root's, read-only: HEMRA's plugin and originals
+    sandbox.exec(
+        ["chmod", "1733", stage],  # the verifier's user may make its room in it
+        user=ROOT_USER, env={}, timeout=30, workdir="/",
+        stdout=logs / "prepare.stdout.txt", stderr=logs / "prepare.stderr.txt",
+    )  # fmt: skip
     prepared = _as_verifier(
         sandbox, ["/bin/sh", "-c", PREPARE, "prepare", scratch, stage, *checked.removed],
         workdir="/", timeout=120, logs=logs, name="prepare",
@@ -188,7 +198,7 @@ def score(
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONNOUSERSITE": "1",
         "PYTHONPATH": f"{stage}/lib",
-        "PYTEST_ADDOPTS": f"-p {plugin} -p no:cacheprovider",
+        "PYTEST_ADDOPTS": f"-p {plugin} -p no:cacheprovider --confcutdir={app}",
         "HEMRA_SWE_REPORT": f"{scratch}/out/report.tsv",
     }
     ran = _as_verifier(sandbox, argv, workdir=app, timeout=timeout, logs=logs, env=env)
