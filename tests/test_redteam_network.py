@@ -330,3 +330,8 @@ def test_a_task_without_limits_gets_the_runs_defaults(make_task: TaskMaker) -> N
     own = load_task(make_task("own", task_toml="[environment]\ncpus = 2\nmemory_mb = 4096\n"))
     assert task_limits(SandboxSettings(), own).cpus == 2
     assert task_limits(SandboxSettings(), own).memory_mb == 4096
+    documented = SandboxSettings()  # as docs/run-files.md and docs/sandbox.md give them
+    assert (documented.cpus, documented.memory_mb, documented.agent_timeout_sec) == (1, 2048, 900)
+    assert (documented.max_cpus, documented.max_memory_mb, documented.max_pids) == (8, 16384, 4096)
+    assert documented.max_agent_timeout_sec == documented.max_verifier_timeout_sec == 21600
+    assert documented.disk_mb is None

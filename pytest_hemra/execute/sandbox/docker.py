@@ -106,6 +106,8 @@ class DockerProvider:
 
     def check(self) -> None:
         _ = self.client
+        if self.own_networks:
+            firewall.check()
 
     def prepare(self, task: Task, default_image: str) -> str:
         """The task image with HEMRA's sandbox layer on top, built once per content digest."""

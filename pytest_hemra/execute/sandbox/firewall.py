@@ -52,6 +52,11 @@ def _must(tool: str, *args: str) -> None:
         )
 
 
+def check() -> None:
+    """Raise InfraError unless this process can read and change the host's iptables rules."""
+    _must("iptables", "-S", "INPUT")
+
+
 def _has(tool: str, chain: str, *rule: str) -> bool:
     return _run(tool, "-C", chain, *rule).returncode == 0
 
