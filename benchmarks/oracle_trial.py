@@ -71,7 +71,7 @@ def hemra_trial(
 ) -> float:
     started = time.perf_counter()
     trial_id = f"{run_id}.{seq:05d}"
-    store.start_trial(trial_id, "bench")
+    store.claim(trial_id, "bench", 600)
     result = run_trial(context)
     store.finish_trial(trial_id, asdict(result))
     assert result.outcome == "pass", result

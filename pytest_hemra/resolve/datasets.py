@@ -41,6 +41,8 @@ class TaskAgent(Lenient):
 
 class TaskVerifier(Lenient):
     timeout_sec: float = Field(default=120.0, gt=0)
+    # "separate": the verifier runs in a fresh sandbox with the agent's /app copied in
+    environment_mode: Literal["shared", "separate"] = "shared"
 
 
 class TaskEnvironment(Lenient):

@@ -176,6 +176,8 @@ class SandboxSettings(Strict):
 class VerifierSettings(Strict):
     network: Literal["none", "bridge"] = "none"
     env: list[str] = Field(default_factory=list)
+    # "separate" runs every task's verifier in a fresh sandbox; a task may ask for it alone
+    environment_mode: Literal["shared", "separate"] = "shared"
 
     _env = field_validator("env")(_check_env_names)
 

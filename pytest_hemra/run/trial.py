@@ -44,6 +44,7 @@ from pytest_hemra.execute.sandbox import (
     SandboxRequest,
     Tree,
 )
+from pytest_hemra.execute.sandbox.processes import record_baseline, sweep
 from pytest_hemra.execute.selfreport import parse_output
 from pytest_hemra.execute.trajectory import build_trajectory
 from pytest_hemra.resolve.datasets import Task
@@ -53,8 +54,10 @@ from pytest_hemra.resolve.limits import task_limits
 from pytest_hemra.resolve.spec import HarnessSpec
 from pytest_hemra.score.judges import material, run_judge
 from pytest_hemra.score.verification import (
+    EMPTY_ROOM,
     provider_keys,
     runner_env,
+    verifier_room,
     verify_open,
     verify_reward,
     verify_step,
@@ -180,7 +183,7 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
         sandbox = sandboxes.enter_context(context.provider.open(request))
     try:
         if task.config.steps:
-            return _run_steps(context, sandbox, progress, installed)
+            return _run_steps(context, sandbox, progress, installed, request)
         with progress.phase("setup"):
             sandbox.put_file(task.instruction.encode(), INSTRUCTION_FILE)
             if harness.spec.uses_solution:
@@ -195,13 +198,13 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
             (folder / "diff.patch").write_text(tree_diff(before, after))
             _keep_tree_notes(after, folder)
             _keep_agent_logs(sandbox, folder / "agent" / "logs")
-        with progress.phase("verifier"):
+        with progress.phase("verifier"), verifier_room(context, sandbox, request) as room:
             hemra = task.config.hemra
             if hemra.track == "swe":
-                return verify_swe(context, sandbox, progress, before, after)
+                return verify_swe(context, room, progress, before, after)
             if hemra.track == "open":
-                return verify_open(context, sandbox, progress, after)
-            return verify_reward(context, sandbox)
+                return verify_open(context, room, progress, after)
+            return verify_reward(context, room)
     finally:
         with progress.phase("teardown"):
             sandboxes.close()
@@ -323,6 +326,23 @@ def _run_agent(
         **{name: runner_env(name) for name in spec.env},
         **{render(name, values): render(value, values) for name, value in spec.environment.items()},
     }
+    baseline = record_baseline(sandbox)  # PID 1 and the task's own services
+    try:
+        _take_turn(context, sandbox, progress, values, env, deadline)
+    finally:  # exit, timeout or error: nothing the agent started outlives its turn
+        sweep(sandbox, baseline, context.trial_dir / "agent" / "leftovers.txt", then=EMPTY_ROOM)
+
+
+def _take_turn(
+    context: TrialContext,
+    sandbox: Sandbox,
+    progress: Progress,
+    values: dict[str, str],
+    env: dict[str, str],
+    deadline: float,
+) -> None:
+    """The agent's turn proper: the harness's files, its install commands, then its command."""
+    spec, timeout = context.harness.spec, context.agent_timeout
     logs = context.trial_dir / "agent"
     out, err = logs / "stdout.txt", logs / "stderr.txt"
     for path, content in spec.files.items():
@@ -364,7 +384,11 @@ def _run_agent(
 
 
 def _run_steps(
-    context: TrialContext, sandbox: Sandbox, progress: Progress, installed: Installed | None
+    context: TrialContext,
+    sandbox: Sandbox,
+    progress: Progress,
+    installed: Installed | None,
+    request: SandboxRequest,
 ) -> tuple[float, dict[str, float]]:
     """A multi-step task: each step's instruction and agent turn in the same sandbox, then its
     verifier (the task's tests/ with the step's over them); the reward rolls up by the task's
@@ -398,7 +422,8 @@ def _run_steps(
             rewards: dict[str, float] = {}
             error: str | None = None
             try:
-                reward, rewards = verify_step(context, sandbox, task.path, step_path, step_dir)
+                with verifier_room(context, sandbox, request) as room:
+                    reward, rewards = verify_step(context, room, task.path, step_path, step_dir)
             except VerifierError as failure:
                 error = str(failure)
         progress.steps.append(

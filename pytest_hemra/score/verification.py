@@ -5,86 +5,166 @@ task. Each returns (reward, every reward key) and notes on the trial's progress 
 
 from __future__ import annotations
 
+import io
 import os
+import tarfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-from pytest_hemra.core.errors import VerifierError
+from pytest_hemra.core.errors import InfraError, VerifierError
 from pytest_hemra.core.reward import parse_reward
 from pytest_hemra.execute.context import Progress, TrialContext
 from pytest_hemra.execute.gateway.ledger import TrialUsage
-from pytest_hemra.execute.sandbox import ROOT_USER, Sandbox
+from pytest_hemra.execute.sandbox import ROOT_USER, WORKDIR, Sandbox, SandboxRequest
+from pytest_hemra.resolve.datasets import TaskVerifier
 from pytest_hemra.resolve.judges import Judgment
 from pytest_hemra.score import openended, swe
 from pytest_hemra.score.judges import JudgeCall, ask_model, with_usage
 
+TESTS_DIR = "/tests"
+VERIFIER_LOGS = "/logs/verifier"
+CLEAR_SECS = 30.0
+
+# run as root once the agent's processes are gone (`processes.sweep`'s `then`): no /tests (a
+# root agent could have planted one), and /logs/verifier a new empty folder of root's (an old
+# one, whoever filled it, is moved aside whole, then removed as far as root may)
+EMPTY_ROOM = f"""set -e
+rm -rf {TESTS_DIR}
+[ ! -e {TESTS_DIR} ] && [ ! -L {TESTS_DIR} ]
+old=/logs/.verifier-old-$$
+if [ -e {VERIFIER_LOGS} ] || [ -L {VERIFIER_LOGS} ]; then mv {VERIFIER_LOGS} "$old"; fi
+mkdir -m 0755 {VERIFIER_LOGS}
+rm -rf "$old" 2>/dev/null || true
+"""
+
 
 def verify_reward(context: TrialContext, sandbox: Sandbox) -> tuple[float, dict[str, float]]:
-    settings = context.spec.verifier
-    sandbox.put_dir(context.task.path / "tests", "/tests")
-    if settings.network == "none":
-        sandbox.disconnect_network()
-    env = {"HOME": "/root", **{name: runner_env(name) for name in settings.env}}
     folder = context.trial_dir / "verifier"
-    result = sandbox.exec(
-        ["bash", "/tests/test.sh"],
-        user=ROOT_USER,
-        env=env,
-        timeout=context.task.config.verifier.timeout_sec,
-        stdout=folder / "stdout.txt",
-        stderr=folder / "stderr.txt",
+    logs = _run_test_sh(
+        context, sandbox, [context.task.path / "tests"], folder, context.task.config.verifier
     )
-    logs = sandbox.read_tree("/logs/verifier")
-    for name, content in logs.items():
-        if "/" not in name:
-            (folder / name).write_bytes(content)
-    if result.timed_out:
-        raise VerifierError(
-            f"verifier ran past its {context.task.config.verifier.timeout_sec:g}s timeout"
-        )
     return parse_reward(logs)
 
 
 def verify_step(
     context: TrialContext, sandbox: Sandbox, task_path: Path, step_path: Path, step_dir: Path
 ) -> tuple[float, dict[str, float]]:
-    """One step's verifier: the task's tests/, the step's over them, the network cut meanwhile."""
-    settings = context.spec.verifier
-    sandbox.exec(
-        ["bash", "-c", "rm -rf /tests /logs/verifier/* 2>/dev/null; true"],
-        user=ROOT_USER,
-        env={"HOME": "/root"},
-        timeout=30,
-        stdout=step_dir / "verifier" / "clear.txt",
-        stderr=step_dir / "verifier" / "clear.txt",
-    )
-    if (task_path / "tests").is_dir():
-        sandbox.put_dir(task_path / "tests", "/tests")
-    if (step_path / "tests").is_dir():
-        sandbox.put_dir(step_path / "tests", "/tests")
-    if settings.network == "none":
-        sandbox.disconnect_network()
+    """One step's verifier: the task's tests/, the step's over them. The tests and the
+    verifier's logs are removed after it, so the next step's agent never sees them."""
+    tests = [path / "tests" for path in (task_path, step_path) if (path / "tests").is_dir()]
     try:
-        result = sandbox.exec(
-            ["bash", "/tests/test.sh"],
-            user=ROOT_USER,
-            env={"HOME": "/root", **{name: runner_env(name) for name in settings.env}},
-            timeout=context.task.config.verifier.timeout_sec,
-            stdout=step_dir / "verifier" / "stdout.txt",
-            stderr=step_dir / "verifier" / "stderr.txt",
+        logs = _run_test_sh(
+            context, sandbox, tests, step_dir / "verifier", context.task.config.verifier
         )
     finally:
-        if settings.network == "none":
+        _run_root(sandbox, EMPTY_ROOM, step_dir / "verifier" / "clear.txt")
+        if context.spec.verifier.network == "none":
             sandbox.reconnect_network()
-    logs = sandbox.read_tree("/logs/verifier")
+    return parse_reward(logs)
+
+
+def is_separate(context: TrialContext) -> bool:
+    """Whether the verifier gets a fresh sandbox: the run's setting or the task's, the stricter."""
+    modes = {context.spec.verifier.environment_mode, context.task.config.verifier.environment_mode}
+    modes |= {step.verifier.environment_mode for step in context.task.config.steps}
+    return "separate" in modes
+
+
+@contextmanager
+def verifier_room(
+    context: TrialContext, sandbox: Sandbox, request: SandboxRequest
+) -> Iterator[Sandbox]:
+    """Where the verifier runs. Shared (Harbor's default): the agent's sandbox as the agent
+    left it, after the sweep. Separate: a fresh sandbox from the same image with only the
+    agent's /app copied in, so nothing the agent changed elsewhere (a replaced `python3`, a
+    planted `.pth`, a process) reaches the verifier; closed when the context exits."""
+    if not is_separate(context):
+        yield sandbox
+        return
+    room_request = replace(
+        request,
+        network=request.network and context.spec.verifier.network != "none",
+        name=f"{request.name}-verifier" if request.name else None,
+        labels={**request.labels, "hemra.verifier": "separate"},
+        mounts=(),
+    )
+    with context.provider.open(room_request) as room:
+        room.import_tree(sandbox.export_tree(WORKDIR), str(PurePosixPath(WORKDIR).parent))
+        yield room
+
+
+def _run_test_sh(
+    context: TrialContext,
+    sandbox: Sandbox,
+    tests: list[Path],
+    folder: Path,
+    task_settings: TaskVerifier,
+) -> dict[str, bytes]:
+    """The clean room, in this order: the agent's processes gone, /tests absent and
+    /logs/verifier empty (the turn's sweep ran EMPTY_ROOM; a separate room starts so), the
+    verifier's network set, the tests in (root's, unreadable to others), then test.sh as
+    root; what it wrote to /logs/verifier is returned (and kept in `folder`)."""
+    settings = context.spec.verifier
+    if settings.network == "none":
+        sandbox.disconnect_network()
+    sandbox.import_tree(iter([_tests_archive(tests)]), "/")
+    result = sandbox.exec(
+        ["bash", f"{TESTS_DIR}/test.sh"],
+        user=ROOT_USER,
+        env={"HOME": "/root", **{name: runner_env(name) for name in settings.env}},
+        timeout=task_settings.timeout_sec,
+        stdout=folder / "stdout.txt",
+        stderr=folder / "stderr.txt",
+    )
+    logs = sandbox.read_tree(VERIFIER_LOGS)
     for name, content in logs.items():
         if "/" not in name:
-            (step_dir / "verifier" / name).write_bytes(content)
+            (folder / name).write_bytes(content)
     if result.timed_out:
-        raise VerifierError("the step's verifier ran past its timeout")
-    return parse_reward(logs)
+        raise VerifierError(f"verifier ran past its {task_settings.timeout_sec:g}s timeout")
+    return logs
+
+
+def _run_root(sandbox: Sandbox, script: str, log: Path) -> None:
+    result = sandbox.exec(
+        ["/bin/sh", "-c", script],
+        user=ROOT_USER,
+        env={"HOME": "/root"},
+        timeout=CLEAR_SECS,
+        stdout=log,
+        stderr=log,
+        workdir="/",
+    )
+    if result.timed_out or result.exit_code != 0:
+        detail = log.read_text(errors="replace").strip()[-300:] if log.is_file() else ""
+        raise InfraError(f"sandbox: clearing the verifier's room failed ({detail})")
+
+
+def _tests_archive(folders: list[Path]) -> bytes:
+    """The tests as one tar for /, later folders over earlier ones: /tests mode 0700 and
+    everything in it root's, so no other user can even list it."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        top = tarfile.TarInfo(TESTS_DIR.strip("/"))
+        top.type, top.mode, top.mtime = tarfile.DIRTYPE, 0o700, int(time.time())
+        archive.addfile(top)
+        for folder in folders:
+            for entry in sorted(folder.rglob("*")):
+                info = archive.gettarinfo(
+                    entry, arcname=f"{TESTS_DIR.strip('/')}/{entry.relative_to(folder).as_posix()}"
+                )
+                info.uid = info.gid = 0
+                info.uname = info.gname = "root"
+                info.mode = (info.mode | 0o400) & 0o755
+                if info.isfile():
+                    with entry.open("rb") as handle:
+                        archive.addfile(info, handle)
+                else:
+                    archive.addfile(info)
+    return buffer.getvalue()
 
 
 def verify_swe(

@@ -9,7 +9,7 @@ providers first; the trial then talks to that provider alone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +106,12 @@ class Sandbox(Protocol):
     ) -> Any: ...
 
     def put_dir(self, source: Path, target: str) -> None: ...
+
+    def export_tree(self, path: str) -> Iterator[bytes]:
+        """`path` as a tar stream, owners and modes kept (nothing when it does not exist)."""
+
+    def import_tree(self, archive: Iterator[bytes], parent: str) -> None:
+        """Unpack `export_tree`'s stream (of this sandbox or another) under `parent`."""
 
     def put_file(self, content: bytes, target: str, owner: str | None = None) -> None: ...
 

@@ -158,6 +158,18 @@ class DockerSandbox:
         """Kill every process of `user` but PID 1: the exec's whole tree, whatever it spawned."""
         self.container.exec_run(list(KILL_ALL), user=user)
 
+    def export_tree(self, path: str) -> Iterator[bytes]:
+        """`path` as a tar stream (its last part the top folder), owners and modes kept."""
+        try:
+            chunks, _ = self.container.get_archive(path)
+        except docker.errors.NotFound:
+            return iter(())
+        return iter(chunks)
+
+    def import_tree(self, archive: Iterator[bytes], parent: str) -> None:
+        """Unpack a tar stream (`export_tree`'s) under `parent`, streamed, owners and modes kept."""
+        self.container.put_archive(parent, archive)
+
     def put_dir(self, source: Path, target: str) -> None:
         """Copy a host folder in as `target`, owned by root and read-only for the agent."""
         buffer = io.BytesIO()

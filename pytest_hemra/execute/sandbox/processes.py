@@ -1,0 +1,167 @@
+"""What runs in a sandbox before the agent's turn, and the sweep that leaves only that after it.
+
+The sandbox's root holds no capabilities (no CAP_KILL), so it can signal only its own processes:
+each owner's new processes are killed by a command run as that owner. Processes are told apart by
+PID and start time (a reused PID is a new process), read from /proc with shell builtins alone (no
+`ps`, no child processes of the sweep to mistake for the agent's). Each sweep stops every new
+process of its owner before killing them, so a process that forks in a loop cannot outrun it.
+A killed process whose parent is gone stays a zombie (PID 1 is `sleep`, which reaps nothing):
+zombies run nothing and are not counted.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_hemra.core.errors import InfraError
+from pytest_hemra.execute.sandbox import ROOT_USER, Sandbox
+
+SWEEP_ROUNDS = 4
+COMMAND_TIMEOUT_SECS = 30.0
+
+# one line a live process not among the `pid:starttime` arguments: pid uid gid starttime state
+# comm (the listing shell left out); when there is none, the script in $HEMRA_THEN runs (as root)
+_LIST = r"""
+keep=" $* "
+found=
+for d in /proc/[0-9]*; do
+  p=${d#/proc/}
+  [ "$p" = "$$" ] && continue
+  read -r l 2>/dev/null < "$d/stat" || continue
+  u=; g=
+  while read -r k a b; do
+    case $k in Uid:) u=$a ;; Gid:) g=$a; break ;; esac
+  done 2>/dev/null < "$d/status"
+  c=${l#*\(}; c=${c%\)*}
+  set -- ${l##*\) }
+  case $1 in Z|X|x) continue ;; esac
+  case $keep in *" $p:${20} "*) continue ;; esac
+  echo "$p $u $g ${20} $1 $c"
+  found=1
+done
+[ -n "$found" ] || [ -z "$HEMRA_THEN" ] || eval "$HEMRA_THEN"
+"""
+
+# run as one owner, $1 its uid, the rest `pid:starttime` to keep: stop every other live process
+# of that owner, then kill them, until none is left
+_KILL = r"""
+me=$1; shift; keep=" $* "
+round=0
+while :; do
+  found=
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    [ "$p" = "$$" ] && continue
+    read -r l 2>/dev/null < "$d/stat" || continue
+    u=
+    while read -r k a b; do
+      case $k in Uid:) u=$a; break ;; esac
+    done 2>/dev/null < "$d/status"
+    [ "$u" = "$me" ] || continue
+    set -- ${l##*\) }
+    case $1 in Z|X|x) continue ;; esac
+    case $keep in *" $p:${20} "*) continue ;; esac
+    kill -STOP "$p" 2>/dev/null
+    found="$found $p"
+  done
+  [ -z "$found" ] && exit 0
+  kill -KILL $found 2>/dev/null
+  round=$((round + 1))
+  [ "$round" -ge 50 ] && exit 3
+done
+"""
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    uid: int
+    gid: int
+    started: int  # clock ticks after boot: with the PID, one process for its whole life
+    state: str
+    name: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.pid}:{self.started}"
+
+    @property
+    def is_live(self) -> bool:
+        return self.state not in ("Z", "X", "x")
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The processes a sandbox ran before the agent's turn: PID 1 and the task's own services."""
+
+    keys: frozenset[str]
+
+
+def running(sandbox: Sandbox, keep: frozenset[str] = frozenset(), then: str = "") -> list[Process]:
+    """Every live process in the sandbox but those in `keep`, read as root from /proc (readable
+    by all there); when there are none, `then` (a shell script) runs as root in the same
+    command, and a failure of it is raised."""
+    with tempfile.TemporaryDirectory(prefix="hemra-ps-") as scratch:
+        out, err = Path(scratch) / "out", Path(scratch) / "err"
+        result = sandbox.exec(
+            ["/bin/sh", "-c", _LIST, "list", *sorted(keep)],
+            user=ROOT_USER,
+            env={"HEMRA_THEN": then} if then else {},
+            timeout=COMMAND_TIMEOUT_SECS,
+            stdout=out,
+            stderr=err,
+            workdir="/",
+        )
+        if result.timed_out or result.exit_code != 0:
+            detail = err.read_text(errors="replace").strip()[-300:]
+            raise InfraError(f"sandbox: listing its processes failed ({detail})")
+        return [p for line in out.read_text(errors="replace").splitlines() if (p := _parse(line))]
+
+
+def record_baseline(sandbox: Sandbox) -> Baseline:
+    return Baseline(frozenset(p.key for p in running(sandbox)))
+
+
+def sweep(
+    sandbox: Sandbox, baseline: Baseline, report: Path | None = None, then: str = ""
+) -> list[Process]:
+    """Kill every live process not in `baseline`, whoever runs it, and make sure they are gone;
+    then run `then` as root (in the command that found nothing left: one command in the common
+    case). Returns those killed, noted in `report` when there were any. Raises InfraError if
+    some still run after every round."""
+    killed: dict[str, Process] = {}
+    for _ in range(SWEEP_ROUNDS):
+        left = running(sandbox, baseline.keys, then)
+        if not left:
+            if report is not None and killed:
+                report.write_text(
+                    "".join(f"{p.pid} uid={p.uid} {p.name}\n" for p in killed.values()),
+                    encoding="utf-8",
+                )
+            return list(killed.values())
+        killed |= {p.key: p for p in left}
+        for uid, gid in sorted({(p.uid, p.gid) for p in left}):
+            with tempfile.TemporaryDirectory(prefix="hemra-kill-") as scratch:
+                sandbox.exec(
+                    ["/bin/sh", "-c", _KILL, "sweep", str(uid), *sorted(baseline.keys)],
+                    user=f"{uid}:{gid}",
+                    env={},
+                    timeout=COMMAND_TIMEOUT_SECS,
+                    stdout=Path(scratch) / "out",
+                    stderr=Path(scratch) / "err",
+                    workdir="/",
+                )
+    names = ", ".join(f"{p.pid} ({p.name}, uid {p.uid})" for p in left)
+    raise InfraError(
+        f"sandbox: processes the agent left still run after {SWEEP_ROUNDS} sweeps: {names}"
+    )
+
+
+def _parse(line: str) -> Process | None:
+    parts = line.split(" ", 5)
+    if len(parts) < 5 or not all(part.isdigit() for part in parts[:4]):
+        return None
+    pid, uid, gid, started = (int(part) for part in parts[:4])
+    return Process(pid, uid, gid, started, parts[4], parts[5] if len(parts) > 5 else "")

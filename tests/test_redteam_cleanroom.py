@@ -1,0 +1,280 @@
+"""Red team: the verifier's clean room. Harnesses that try to win without doing the task, by a
+process left behind, a planted reward, a rewritten test.sh, tests read during a turn or a tool
+replaced outside /app; each scores what an honest harness that does nothing scores."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import BASE_IMAGE, TaskMaker
+from pytest_hemra.core.errors import SpecError
+from pytest_hemra.execute.sandbox import AGENT_USER, ROOT_USER, Limits, SandboxRequest
+from pytest_hemra.execute.sandbox.docker import DockerProvider
+from pytest_hemra.execute.sandbox.processes import record_baseline, running, sweep
+from pytest_hemra.resolve.datasets import load_task
+from pytest_hemra.resolve.overrides import Overrides
+from pytest_hemra.resolve.spec import load_run_spec
+
+pytestmark = pytest.mark.usefixtures("docker_test")
+
+SECRET = "answer-7c41"
+# the answer is in the hidden tests alone; the verifier takes its time, as a real suite does,
+# so a process still running could act while it runs
+SLOW_TEST = (
+    'sleep 3; if [ "$(cat /app/out.txt 2>/dev/null)" = "$(cat /tests/answer.txt)" ]; '
+    "then echo 1; else echo 0; fi > /logs/verifier/reward.txt"
+)
+NOP = 'kind = "program"\ncommand = ["true"]\n'
+
+
+def _daemon(loop: str) -> str:
+    """A harness that leaves a re-parented daemon (setsid, nohup, double fork) running `loop`
+    every 50 ms, starting once its own turn has ended, and exits at once."""
+    script = f"sleep 1\nwhile :; do\n{loop}\nsleep 0.05\ndone\n"
+    launch = '( setsid nohup sh -c "$0" >/dev/null 2>&1 & ); exit 0'
+    return f'kind = "program"\ncommand = {json.dumps(["sh", "-c", launch, script])}\n'
+
+
+ATTACKS = {
+    "copies-the-tests-answers-into-app": _daemon(
+        "cat /tests/answer.txt > /app/.a 2>/dev/null && mv /app/.a /app/out.txt"
+    ),
+    "rewrites-test-sh": _daemon(
+        "printf 'echo 1 > /logs/verifier/reward.txt\\n' 2>/dev/null > /tests/test.sh"
+    ),
+    "plants-the-reward": _daemon(
+        "echo 1 2>/dev/null > /logs/verifier/reward.txt\n"
+        """echo '{"reward": 1}' 2>/dev/null > /logs/verifier/reward.json"""
+    ),
+    "writes-the-expected-answer-late": _daemon(f"echo {SECRET} > /app/out.txt"),
+}
+
+
+def _rows(store: Path) -> dict[str, dict[str, Any]]:
+    connection = sqlite3.connect(store)
+    connection.row_factory = sqlite3.Row
+    rows = {r["harness"]: dict(r) for r in connection.execute("SELECT * FROM trials")}
+    connection.close()
+    return rows
+
+
+def _secret_task(make_task: TaskMaker, name: str = "secret", **options: Any) -> Path:
+    folder = make_task(name, test=SLOW_TEST, solve=f"echo {SECRET} > /app/out.txt", **options)
+    (folder / "tests" / "answer.txt").write_text(SECRET + "\n")
+    return folder
+
+
+def _run(pytester: pytest.Pytester, tmp_path: Path, harnesses: list[str], extra: str = "") -> Any:
+    run_file = tmp_path / "run.toml"
+    names = ", ".join(f'"{h}"' for h in harnesses)
+    run_file.write_text(f'harnesses = [{names}]\ndatasets = ["ds"]\n{extra}')
+    pytester.runpytest("--hemra-run", str(run_file))
+    return _rows(tmp_path / ".hemra" / "hemra.db")
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_a_process_left_behind_is_killed_before_the_tests_enter(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[[str, str], Path],
+    attack: str,
+) -> None:
+    _secret_task(make_task)
+    write_harness("nop", NOP)
+    write_harness("attacker", ATTACKS[attack])
+    rows = _run(pytester, tmp_path, ["nop", "attacker"])
+    assert (rows["attacker"]["outcome"], rows["attacker"]["reward"]) == ("fail", 0.0)
+    assert rows["attacker"]["reward"] == rows["nop"]["reward"]
+    folder = Path(rows["attacker"]["trial_dir"])
+    assert "uid=1000" in (folder / "agent" / "leftovers.txt").read_text()  # found and killed
+    assert not (Path(rows["nop"]["trial_dir"]) / "agent" / "leftovers.txt").exists()
+
+
+def test_a_process_left_behind_by_an_agent_past_its_timeout_is_killed_too(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[[str, str], Path],
+) -> None:
+    _secret_task(make_task, task_toml="[agent]\ntimeout_sec = 2\n")
+    daemon = ATTACKS["copies-the-tests-answers-into-app"].replace("exit 0", "sleep 30")
+    write_harness("attacker", daemon)
+    rows = _run(pytester, tmp_path, ["attacker"])
+    assert (rows["attacker"]["outcome"], rows["attacker"]["reward"]) == ("timeout", 0.0)
+
+
+def test_a_reward_file_written_before_the_verifier_is_not_read(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[[str, str], Path],
+) -> None:
+    """Every route a harness has to /logs/verifier before the verifier: its own command (the
+    folder is root's) and its `[files]` (written as the agent's user: refused, or planted
+    through a route that wrote as root, then emptied before test.sh)."""
+    _secret_task(make_task)
+    write_harness("nop", NOP)
+    write_harness(
+        "planter",
+        """\
+        kind = "program"
+        command = ["bash", "-c", "echo 1 > /logs/verifier/reward.txt; mkdir /logs/verifier/x; true"]
+        """,
+    )
+    write_harness(
+        "file-planter",
+        """\
+        kind = "program"
+        command = ["true"]
+        [files]
+        "/logs/verifier/reward.txt" = "1"
+        "/logs/verifier/reward.json" = '{"reward": 1}'
+        "/tests/test.sh" = "echo 1 > /logs/verifier/reward.txt"
+        """,
+    )
+    rows = _run(pytester, tmp_path, ["nop", "planter", "file-planter"])
+    assert (rows["planter"]["outcome"], rows["planter"]["reward"]) == ("fail", 0.0)
+    assert rows["file-planter"]["outcome"] in ("fail", "harness_error")  # harness_error: refused
+    assert rows["planter"]["reward"] == rows["file-planter"]["reward"] == rows["nop"]["reward"]
+    for harness in ("planter", "file-planter"):
+        assert not (Path(rows[harness]["trial_dir"]) / "verifier" / "reward.json").exists()
+
+
+def test_the_tests_are_not_readable_in_the_sandbox_by_the_agents_user(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker, write_harness: Any
+) -> None:
+    """The verifier itself looks: /tests is root's, mode 0700 (the sandbox's root has no
+    capabilities, so it cannot even try another user); /logs/verifier starts empty."""
+    make_task(
+        "probe",
+        test="{ stat -c '%U %a' /tests; ls -A /logs/verifier | wc -l; } > /tmp/p.txt; "
+        "mv /tmp/p.txt /logs/verifier/p.txt; echo 1 > /logs/verifier/reward.txt",
+    )
+    write_harness("nop", NOP)
+    rows = _run(pytester, tmp_path, ["nop"])
+    probe = (Path(rows["nop"]["trial_dir"]) / "verifier" / "p.txt").read_text().splitlines()
+    assert probe == ["root 700", "0"]
+
+
+def test_a_later_steps_agent_never_sees_an_earlier_steps_tests(
+    pytester: pytest.Pytester, tmp_path: Path, write_harness: Callable[[str, str], Path]
+) -> None:
+    task = tmp_path / "datasets" / "ds" / "two-steps"
+    for step in ("one", "two"):
+        (task / "steps" / step).mkdir(parents=True)
+        (task / "steps" / step / "instruction.md").write_text(f"Step {step}.\n")
+    (task / "tests").mkdir()
+    (task / "tests" / "test.sh").write_text(SLOW_TEST.replace("sleep 3; ", "") + "\n")
+    (task / "tests" / "answer.txt").write_text(SECRET + "\n")
+    (task / "environment").mkdir()
+    (task / "environment" / "Dockerfile").write_text(f"FROM {BASE_IMAGE}\nWORKDIR /app\n")
+    (task / "task.toml").write_text(
+        '[agent]\ntimeout_sec = 30\n[[steps]]\nname = "one"\n[[steps]]\nname = "two"\n'
+    )
+    write_harness(
+        "reader",
+        """\
+        kind = "program"
+        command = ["bash", "-c", '''{ ls -A /tests; cat /tests/answer.txt; ls -A /logs/verifier
+        } >> /app/seen.txt 2>&1; cat /tests/answer.txt > /app/out.txt 2>/dev/null; true''']
+        """,
+    )
+    rows = _run(pytester, tmp_path, ["reader"])
+    seen = [
+        line
+        for line in (Path(rows["reader"]["trial_dir"]) / "diff.patch").read_text().splitlines()
+        if line.startswith("+") and not line.startswith("+++")
+    ]
+    assert SECRET not in "\n".join(seen)
+    assert sum("No such file or directory" in line for line in seen) == 4  # /tests, twice
+    assert rows["reader"]["reward"] == 0.0
+
+
+# a sloppy image: a tool folder early in root's PATH that the agent's user may write
+SLOPPY_IMAGE = f"FROM {BASE_IMAGE}\nRUN chmod 0777 /usr/local/bin\nWORKDIR /app\n"
+SHADOW = f"""kind = "program"
+command = ["bash", "-c", '''printf '#!/bin/sh\\necho {SECRET}\\n' > /usr/local/bin/cat
+chmod +x /usr/local/bin/cat''']
+"""
+
+
+@pytest.mark.parametrize("where", ["shared", "task", "run"])
+def test_a_separate_verifier_room_ignores_a_tool_the_agent_replaced_outside_app(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[[str, str], Path],
+    where: str,
+) -> None:
+    """In the shared room (Harbor's default) a replaced `cat` fools the verifier; in a
+    separate room, asked for by the task or the run, it is not there, and the oracle's /app
+    still is."""
+    toml = "[agent]\ntimeout_sec = 30\n[verifier]\ntimeout_sec = 30\n"
+    if where == "task":
+        toml += 'environment_mode = "separate"\n'
+    _secret_task(make_task, dockerfile=SLOPPY_IMAGE, task_toml=toml)
+    write_harness("shadow", SHADOW)
+    extra = '[verifier]\nenvironment_mode = "separate"\n' if where == "run" else ""
+    rows = _run(pytester, tmp_path, ["oracle", "shadow"], extra)
+    assert rows["oracle"]["reward"] == 1.0
+    assert rows["shadow"]["reward"] == (1.0 if where == "shared" else 0.0)
+
+
+def test_environment_mode_is_checked_in_task_and_run_files(
+    make_task: TaskMaker, tmp_path: Path
+) -> None:
+    task = make_task("bad", task_toml='[verifier]\nenvironment_mode = "apart"\n')
+    with pytest.raises(SpecError, match=r"task.toml: key 'verifier.environment_mode'"):
+        load_task(task)
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(
+        'harnesses = ["oracle"]\ndatasets = ["ds"]\n[verifier]\nenvironment_mode = "apart"\n'
+    )
+    with pytest.raises(SpecError, match=r"key 'verifier.environment_mode'"):
+        load_run_spec(run_file, Overrides())
+
+
+def test_the_sweep_kills_a_forking_daemon_of_any_user_and_keeps_what_ran_before(
+    tmp_path: Path, docker_client: Any
+) -> None:
+    """Below the trial: a service started before the baseline survives; a daemon that forks in
+    a loop, and a root process, started after it, do not."""
+    provider = DockerProvider(docker_client)
+    request = SandboxRequest(BASE_IMAGE, Limits(pids=256), network=False, labels={"hemra": "1"})
+    logs = tmp_path / "x.txt"
+    with provider.open(request) as sandbox:
+        sandbox.exec(
+            ["sh", "-c", "(setsid sleep 600 >/dev/null 2>&1 &)"],
+            user=ROOT_USER,
+            env={},
+            timeout=10,
+            stdout=logs,
+            stderr=logs,
+            workdir="/",
+        )
+        service = {p.key for p in running(sandbox) if p.name == "sleep" and p.uid == 0}
+        baseline = record_baseline(sandbox)
+        fork_loop = (
+            "( setsid sh -c 'while :; do (sleep 30 &); sleep 0.01; done' >/dev/null 2>&1 & )"
+        )
+        for user, command in ((AGENT_USER, fork_loop), (ROOT_USER, "(setsid sleep 500 &)")):
+            sandbox.exec(
+                ["sh", "-c", command],
+                user=user,
+                env={},
+                timeout=10,
+                stdout=logs,
+                stderr=logs,
+                workdir="/",
+            )
+        killed = sweep(sandbox, baseline, tmp_path / "leftovers.txt")
+        assert {p.uid for p in killed} == {0, 1000}
+        live = {p.key for p in running(sandbox)}
+        assert live == baseline.keys and service <= live
