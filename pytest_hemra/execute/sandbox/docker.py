@@ -97,6 +97,8 @@ class DockerProvider:
             else own_networks
         )
         self._guarded: set[str] = set()  # bridges whose base rules this process has checked
+        self._networks: dict[str, Any] = {}  # HEMRA's networks as this process last found them
+        self._admitted: set[tuple[str, str, int]] = set()  # (bridge, host, port) let in
 
     @property
     def client(self) -> docker.DockerClient:
@@ -228,7 +230,10 @@ class DockerProvider:
 
     def _network(self, name: str, *, internal: bool, labels: Mapping[str, str]) -> Any:
         """HEMRA's network `name`, created when missing (under the engine's lock, so concurrent
-        runners and xdist workers agree on one), its host firewall in place."""
+        runners and xdist workers agree on one), its host firewall in place. Remembered: a
+        network removed since shows as NotFound where it is used, and `_on_networks` asks again."""
+        if name in self._networks:
+            return self._networks[name]
         with engine_lock(self.engine, f"network {name}", NETWORK_LOCK_SECS):
             network = self._find_network(name)
             if network is None:
@@ -246,6 +251,7 @@ class DockerProvider:
                 firewall.reap()
                 firewall.guard(bridge)
                 self._guarded.add(bridge)
+            self._networks[name] = network
             return network
 
     def _find_network(self, name: str) -> Any:
@@ -267,6 +273,7 @@ class DockerProvider:
                     host = _gateway_of(gateway)
                     if host is not None:
                         firewall.revoke(_bridge_of(gateway), host, gateway_port)
+                        self._admitted.discard((_bridge_of(gateway), host, gateway_port))
             self._remove_run_network(run_id)
         except DOCKER_ERRORS as error:
             raise InfraError(f"docker: cannot release run {run_id}'s networks ({error})") from error
@@ -289,6 +296,7 @@ class DockerProvider:
                 return
             firewall.unguard(bridge)
             self._guarded.discard(bridge)
+            self._networks.pop(name, None)
 
     def remove_sandboxes(self, labels: Mapping[str, str]) -> int:
         filters = {"label": ["hemra=1", *(f"{key}={value}" for key, value in labels.items())]}
@@ -353,8 +361,10 @@ class DockerProvider:
         for attempt in (1, 2):
             gateway = self._network(GATEWAY_NETWORK, internal=True, labels={})
             host = _gateway_of(gateway)
-            if request.gateway_port is not None and host is not None:
-                firewall.admit(_bridge_of(gateway), host, request.gateway_port)
+            admitted = (_bridge_of(gateway), host or "", request.gateway_port or 0)
+            if request.gateway_port is not None and host and admitted not in self._admitted:
+                firewall.admit(*admitted)
+                self._admitted.add(admitted)
             container = None
             try:
                 container = self.client.containers.create(
@@ -372,6 +382,7 @@ class DockerProvider:
                     remove_container(container)
                 if attempt == 2 or not isinstance(error, docker.errors.NotFound):
                     raise
+                self._networks.clear()  # one was removed meanwhile: find (or make) them again
         raise AssertionError("unreachable")
 
 
