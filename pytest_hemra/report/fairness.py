@@ -81,7 +81,18 @@ def dataset_flags(
         if stopped:
             reasons = ", ".join(sorted({t.stopped_by or "" for t in stopped}))
             flags.append(Flag("stopped", harness, f"{len(stopped)} trial(s) stopped by {reasons}"))
+        flags += _tampered(harness, mine)
     return flags
+
+
+def _tampered(harness: str, mine: list[TrialRecord]) -> list[Flag]:
+    """SWE trials whose agent changed what steers the hidden tests (docs/tracks.md)."""
+    tampered = [t for t in mine if t.error_class == "tampered"]
+    if not tampered:
+        return []
+    message = f"{len(tampered)} trial(s) tampered with what steers the hidden tests (conftest.py,"
+    message += f" pytest settings, test files; run as shipped instead), e.g. {tampered[0].item_id}"
+    return [Flag("tampered", harness, message)]
 
 
 def _task_set(harness: str, mine: list[TrialRecord], every_task: set[str]) -> list[Flag]:
