@@ -132,6 +132,27 @@ def test_a_relative_link_climbing_out_is_refused_and_one_staying_inside_is_hashe
 
 
 @pytest.mark.usefixtures("docker_test")
+def test_a_link_out_added_after_the_run_was_recorded_ends_the_trial_unscored(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
+    secret = host_secret(tmp_path)
+    task = make_task("late")
+    store = str(tmp_path / "s.db")
+    queued = pytester.run(
+        "hemra", "run", "-H", "oracle", "-d", str(tmp_path / "datasets" / "ds"),
+        "--store", store, "--detach",
+    )  # fmt: skip
+    run_id = queued.outlines[0].strip()
+    (task / "tests" / "answers.txt").symlink_to(secret)  # after resolve, before the trial
+    resumed = pytester.run("hemra", "run", "--resume", run_id, "--store", store)
+    assert resumed.ret == 1
+    resumed.stdout.fnmatch_lines(["*infra_error*tests/answers.txt: a link to*outside the task*"])
+    (trial,) = Store(Path(store)).trials(run_id)
+    assert trial.outcome == "infra_error" and "answers.txt: a link to" in (trial.error or "")
+    assert sentinel_files(tmp_path, secret) == []
+
+
+@pytest.mark.usefixtures("docker_test")
 def test_links_that_stay_inside_the_task_folder_run(
     pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
 ) -> None:

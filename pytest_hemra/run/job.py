@@ -15,6 +15,7 @@ a runner that has it, rather than running it into the upstream's 401 and a score
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import asdict, dataclass, replace
 from urllib.parse import urlsplit
 
@@ -118,10 +119,22 @@ class Runner:
 
     def _run(self, trial: TrialRecord) -> None:
         run, store = self.run, self.store
+        trial_dir = run.trials_dir / trial.dataset / trial.task / folder_name(trial)
+        try:
+            task = run.task(trial)
+        except HemraError as error:  # its files changed since the run was recorded (a link out)
+            now = time.time()
+            failed = TrialResult(
+                outcome=Outcome.INFRA_ERROR, reward=None, rewards={}, exit_code=None,
+                error=str(error), started_at=now, finished_at=now, duration=0.0, phases={},
+                trial_dir=str(trial_dir),
+            )  # fmt: skip
+            store.finish_trial(trial.id, asdict(failed))
+            return
         context = TrialContext(
             run_id=run.id,
             trial_id=trial.id,
-            task=run.task(trial),
+            task=task,
             harness=run.harnesses[trial.harness],
             spec=run.spec,
             provider=self.provider,
@@ -129,7 +142,7 @@ class Runner:
             gateway_host=self.gateway_host,
             budget=self.budget,
             judges=run.judges,
-            trial_dir=run.trials_dir / trial.dataset / trial.task / folder_name(trial),
+            trial_dir=trial_dir,
             pool=self.provider if isinstance(self.provider, EnginePool) else None,
         )
 
@@ -196,7 +209,6 @@ class Runner:
             if isinstance(self.provider, DockerProvider):  # its port closed, its run's network
                 with contextlib.suppress(HemraError):  # gone already: reaped by the next runner
                     self.provider.release(self.run.id, urlsplit(url).port if url else None)
-
 
 
 def folder_name(trial: TrialRecord) -> str:
