@@ -278,3 +278,19 @@ def test_the_sweep_kills_a_forking_daemon_of_any_user_and_keeps_what_ran_before(
         assert {p.uid for p in killed} == {0, 1000}
         live = {p.key for p in running(sandbox)}
         assert live == baseline.keys and service <= live
+
+
+def test_the_oracle_passes_swe_and_multi_step_tasks_in_a_separate_room(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(
+        'harnesses = ["oracle"]\ndatasets = ["swe-mini", "multi-step"]\n'
+        'tasks = ["fizzbuzz-fix", "greet-review-revise"]\n'
+        '[verifier]\nenvironment_mode = "separate"\n'
+    )
+    pytester.runpytest("--hemra-run", str(run_file))
+    connection = sqlite3.connect(tmp_path / ".hemra" / "hemra.db")
+    found = dict(connection.execute("SELECT task, reward FROM trials").fetchall())
+    connection.close()
+    assert found == {"fizzbuzz-fix": 1.0, "greet-review-revise": 1.0}
