@@ -198,10 +198,16 @@ class DockerSandbox:
 
     def read_tree(self, path: str) -> Tree:
         """Regular files under `path` (relative names; a file `path` under its own name),
-        bounded. The sizes are listed first inside the sandbox (`find`, as the agent user), so a
-        file over the per-file cap is never transferred: the folders holding one are fetched
-        around it. The archives are streamed; a member over the cap that the listing missed (a
-        folder the agent user cannot list) stops the read there, as do the total caps."""
+        bounded. The engine's archive is streamed one member at a time, never held whole. At the
+        first member over the per-file cap the stream is closed, before its data, and the tree is
+        read again around every such file: their sizes listed inside the sandbox (`find`, as the
+        agent user), the folders holding one fetched child by child. A large file the listing
+        could not see (a folder the agent user cannot list) is gone around when met, up to
+        `MAX_UNLISTED` of them; the total caps stop the read."""
+        tree = Tree()
+        first = self._stream_tree(path, "", tree)
+        if first is None:  # the usual case: nothing over the cap, one stream
+            return tree
         tree = Tree()
         listing = self._list_sizes(path)
         oversized: dict[str, int] = {}
@@ -213,6 +219,7 @@ class DockerSandbox:
             parts = PurePosixPath(name).parts
             around.update("/".join(parts[:depth]) for depth in range(len(parts)))
 
+        skip(*first)
         for name, size in listing.items():
             if size > MAX_TREE_FILE_BYTES:
                 skip(name, size)
