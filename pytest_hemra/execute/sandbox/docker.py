@@ -18,6 +18,7 @@ import hashlib
 import io
 import ipaddress
 import os
+import socket
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -214,13 +215,17 @@ class DockerProvider:
     def gateway_host(self) -> str | None:
         """The host side of every sandbox's network, where the gateway listens for them:
         `hemra-gateway`'s (created when missing), else (a pool's engine) the default bridge's.
-        Runs' networks no sandbox sits on any more (their runner gone) are reaped meanwhile."""
+        Runs' networks no sandbox uses any more, and gateway ports nothing listens on (their
+        runner gone), are reaped meanwhile."""
         if self.own_networks:
             try:
-                host = _gateway_of(self._network(GATEWAY_NETWORK, internal=True, labels={}))
+                gateway = self._network(GATEWAY_NETWORK, internal=True, labels={})
                 for network in self.client.networks.list(filters={"label": "hemra.run"}):
                     self._remove_run_network(network.attrs["Labels"]["hemra.run"])  # if empty
-                return host
+                for host, port in firewall.admitted(_bridge_of(gateway)):
+                    if not _listening(host, port):  # a gateway gone without closing its port
+                        firewall.revoke(_bridge_of(gateway), host, port)
+                return _gateway_of(gateway)
             except DOCKER_ERRORS as error:
                 raise InfraError(f"docker: cannot create {GATEWAY_NETWORK} ({error})") from error
         try:
@@ -287,6 +292,9 @@ class DockerProvider:
             network = self._find_network(name)
             if network is None or network.attrs.get("Containers"):
                 return
+            filters = {"label": [f"hemra.run={run_id}"]}
+            if self.client.containers.list(all=True, filters=filters):
+                return  # a sandbox of the run still exists (one cut off for its verifier, say)
             bridge = _bridge_of(network)
             try:
                 network.remove()
@@ -404,3 +412,12 @@ def _gateway_of(network: Any) -> str | None:
             subnet = ipaddress.ip_network(config["Subnet"], strict=False)
             return str(next(subnet.hosts()))
     return None
+
+
+def _listening(host: str, port: int) -> bool:
+    """Whether something on this machine still accepts connections at host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False

@@ -103,6 +103,18 @@ def revoke(bridge: str, host: str, port: int) -> None:
         _delete("iptables", chain_of(bridge), *_gateway_rule(host, port))
 
 
+def admitted(bridge: str) -> list[tuple[str, int]]:
+    """The (host, port) pairs `admit` let in on `bridge`."""
+    listed = _run("iptables", "-S", chain_of(bridge))
+    found = []
+    for line in listed.stdout.splitlines() if listed.returncode == 0 else []:
+        parts = line.split()
+        if "ACCEPT" in parts and "-d" in parts and "--dport" in parts:
+            host = parts[parts.index("-d") + 1].removesuffix("/32")
+            found.append((host, int(parts[parts.index("--dport") + 1])))
+    return found
+
+
 def _gateway_rule(host: str, port: int) -> tuple[str, ...]:
     return ("-p", "tcp", "-d", host, "--dport", str(port), "-j", "ACCEPT")
 
