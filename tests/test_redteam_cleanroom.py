@@ -294,3 +294,26 @@ def test_the_oracle_passes_swe_and_multi_step_tasks_in_a_separate_room(
     found = dict(connection.execute("SELECT task, reward FROM trials").fetchall())
     connection.close()
     assert found == {"fizzbuzz-fix": 1.0, "greet-review-revise": 1.0}
+
+
+def test_a_huge_sparse_app_is_copied_to_a_separate_room_only_up_to_its_cap(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[[str, str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("pytest_hemra.score.verification.MAX_ROOM_COPY_BYTES", 1 << 20)
+    toml = (
+        '[agent]\ntimeout_sec = 30\n[verifier]\ntimeout_sec = 30\nenvironment_mode = "separate"\n'
+    )
+    _secret_task(make_task, task_toml=toml)
+    write_harness(
+        "bloat",
+        'kind = "program"\n'
+        'command = ["bash", "-c", "truncate -s 100G /app/huge; echo no > /app/out.txt"]\n',
+    )
+    rows = _run(pytester, tmp_path, ["bloat"])
+    assert (rows["bloat"]["outcome"], rows["bloat"]["reward"]) == ("fail", 0.0)
+    room = Path(rows["bloat"]["trial_dir"]) / "verifier" / "room.txt"
+    assert "first entries only" in room.read_text()

@@ -27,6 +27,7 @@ from pytest_hemra.score.judges import JudgeCall, ask_model, with_usage
 TESTS_DIR = "/tests"
 VERIFIER_LOGS = "/logs/verifier"
 CLEAR_SECS = 30.0
+MAX_ROOM_COPY_BYTES = 4 << 30  # the most of the agent's /app a separate room receives
 
 # run as root once the agent's processes are gone (`processes.sweep`'s `then`): no /tests (a
 # root agent could have planted one), and /logs/verifier a new empty folder of root's (an old
@@ -92,8 +93,39 @@ def verifier_room(
         mounts=(),
     )
     with context.provider.open(room_request) as room:
-        room.import_tree(sandbox.export_tree(WORKDIR), str(PurePosixPath(WORKDIR).parent))
+        copy = CappedStream(sandbox.export_tree(WORKDIR), MAX_ROOM_COPY_BYTES)
+        try:
+            room.import_tree(iter(copy), str(PurePosixPath(WORKDIR).parent))
+        except Exception:
+            if not copy.is_cut:  # a cut archive ends in an error: what arrived is verified
+                raise
+        if copy.is_cut:
+            (context.trial_dir / "verifier" / "room.txt").write_text(
+                f"{WORKDIR} is over {MAX_ROOM_COPY_BYTES} bytes: the verifier's room holds its"
+                " first entries only\n"
+            )
         yield room
+
+
+class CappedStream:
+    """A byte stream that ends after `limit` bytes (`is_cut` then says so): the agent's /app,
+    which a sparse file can make any size, never costs the runner more than that to copy."""
+
+    def __init__(self, chunks: Iterator[bytes], limit: int) -> None:
+        self._chunks, self._limit = chunks, limit
+        self.is_cut = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        total = 0
+        for chunk in self._chunks:
+            total += len(chunk)
+            if total > self._limit:
+                self.is_cut = True
+                close = getattr(self._chunks, "close", None)
+                if close is not None:
+                    close()
+                return
+            yield chunk
 
 
 def _run_test_sh(
