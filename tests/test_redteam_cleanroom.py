@@ -317,3 +317,30 @@ def test_a_huge_sparse_app_is_copied_to_a_separate_room_only_up_to_its_cap(
     assert (rows["bloat"]["outcome"], rows["bloat"]["reward"]) == ("fail", 0.0)
     room = Path(rows["bloat"]["trial_dir"]) / "verifier" / "room.txt"
     assert "first entries only" in room.read_text()
+
+
+def test_a_separate_room_receives_the_tasks_declared_artifacts(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[[str, str], Path],
+) -> None:
+    make_task(
+        "artifact",
+        test='[ "$(cat /srv/out/result.txt)" = hi ] && [ ! -e /srv/other.txt ]; '
+        "if [ $? = 0 ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt",
+        dockerfile=f"FROM {BASE_IMAGE}\nRUN chmod 0777 /srv\nWORKDIR /app\n",
+        task_toml='artifacts = ["/srv/out/result.txt"]\n'
+        '[verifier]\nenvironment_mode = "separate"\n',
+    )
+    write_harness("nop", NOP)
+    write_harness(
+        "maker",
+        'kind = "program"\ncommand = ["bash", "-c", '
+        '"mkdir /srv/out && echo hi > /srv/out/result.txt && echo x > /srv/other.txt"]\n',
+    )
+    rows = _run(pytester, tmp_path, ["nop", "maker"])
+    assert (rows["maker"]["reward"], rows["nop"]["reward"]) == (1.0, 0.0)
+    task = make_task("bad", task_toml='artifacts = ["../etc/passwd"]\n')
+    with pytest.raises(SpecError, match=r"key 'artifacts': expected an absolute path"):
+        load_task(task)

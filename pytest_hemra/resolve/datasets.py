@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.resolve.spec import is_valid_name, parse_model, read_toml
@@ -93,8 +93,16 @@ class TaskStep(Lenient):
     verifier: TaskVerifier = Field(default_factory=TaskVerifier)
 
 
+class TaskArtifact(Lenient):
+    """One `artifacts` entry in its table form: `{ source = "/abs/path", ... }`."""
+
+    source: str
+
+
 class TaskConfig(Lenient):
     version: str = "1.0"
+    # Harbor's declared artifacts: absolute paths a separate verifier room receives beside /app
+    artifacts: list[str | TaskArtifact] = Field(default_factory=list)
     steps: list[TaskStep] = Field(default_factory=list)
     multi_step_reward_strategy: Literal["mean", "final"] = "mean"
     hemra: HemraTask = Field(default_factory=HemraTask)
@@ -102,6 +110,19 @@ class TaskConfig(Lenient):
     agent: TaskAgent = Field(default_factory=TaskAgent)
     verifier: TaskVerifier = Field(default_factory=TaskVerifier)
     environment: TaskEnvironment = Field(default_factory=TaskEnvironment)
+
+    @field_validator("artifacts")
+    @classmethod
+    def _absolute_artifacts(cls, entries: list[str | TaskArtifact]) -> list[str | TaskArtifact]:
+        for entry in entries:
+            path = entry if isinstance(entry, str) else entry.source
+            if not path.startswith("/") or ".." in path.split("/") or path.rstrip("/") == "":
+                raise ValueError(f"expected an absolute path without '..', got {path!r}")
+        return entries
+
+    @property
+    def artifact_paths(self) -> list[str]:
+        return [(e if isinstance(e, str) else e.source).rstrip("/") for e in self.artifacts]
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,11 @@ task. Each returns (reward, every reward key) and notes on the trial's progress 
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import tarfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
@@ -93,18 +94,38 @@ def verifier_room(
         mounts=(),
     )
     with context.provider.open(room_request) as room:
-        copy = CappedStream(sandbox.export_tree(WORKDIR), MAX_ROOM_COPY_BYTES)
+        _copy_into(context, sandbox, room)
+        yield room
+
+
+def _copy_into(context: TrialContext, sandbox: Sandbox, room: Sandbox) -> None:
+    """The agent's /app, then /logs/artifacts and the task's declared `artifacts`, each at its
+    own path, owners and modes kept; MAX_ROOM_COPY_BYTES in all (past it, what arrived)."""
+    budget = MAX_ROOM_COPY_BYTES
+    paths = [WORKDIR, "/logs/artifacts", *context.task.config.artifact_paths]
+    declared = context.task.config.artifact_paths
+    if declared:  # their folders, made as root in the room
+        parents = sorted({str(PurePosixPath(path).parent) for path in declared})
+        _run_root(room, 'mkdir -p "$@"', context.trial_dir / "verifier" / "room.txt", parents)
+    for path in dict.fromkeys(paths):
+        copy = CappedStream(sandbox.export_tree(path), budget)
+        chunks = iter(copy)
+        first = next(chunks, None)
+        if first is None:  # not there (an artifact the agent did not make)
+            continue
         try:
-            room.import_tree(iter(copy), str(PurePosixPath(WORKDIR).parent))
+            room.import_tree(itertools.chain([first], chunks), str(PurePosixPath(path).parent))
         except Exception:
             if not copy.is_cut:  # a cut archive ends in an error: what arrived is verified
                 raise
+        budget -= copy.size
         if copy.is_cut:
-            (context.trial_dir / "verifier" / "room.txt").write_text(
-                f"{WORKDIR} is over {MAX_ROOM_COPY_BYTES} bytes: the verifier's room holds its"
-                " first entries only\n"
-            )
-        yield room
+            with (context.trial_dir / "verifier" / "room.txt").open("a") as note:
+                note.write(
+                    f"the agent's files are over {MAX_ROOM_COPY_BYTES} bytes: the verifier's"
+                    f" room holds {path}'s first entries only, and nothing after it\n"
+                )
+            return
 
 
 class CappedStream:
@@ -114,12 +135,12 @@ class CappedStream:
     def __init__(self, chunks: Iterator[bytes], limit: int) -> None:
         self._chunks, self._limit = chunks, limit
         self.is_cut = False
+        self.size = 0
 
     def __iter__(self) -> Iterator[bytes]:
-        total = 0
         for chunk in self._chunks:
-            total += len(chunk)
-            if total > self._limit:
+            self.size += len(chunk)
+            if self.size > self._limit:
                 self.is_cut = True
                 close = getattr(self._chunks, "close", None)
                 if close is not None:
@@ -160,9 +181,9 @@ def _run_test_sh(
     return logs
 
 
-def _run_root(sandbox: Sandbox, script: str, log: Path) -> None:
+def _run_root(sandbox: Sandbox, script: str, log: Path, args: Sequence[str] = ()) -> None:
     result = sandbox.exec(
-        ["/bin/sh", "-c", script],
+        ["/bin/sh", "-c", script, "sh", *args],
         user=ROOT_USER,
         env={"HOME": "/root"},
         timeout=CLEAR_SECS,
