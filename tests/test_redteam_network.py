@@ -24,8 +24,8 @@ from pytest_hemra.execute.sandbox import AGENT_USER, Limits, SandboxRequest
 from pytest_hemra.execute.sandbox.container import DockerSandbox
 from pytest_hemra.execute.sandbox.docker import GATEWAY_NETWORK, DockerProvider, run_network
 from pytest_hemra.resolve.datasets import load_task
-from pytest_hemra.resolve.limits import task_limits
-from pytest_hemra.resolve.spec import SandboxSettings
+from pytest_hemra.resolve.limits import check_limits, task_limits, with_run_defaults
+from pytest_hemra.resolve.spec import RunSpec, SandboxSettings
 from tests.test_gateway_sandbox import PYTHON_IMAGE
 from tests.upstream import running_upstream
 
@@ -330,8 +330,17 @@ def test_a_task_without_limits_gets_the_runs_defaults(make_task: TaskMaker) -> N
     own = load_task(make_task("own", task_toml="[environment]\ncpus = 2\nmemory_mb = 4096\n"))
     assert task_limits(SandboxSettings(), own).cpus == 2
     assert task_limits(SandboxSettings(), own).memory_mb == 4096
+    bare = load_task(make_task("bare", task_toml=""))  # sets no limit, no timeout
+    settings = SandboxSettings(verifier_timeout_sec=30, max_verifier_timeout_sec=60, pids=256)
+    check_limits(RunSpec(harnesses=["a"], datasets=["d"], sandbox=settings), [bare], "run.toml")
+    assert task_limits(settings, bare).pids == 256
+    ran = with_run_defaults(settings, bare).config
+    assert ran.verifier.timeout_sec == 30
+    timed = load_task(make_task("timed", task_toml="[verifier]\ntimeout_sec = 45\n"))
+    assert with_run_defaults(settings, timed).config.verifier.timeout_sec == 45  # its own
     documented = SandboxSettings()  # as docs/run-files.md and docs/sandbox.md give them
     assert (documented.cpus, documented.memory_mb, documented.agent_timeout_sec) == (1, 2048, 900)
+    assert (documented.verifier_timeout_sec, documented.pids) == (120, 1024)
     assert (documented.max_cpus, documented.max_memory_mb, documented.max_pids) == (8, 16384, 4096)
     assert documented.max_agent_timeout_sec == documented.max_verifier_timeout_sec == 21600
     assert documented.disk_mb is None

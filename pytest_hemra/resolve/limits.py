@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.resolve.datasets import Task
@@ -32,12 +32,30 @@ class TaskLimits:
 
 def task_limits(settings: SandboxSettings, task: Task) -> TaskLimits:
     environment = task.config.environment
+    pids_set = "pids_limit" in environment.model_fields_set
     return TaskLimits(
         cpus=environment.cpus or settings.cpus,
         memory_mb=environment.memory_mb or settings.memory_mb,
-        pids=environment.pids_limit,
+        pids=environment.pids_limit if pids_set else settings.pids,
         disk_mb=settings.disk_mb,
     )
+
+
+def with_run_defaults(settings: SandboxSettings, task: Task) -> Task:
+    """The task as its trials run it: a verifier timeout it leaves unset (its own, a step's)
+    is the run's `verifier_timeout_sec`. (Agent timeouts: `TrialContext.agent_timeout`.)"""
+    default = {"timeout_sec": settings.verifier_timeout_sec}
+    config = task.config
+    verifier = config.verifier
+    if "timeout_sec" not in verifier.model_fields_set:
+        verifier = verifier.model_copy(update=default)
+    steps = [
+        step
+        if "timeout_sec" in step.verifier.model_fields_set
+        else step.model_copy(update={"verifier": step.verifier.model_copy(update=default)})
+        for step in config.steps
+    ]
+    return replace(task, config=config.model_copy(update={"verifier": verifier, "steps": steps}))
 
 
 def check_limits(spec: RunSpec, tasks: Iterable[Task], source: str) -> None:
@@ -70,7 +88,8 @@ def check_limits(spec: RunSpec, tasks: Iterable[Task], source: str) -> None:
 def _values(
     settings: SandboxSettings, task: Task
 ) -> Iterable[tuple[str, float, float, float, str]]:
-    """(task key, value, floor, ceiling, the run's ceiling key) of every value a task sets."""
+    """(task key, value, floor, ceiling, the run's ceiling key) of every value a task sets
+    (one it leaves unset takes the run's default, which is under its ceiling)."""
     config = task.config
     environment = config.environment
     if environment.cpus is not None:
@@ -83,24 +102,27 @@ def _values(
             settings.max_memory_mb,
             "max_memory_mb",
         )
-    yield "environment.pids_limit", environment.pids_limit, 1, settings.max_pids, "max_pids"
+    if "pids_limit" in environment.model_fields_set:
+        yield "environment.pids_limit", environment.pids_limit, 1, settings.max_pids, "max_pids"
     agent_max, verifier_max = settings.max_agent_timeout_sec, settings.max_verifier_timeout_sec
     if config.agent.timeout_sec is not None:
         yield "agent.timeout_sec", config.agent.timeout_sec, 0, agent_max, "max_agent_timeout_sec"
-    yield (
-        "verifier.timeout_sec",
-        config.verifier.timeout_sec,
-        0,
-        verifier_max,
-        "max_verifier_timeout_sec",
-    )
-    yield (
-        "hemra.test_timeout_sec",
-        config.hemra.test_timeout_sec,
-        0,
-        verifier_max,
-        "max_verifier_timeout_sec",
-    )
+    if "timeout_sec" in config.verifier.model_fields_set:
+        yield (
+            "verifier.timeout_sec",
+            config.verifier.timeout_sec,
+            0,
+            verifier_max,
+            "max_verifier_timeout_sec",
+        )
+    if "test_timeout_sec" in config.hemra.model_fields_set:
+        yield (
+            "hemra.test_timeout_sec",
+            config.hemra.test_timeout_sec,
+            0,
+            verifier_max,
+            "max_verifier_timeout_sec",
+        )
     for index, step in enumerate(config.steps):
         if step.agent.timeout_sec is not None:
             yield (
@@ -110,10 +132,11 @@ def _values(
                 agent_max,
                 "max_agent_timeout_sec",
             )
-        yield (
-            f"steps[{index}].verifier.timeout_sec",
-            step.verifier.timeout_sec,
-            0,
-            verifier_max,
-            "max_verifier_timeout_sec",
-        )
+        if "timeout_sec" in step.verifier.model_fields_set:
+            yield (
+                f"steps[{index}].verifier.timeout_sec",
+                step.verifier.timeout_sec,
+                0,
+                verifier_max,
+                "max_verifier_timeout_sec",
+            )

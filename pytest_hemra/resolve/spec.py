@@ -141,20 +141,20 @@ class SandboxSettings(Strict):
     memory_mb: int = Field(default=2048, ge=6)
     disk_mb: int | None = Field(default=None, gt=0)  # storage-opt size: overlay2 on xfs + pquota
     agent_timeout_sec: float = Field(default=900.0, gt=0, allow_inf_nan=False)
+    verifier_timeout_sec: float = Field(default=120.0, gt=0, allow_inf_nan=False)
+    pids: int = Field(default=1024, gt=0)
     max_cpus: float = Field(default=8.0, ge=0.01, allow_inf_nan=False)
     max_memory_mb: int = Field(default=16384, ge=6)
     max_pids: int = Field(default=4096, gt=0)
     max_agent_timeout_sec: float = Field(default=6 * 3600.0, gt=0, allow_inf_nan=False)
     max_verifier_timeout_sec: float = Field(default=6 * 3600.0, gt=0, allow_inf_nan=False)
 
-    @field_validator("max_cpus", "max_memory_mb", "max_agent_timeout_sec")
+    @field_validator(
+        "max_cpus", "max_memory_mb", "max_pids", "max_agent_timeout_sec", "max_verifier_timeout_sec"
+    )
     @classmethod
     def _ceiling_over_default(cls, value: float, info: ValidationInfo) -> float:
-        default_key = {
-            "max_cpus": "cpus",
-            "max_memory_mb": "memory_mb",
-            "max_agent_timeout_sec": "agent_timeout_sec",
-        }[str(info.field_name)]
+        default_key = str(info.field_name).removeprefix("max_")
         default = info.data.get(default_key)
         if default is not None and value < default:
             raise ValueError(f"expected at least the default {default_key} ({default:g})")

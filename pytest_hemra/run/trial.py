@@ -50,7 +50,7 @@ from pytest_hemra.execute.trajectory import build_trajectory
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.harnesses import render, render_argv
 from pytest_hemra.resolve.judges import Judgment
-from pytest_hemra.resolve.limits import task_limits
+from pytest_hemra.resolve.limits import task_limits, with_run_defaults
 from pytest_hemra.resolve.spec import HarnessSpec
 from pytest_hemra.score.judges import material, run_judge
 from pytest_hemra.score.verification import (
@@ -69,6 +69,7 @@ INSTRUCTION_FILE = "/hemra/instruction.md"
 
 def run_trial(context: TrialContext) -> TrialResult:
     """Run one trial to a result; never raises for anything a trial can end in."""
+    context = replace(context, task=with_run_defaults(context.spec.sandbox, context.task))
     started_at = time.time()
     clock = time.monotonic()
     context.trial_dir.mkdir(parents=True, exist_ok=True)
