@@ -6,19 +6,24 @@ PID and start time (a reused PID is a new process), read from /proc with shell b
 `ps`, no child processes of the sweep to mistake for the agent's). Each sweep stops every new
 process of its owner before killing them, so a process that forks in a loop cannot outrun it.
 A killed process whose parent is gone stays a zombie (PID 1 is `sleep`, which reaps nothing):
-zombies run nothing and are not counted.
+zombies run nothing and are not counted. PID 1 (the container's init) is never listed: nothing
+inside may signal it, and right after the container starts it can still be runc's init, whose
+/proc entries are not readable, so a listing may or may not see it.
 """
 
 from __future__ import annotations
 
+import itertools
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.execute.sandbox import ROOT_USER, Sandbox
 
-SWEEP_ROUNDS = 4
+SWEEP_SECS = 15.0  # a killed process can take a while to go on a loaded machine (D state)
+SWEEP_PAUSES = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)  # between rounds, then the last one again
 COMMAND_TIMEOUT_SECS = 30.0
 
 # one line a live process not among the `pid:starttime` arguments: pid uid gid starttime state
@@ -28,7 +33,7 @@ keep=" $* "
 found=
 for d in /proc/[0-9]*; do
   p=${d#/proc/}
-  [ "$p" = "$$" ] && continue
+  [ "$p" = "$$" ] || [ "$p" = 1 ] && continue
   read -r l 2>/dev/null < "$d/stat" || continue
   u=; g=
   while read -r k a b; do
@@ -53,7 +58,7 @@ while :; do
   found=
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
-    [ "$p" = "$$" ] && continue
+    [ "$p" = "$$" ] || [ "$p" = 1 ] && continue
     read -r l 2>/dev/null < "$d/stat" || continue
     u=
     while read -r k a b; do
@@ -130,9 +135,12 @@ def sweep(
     """Kill every live process not in `baseline`, whoever runs it, and make sure they are gone;
     then run `then` as root (in the command that found nothing left: one command in the common
     case). Returns those killed, noted in `report` when there were any. Raises InfraError if
-    some still run after every round."""
+    some still run after `SWEEP_SECS` of rounds (a killed process stuck in the kernel under
+    load can take a moment to go: the rounds pause a little longer each time)."""
     killed: dict[str, Process] = {}
-    for _ in range(SWEEP_ROUNDS):
+    deadline = time.monotonic() + SWEEP_SECS
+    for round_ in itertools.count():
+        time.sleep(SWEEP_PAUSES[min(round_, len(SWEEP_PAUSES) - 1)])
         left = running(sandbox, baseline.keys, then)
         if not left:
             if report is not None and killed:
@@ -153,10 +161,13 @@ def sweep(
                     stderr=Path(scratch) / "err",
                     workdir="/",
                 )
-    names = ", ".join(f"{p.pid} ({p.name}, uid {p.uid})" for p in left)
-    raise InfraError(
-        f"sandbox: processes the agent left still run after {SWEEP_ROUNDS} sweeps: {names}"
-    )
+        if time.monotonic() >= deadline:
+            names = ", ".join(f"{p.pid} ({p.name}, uid {p.uid})" for p in left)
+            raise InfraError(
+                f"sandbox: processes the agent left still run after {SWEEP_SECS:g}s of"
+                f" sweeping: {names}"
+            )
+    raise AssertionError("unreachable")
 
 
 def _parse(line: str) -> Process | None:
