@@ -72,6 +72,44 @@ def docker_test(no_leftover_containers: None) -> None:
     """Marks a test as needing Docker, and checks it leaves no container behind."""
 
 
+@pytest.fixture
+def upstream() -> Iterator[Any]:
+    """A loopback model upstream (tests/upstream.py) that reports known usage."""
+    from tests.upstream import running_upstream
+
+    with running_upstream() as state:
+        yield state
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Any:
+    from pytest_hemra.store import Store
+
+    return Store(tmp_path / "calls.db")
+
+
+@pytest.fixture
+def gateway(upstream: Any, store: Any) -> Iterator[Any]:
+    """A real gateway on loopback forwarding `anthropic` and `openai` to the loopback upstream
+    (keys from ANTHROPIC_API_KEY / OPENAI_API_KEY) and `dead` to a port nothing listens on."""
+    from pytest_hemra.execute.gateway.server import Gateway
+    from pytest_hemra.resolve.upstreams import BUILTIN_UPSTREAMS, ModelApi
+    from tests.upstream import closed_port
+
+    upstreams = {
+        **BUILTIN_UPSTREAMS,
+        "anthropic": ModelApi(
+            name="anthropic", base_url=upstream.url, auth="x-api-key", key_env="ANTHROPIC_API_KEY"
+        ),
+        "openai": ModelApi(
+            name="openai", base_url=upstream.url, auth="bearer", key_env="OPENAI_API_KEY"
+        ),
+        "dead": ModelApi(name="dead", base_url=f"http://127.0.0.1:{closed_port()}"),
+    }
+    with Gateway(upstreams, store.record_call) as running:
+        yield running
+
+
 TaskMaker = Callable[..., Path]
 
 

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
@@ -23,44 +21,10 @@ from pytest_hemra.execute.gateway.scripted import (
 )
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.gateway.wire import Wire
-from pytest_hemra.resolve.upstreams import BUILTIN_UPSTREAMS, ModelApi
 from pytest_hemra.store import Store
-from tests.upstream import MODEL, USAGE, Upstream, running_upstream
+from tests.upstream import MODEL, USAGE, Upstream
 
 SENTINEL = "sk-sentinel-5d2a9e71"
-
-
-@pytest.fixture
-def upstream() -> Iterator[Upstream]:
-    with running_upstream() as state:
-        yield state
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "calls.db")
-
-
-@pytest.fixture
-def gateway(upstream: Upstream, store: Store) -> Iterator[Gateway]:
-    providers = {
-        **BUILTIN_UPSTREAMS,
-        "anthropic": ModelApi(
-            name="anthropic", base_url=upstream.url, auth="x-api-key", key_env="ANTHROPIC_API_KEY"
-        ),
-        "openai": ModelApi(
-            name="openai", base_url=upstream.url, auth="bearer", key_env="OPENAI_API_KEY"
-        ),
-        "dead": ModelApi(name="dead", base_url=f"http://127.0.0.1:{closed_port()}"),
-    }
-    with Gateway(providers, store.record_call) as running:
-        yield running
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def calls_of(gateway: Gateway, store: Store, token: str) -> list[CallRow]:

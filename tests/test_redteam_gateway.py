@@ -9,7 +9,7 @@ import json
 import socket
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,39 +18,12 @@ import requests
 from conftest import TaskMaker
 from pytest_hemra.execute.gateway.scrub import KeyScrubber
 from pytest_hemra.execute.gateway.server import Gateway
-from pytest_hemra.resolve.upstreams import BUILTIN_UPSTREAMS, ModelApi
 from pytest_hemra.store import Store
-from tests.upstream import MODEL, Upstream, running_upstream
+from tests.upstream import MODEL, Upstream
 
 SENTINEL = "sk-sentinel-redteam-4c9e1f7a"
 BODY = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
 ANTHROPIC_HEADERS = {"anthropic-version": "2023-06-01"}
-
-
-@pytest.fixture
-def upstream() -> Iterator[Upstream]:
-    with running_upstream() as state:
-        yield state
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "calls.db")
-
-
-@pytest.fixture
-def gateway(upstream: Upstream, store: Store) -> Iterator[Gateway]:
-    providers = {
-        **BUILTIN_UPSTREAMS,
-        "anthropic": ModelApi(
-            name="anthropic", base_url=upstream.url, auth="x-api-key", key_env="ANTHROPIC_API_KEY"
-        ),
-        "openai": ModelApi(
-            name="openai", base_url=upstream.url, auth="bearer", key_env="OPENAI_API_KEY"
-        ),
-    }
-    with Gateway(providers, store.record_call) as running:
-        yield running
 
 
 @pytest.mark.parametrize(
