@@ -274,7 +274,7 @@ def test_the_sweep_kills_a_forking_daemon_of_any_user_and_keeps_what_ran_before(
                 stderr=logs,
                 workdir="/",
             )
-        killed = sweep(sandbox, baseline, tmp_path / "leftovers.txt")
+        killed = sweep(sandbox, baseline, tmp_path / "leftovers.txt").killed
         assert {p.uid for p in killed} == {0, 1000}
         live = {p.key for p in running(sandbox)}
         assert live == baseline.keys and service <= live

@@ -129,7 +129,7 @@ def probe(sandbox: DockerSandbox, targets: dict[str, tuple[str, int]], logs: Pat
 
 def serve_peer(sandbox: DockerSandbox, logs: Path) -> str:
     """A listener in a running sandbox (as its agent would leave one); returns its address on
-    `hemra-gateway`, once it answers inside its own sandbox."""
+    its one network, once it answers inside its own sandbox."""
     sandbox.exec(
         ["bash", "-c", f"nohup python3 -m http.server {PEER_PORT} >/dev/null 2>&1 &"],
         user=AGENT_USER,
@@ -146,7 +146,8 @@ def serve_peer(sandbox: DockerSandbox, logs: Path) -> str:
     else:
         raise AssertionError("the peer's listener never answered inside its own sandbox")
     sandbox.container.reload()
-    return str(sandbox.container.attrs["NetworkSettings"]["Networks"][GATEWAY_NETWORK]["IPAddress"])
+    (network,) = sandbox.container.attrs["NetworkSettings"]["Networks"].values()
+    return str(network["IPAddress"])
 
 
 def route_gateways(route_table: str) -> dict[str, str]:
@@ -160,7 +161,9 @@ def route_gateways(route_table: str) -> dict[str, str]:
 
 
 @pytest.mark.usefixtures("docker_test")
-def test_a_sandbox_without_internet_reaches_the_gateway_and_nothing_else(
+@pytest.mark.parametrize("internet", [False, True], ids=["no-internet", "internet"])
+def test_a_sandbox_reaches_the_gateway_and_no_peer_host_port_or_metadata(
+    internet: bool,
     pytester: pytest.Pytester,
     tmp_path: Path,
     make_task: TaskMaker,
@@ -175,7 +178,8 @@ def test_a_sandbox_without_internet_reaches_the_gateway_and_nothing_else(
     make_task(
         "offline",
         dockerfile=PYTHON_IMAGE,
-        task_toml="[agent]\ntimeout_sec = 120\n[environment]\nallow_internet = false\n",
+        task_toml="[agent]\ntimeout_sec = 120\n[environment]\n"
+        + f"allow_internet = {str(internet).lower()}\n",
         test="cp /app/probe.json /logs/verifier/probe.json; echo 0 > /logs/verifier/reward.txt",
     )
     with ExitStack() as stack:
@@ -248,13 +252,14 @@ def test_sandboxes_of_one_run_with_internet_never_reach_each_other_the_host_or_m
         peer = serve_peer(first, tmp_path)
         second.container.reload()
         networks = second.container.attrs["NetworkSettings"]["Networks"]
-        assert sorted(networks) == sorted([GATEWAY_NETWORK, run_network(run_id)])
+        assert list(networks) == [run_network(run_id)]  # the way out, and the gateway's way
         run_host = networks[run_network(run_id)]["Gateway"]
-        first.container.reload()
-        peer_on_run = first.container.attrs["NetworkSettings"]["Networks"][run_network(run_id)]
+        gateway_network = provider.client.networks.get(GATEWAY_NETWORK)
+        assert gateway_network.attrs["Internal"] and not gateway_network.attrs["Containers"].get(
+            second.container.id
+        )
         targets = {
-            "peer on hemra-gateway": (peer, PEER_PORT),
-            "peer on the run's network": (peer_on_run["IPAddress"], PEER_PORT),
+            "peer on the run's network": (peer, PEER_PORT),
             "host on the run's network": (run_host, port),
             "host on hemra-gateway": (gateway_host, port),
             "host on docker0": (DOCKER0, port),

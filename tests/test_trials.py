@@ -254,6 +254,45 @@ def test_agent_diff_is_kept_in_the_trial_folder(
     assert result["schema_version"] == 1 and result["outcome"] == "pass"
 
 
+def test_every_trial_of_an_image_diffs_against_it_and_agent_logs_are_kept_when_written(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[..., Path],
+) -> None:
+    """Four trials of one image in one process: the first reads its /app, the others are
+    given the snapshot kept for the image; every diff is against the image's /app all the same.
+    /logs/agent is read back only when the harness left something there (the sweep says)."""
+    make_task(
+        "diffed",
+        dockerfile="FROM debian:bookworm-slim\nWORKDIR /app\n"
+        "RUN echo old > keep.txt && echo gone > gone.txt\n",
+        solve="echo new > keep.txt; rm gone.txt; echo hi > out.txt",
+    )
+    write_harness(
+        "logger",
+        """\
+        kind = "program"
+        command = ["bash", "-c", '''bash /solution/solve.sh && cd /logs/agent
+          echo {} > run.json && echo x > .seen''']
+        uses_solution = true
+    """,
+    )
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["oracle", "logger"]\ndatasets = ["ds"]\nattempts = 2\n')
+
+    pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(passed=4)
+
+    rows = run_rows(tmp_path / ".hemra" / "hemra.db")
+    diffs = {(Path(row["trial_dir"]) / "diff.patch").read_text() for row in rows}
+    (diff,) = diffs
+    assert "-old\n+new\n" in diff and "--- a/gone.txt\n+++ /dev/null" in diff
+    for row in rows:
+        logs = Path(row["trial_dir"]) / "agent" / "logs"
+        kept = sorted(p.name for p in logs.iterdir()) if logs.is_dir() else []
+        assert kept == ([".seen", "run.json"] if row["harness"] == "logger" else []), row
+
+
 def test_hemra_run_works_with_flags_alone(
     pytester: pytest.Pytester,
     tmp_path: Path,

@@ -44,7 +44,7 @@ from pytest_hemra.execute.sandbox import (
     SandboxRequest,
     Tree,
 )
-from pytest_hemra.execute.sandbox.processes import record_baseline, sweep
+from pytest_hemra.execute.sandbox.processes import baseline_of, sweep
 from pytest_hemra.execute.selfreport import parse_output
 from pytest_hemra.execute.trajectory import build_trajectory
 from pytest_hemra.resolve.datasets import Task
@@ -65,6 +65,14 @@ from pytest_hemra.score.verification import (
 )
 
 INSTRUCTION_FILE = "/hemra/instruction.md"
+AGENT_LOGS = "/logs/agent"
+# after the sweep, as root: says whether the harness left anything in /logs/agent (shell
+# builtins only), so an empty one is not read back (a round trip to the engine saved)
+AGENT_LOGS_SAID = f"""
+for entry in {AGENT_LOGS}/* {AGENT_LOGS}/.[!.]* {AGENT_LOGS}/..?*; do
+  if [ -e "$entry" ] || [ -L "$entry" ]; then echo +agent-logs; break; fi
+done
+"""
 
 
 def run_trial(context: TrialContext) -> TrialResult:
@@ -186,10 +194,8 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
         if task.config.steps:
             return _run_steps(context, sandbox, progress, installed, request)
         with progress.phase("setup"):
-            sandbox.put_file(task.instruction.encode(), INSTRUCTION_FILE)
-            if harness.spec.uses_solution:
-                sandbox.put_dir(task.path / "solution", "/solution")
-            before = sandbox.read_tree(WORKDIR)
+            _put_instruction(context, sandbox, task.path, task.instruction)
+            before = sandbox.read_start_tree(WORKDIR)
         with progress.phase("agent"), _model_access(context, progress) as access:
             _run_agent(context, sandbox, progress, access, installed)
         if progress.usage.is_unreachable:
@@ -198,7 +204,8 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
             after = sandbox.read_tree(WORKDIR)
             (folder / "diff.patch").write_text(tree_diff(before, after))
             _keep_tree_notes(after, folder)
-            _keep_agent_logs(sandbox, folder / "agent" / "logs")
+            if progress.agent_logs:
+                _keep_agent_logs(sandbox, folder / "agent" / "logs")
         with progress.phase("verifier"), verifier_room(context, sandbox, request) as room:
             hemra = task.config.hemra
             if hemra.track == "swe":
@@ -209,6 +216,14 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
     finally:
         with progress.phase("teardown"):
             sandboxes.close()
+
+
+def _put_instruction(context: TrialContext, sandbox: Sandbox, folder: Path, text: str) -> None:
+    """The instruction file, and the solution for a harness that uses it (the oracle), in at
+    once: root's, read-only for the agent."""
+    solution = folder / "solution"
+    use = context.harness.spec.uses_solution and solution.is_dir()
+    sandbox.put({INSTRUCTION_FILE: text.encode()}, {"/solution": solution} if use else {})
 
 
 def gateway_port(context: TrialContext) -> int | None:
@@ -286,7 +301,7 @@ def _keep_tree_notes(tree: Tree, folder: Path) -> None:
 
 def _keep_agent_logs(sandbox: Sandbox, target: Path) -> None:
     """What the harness wrote to /logs/agent (its own trajectory, say), into the trial folder."""
-    for name, content in sandbox.read_tree("/logs/agent").items():
+    for name, content in sandbox.read_tree(AGENT_LOGS).items():
         path = (target / name).resolve()
         if target.resolve() in path.parents:  # names come from the sandbox: stay inside
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -308,7 +323,7 @@ def _run_agent(
         "instruction_file": INSTRUCTION_FILE,
         "model": context.spec.model or context.harness.spec.model or "",
         "workdir": WORKDIR,
-        "logs_dir": "/logs/agent",
+        "logs_dir": AGENT_LOGS,
         "deadline": str(int(deadline)),
         "timeout_secs": str(int(timeout)),
         "harness_dir": HARNESS_DIR if installed else "",
@@ -327,11 +342,17 @@ def _run_agent(
         **{name: runner_env(name) for name in spec.env},
         **{render(name, values): render(value, values) for name, value in spec.environment.items()},
     }
-    baseline = record_baseline(sandbox)  # PID 1 and the task's own services
+    baseline = baseline_of(sandbox)  # PID 1 and the task's own services
     try:
         _take_turn(context, sandbox, progress, values, env, deadline)
     finally:  # exit, timeout or error: nothing the agent started outlives its turn
-        sweep(sandbox, baseline, context.trial_dir / "agent" / "leftovers.txt", then=EMPTY_ROOM)
+        swept = sweep(
+            sandbox,
+            baseline,
+            context.trial_dir / "agent" / "leftovers.txt",
+            then=EMPTY_ROOM + AGENT_LOGS_SAID,
+        )
+        progress.agent_logs = "agent-logs" in swept.said
 
 
 def _take_turn(
@@ -395,7 +416,7 @@ def _run_steps(
     verifier (the task's tests/ with the step's over them); the reward rolls up by the task's
     `multi_step_reward_strategy`: the mean of the steps, or the final state's alone."""
     task, folder = context.task, context.trial_dir
-    before_all = sandbox.read_tree(WORKDIR)
+    before_all = sandbox.read_start_tree(WORKDIR)
     for index, step in enumerate(task.config.steps):
         started = time.monotonic()
         step_path = task.path / "steps" / step.name
@@ -408,9 +429,7 @@ def _run_steps(
             context, task=step_task, trial_dir=step_dir, step_timeout=step.agent.timeout_sec
         )
         with progress.phase(f"step {step.name}"):
-            sandbox.put_file(instruction.encode(), INSTRUCTION_FILE)
-            if context.harness.spec.uses_solution and (step_path / "solution").is_dir():
-                sandbox.put_dir(step_path / "solution", "/solution")
+            _put_instruction(context, sandbox, step_path, instruction)
             before = sandbox.read_tree(WORKDIR)
             turn = Progress()
             with _model_access(step_context, turn) as access:

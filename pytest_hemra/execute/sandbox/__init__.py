@@ -89,6 +89,10 @@ class Tree(dict[str, bytes]):
 class Sandbox(Protocol):
     """A running sandbox for one trial; closed (and gone) when its context exits."""
 
+    # whether anything but PID 1 may run that HEMRA did not start (the task's own services, an
+    # entrypoint kept); when not, what ran before the agent's turn is known without listing it
+    runs_services: bool
+
     def exec(
         self,
         argv: Sequence[str],
@@ -107,6 +111,10 @@ class Sandbox(Protocol):
 
     def put_dir(self, source: Path, target: str) -> None: ...
 
+    def put(self, files: Mapping[str, bytes], dirs: Mapping[str, Path] = {}) -> None:
+        """Files (by path) and host folders (by target) in at once, root's, read-only for the
+        agent."""
+
     def export_tree(self, path: str) -> Iterator[bytes]:
         """`path` as a tar stream, owners and modes kept (nothing when it does not exist)."""
 
@@ -118,6 +126,10 @@ class Sandbox(Protocol):
     def read_tree(self, path: str) -> Tree:
         """Regular files under `path`, bounded: streamed, never the whole archive in memory; files
         over `MAX_TREE_FILE_BYTES` are never transferred, totals capped (see `Tree`)."""
+
+    def read_start_tree(self, path: str) -> Tree:
+        """`read_tree(path)` before anything but HEMRA's own files (outside `WORKDIR`) was put in
+        or ran: a sandbox may answer from an earlier sandbox of its image."""
 
     def read_file(self, path: str, *, user: str, limit: int = MAX_FILE_OP_BYTES) -> bytes:
         """One file as `user` reads it, inside the sandbox: that user's permissions, links

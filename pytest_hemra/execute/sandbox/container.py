@@ -33,6 +33,7 @@ from pytest_hemra.execute.sandbox import (
     ExecResult,
     Tree,
 )
+from pytest_hemra.execute.sandbox.snapshot import SNAPSHOTS
 
 DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
 KILL_GRACE_SECS = 5.0
@@ -79,6 +80,10 @@ def remove_container(container: Any) -> None:
 
 
 class DockerSandbox:
+    # PID 1 is `sleep infinity` (the image's entrypoint replaced): every other process in it is
+    # one HEMRA exec'd, or a child of one
+    runs_services = False
+
     def __init__(self, client: docker.DockerClient, container: Any) -> None:
         self.client = client
         self.container = container
@@ -172,9 +177,19 @@ class DockerSandbox:
 
     def put_dir(self, source: Path, target: str) -> None:
         """Copy a host folder in as `target`, owned by root and read-only for the agent."""
+        self.put({}, {target: source})
+
+    def put(self, files: Mapping[str, bytes], dirs: Mapping[str, Path] = {}) -> None:
+        """Files (by path) and host folders (by target) in, in one archive (one round trip to
+        the engine), owned by root and read-only for the agent."""
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as archive:
-            archive.add(source, arcname=target.strip("/"), filter=_root_owned)
+            for target, content in files.items():
+                info = tarfile.TarInfo(target.strip("/"))
+                info.size, info.mode, info.mtime = len(content), 0o644, int(time.time())
+                archive.addfile(info, io.BytesIO(content))
+            for target, source in dirs.items():
+                archive.add(source, arcname=target.strip("/"), filter=_root_owned)
         self.container.put_archive("/", buffer.getvalue())
 
     def put_file(self, content: bytes, target: str, owner: str | None = None) -> None:
@@ -244,6 +259,10 @@ class DockerSandbox:
             }
             pending.extend(sorted(children - oversized.keys(), reverse=True))
         return tree
+
+    def read_start_tree(self, path: str) -> Tree:
+        """`read_tree(path)` of the sandbox as it started, kept per image (see `snapshot.py`)."""
+        return SNAPSHOTS.tree(self.container.attrs["Image"], path, lambda: self.read_tree(path))
 
     def _list_sizes(self, path: str) -> Listing:
         """Every entry under `path` with its size, as the agent user can list them; an image

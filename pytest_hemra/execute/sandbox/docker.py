@@ -4,11 +4,12 @@ Containers run `sleep infinity` as PID 1 as the agent user with every capability
 are removed with force (a `sleep` PID 1 ignores SIGTERM, and waiting out Docker's grace period
 costs ~10 s a trial). Every wait has a deadline enforced here.
 
-A trial's sandbox sits on HEMRA's networks of the runner's own engine, never Docker's default
-bridge: `hemra-gateway` (internal: no route out; the host side is where the gateway listens)
-and, for a task with internet, its run's `hemra-<run id>` as well (the default route out). Both
-have inter-container traffic off, and the host firewall (`firewall.py`) lets a sandbox reach
-nothing of the host but the gateway's port, and no link-local address.
+A trial's sandbox sits on one of HEMRA's networks of the runner's own engine, never Docker's
+default bridge: `hemra-gateway` (internal: no route out; its host side is where the gateway
+listens) for a task without internet, its run's `hemra-<run id>` (the way out) for a task with
+it. Both have inter-container traffic off, and the host firewall (`firewall.py`) lets a sandbox
+reach nothing of the host but the gateway's port on `hemra-gateway`'s host address, and no
+link-local address.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import ipaddress
 import os
 import socket
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import docker
@@ -274,11 +275,11 @@ class DockerProvider:
         try:
             if gateway_port is not None:
                 gateway = self._find_network(GATEWAY_NETWORK)
-                if gateway is not None:
-                    host = _gateway_of(gateway)
-                    if host is not None:
-                        firewall.revoke(_bridge_of(gateway), host, gateway_port)
-                        self._admitted.discard((_bridge_of(gateway), host, gateway_port))
+                host = _gateway_of(gateway) if gateway is not None else None
+                for network in (gateway, self._find_network(run_network(run_id))):
+                    if network is not None and host is not None:
+                        firewall.revoke(_bridge_of(network), host, gateway_port)
+                        self._admitted.discard((_bridge_of(network), host, gateway_port))
             self._remove_run_network(run_id)
         except DOCKER_ERRORS as error:
             raise InfraError(f"docker: cannot release run {run_id}'s networks ({error})") from error
@@ -362,27 +363,31 @@ class DockerProvider:
                 remove_container(container)
 
     def _on_networks(self, request: SandboxRequest, options: dict[str, Any], run_id: str) -> Any:
-        """The container on `hemra-gateway` (its gateway port let in), and on its run's network
-        too when the task has internet; started once connected. A network removed meanwhile
-        (its run's last process released it) is made again."""
+        """The container on one network of HEMRA's: `hemra-gateway` (internal) without internet,
+        its run's own network with it; either way its firewall lets in the gateway's port on
+        `hemra-gateway`'s host address, the one address the gateway listens on. One network, one
+        endpoint to set up and one to cut for the verifier. A network removed meanwhile (its
+        run's last process released it) is made again."""
         del options["network_mode"]
         for attempt in (1, 2):
             gateway = self._network(GATEWAY_NETWORK, internal=True, labels={})
             host = _gateway_of(gateway)
-            admitted = (_bridge_of(gateway), host or "", request.gateway_port or 0)
+            network = gateway
+            lock: AbstractContextManager[Any] = contextlib.nullcontext()
+            if request.network:
+                name = run_network(run_id)
+                lock = engine_lock(self.engine, f"connect {name}", NETWORK_LOCK_SECS)
+                network = self._network(name, internal=False, labels={"hemra.run": run_id})
+            admitted = (_bridge_of(network), host or "", request.gateway_port or 0)
             if request.gateway_port is not None and host and admitted not in self._admitted:
                 firewall.admit(*admitted)
                 self._admitted.add(admitted)
             container = None
             try:
-                container = self.client.containers.create(
-                    request.image, network=gateway.name, **options
-                )
-                if request.network:
-                    name = run_network(run_id)
-                    with engine_lock(self.engine, f"connect {name}", NETWORK_LOCK_SECS):
-                        outside = self._network(name, internal=False, labels={"hemra.run": run_id})
-                        outside.connect(container)
+                with lock:  # its run's last process removes the network only with this lock
+                    container = self.client.containers.create(
+                        request.image, network=network.name, **options
+                    )
                 container.start()
                 return container
             except BaseException as error:

@@ -104,10 +104,24 @@ class Baseline:
     keys: frozenset[str]
 
 
-def running(sandbox: Sandbox, keep: frozenset[str] = frozenset(), then: str = "") -> list[Process]:
+@dataclass(frozen=True)
+class Swept:
+    """What a sweep killed, and the lines its `then` script printed."""
+
+    killed: list[Process]
+    said: list[str]
+
+
+def running(sandbox: Sandbox, keep: frozenset[str] = frozenset()) -> list[Process]:
     """Every live process in the sandbox but those in `keep`, read as root from /proc (readable
-    by all there); when there are none, `then` (a shell script) runs as root in the same
-    command, and a failure of it is raised."""
+    by all there)."""
+    return _listing(sandbox, keep, "")[0]
+
+
+def _listing(sandbox: Sandbox, keep: frozenset[str], then: str) -> tuple[list[Process], list[str]]:
+    """`running`'s processes; when there are none, `then` (a shell script) runs as root in the
+    same command, a failure of it raised, and the lines it printed starting with `+` are
+    returned too (without the `+`)."""
     with tempfile.TemporaryDirectory(prefix="hemra-ps-") as scratch:
         out, err = Path(scratch) / "out", Path(scratch) / "err"
         result = sandbox.exec(
@@ -122,33 +136,48 @@ def running(sandbox: Sandbox, keep: frozenset[str] = frozenset(), then: str = ""
         if result.timed_out or result.exit_code != 0:
             detail = err.read_text(errors="replace").strip()[-300:]
             raise InfraError(f"sandbox: listing its processes failed ({detail})")
-        return [p for line in out.read_text(errors="replace").splitlines() if (p := _parse(line))]
+        lines = out.read_text(errors="replace").splitlines()
+        said = [line[1:] for line in lines if line.startswith("+")]
+        return [p for line in lines if (p := _parse(line))], said
+
+
+INIT_ONLY = Baseline(frozenset())  # PID 1 alone, which is never listed
 
 
 def record_baseline(sandbox: Sandbox) -> Baseline:
+    """What runs in the sandbox now, listed."""
     return Baseline(frozenset(p.key for p in running(sandbox)))
+
+
+def baseline_of(sandbox: Sandbox) -> Baseline:
+    """What runs before the agent's turn, to be kept by its sweep: listed in a sandbox that may
+    run the task's own services; PID 1 alone, without a listing, in one that runs nothing HEMRA
+    did not start (a docker sandbox: HEMRA starts nothing that outlives its command before the
+    turn, and what a previous step or verifier left is swept with the agent's)."""
+    return record_baseline(sandbox) if sandbox.runs_services else INIT_ONLY
 
 
 def sweep(
     sandbox: Sandbox, baseline: Baseline, report: Path | None = None, then: str = ""
-) -> list[Process]:
+) -> Swept:
     """Kill every live process not in `baseline`, whoever runs it, and make sure they are gone;
     then run `then` as root (in the command that found nothing left: one command in the common
-    case). Returns those killed, noted in `report` when there were any. Raises InfraError if
+    case). Returns those killed, noted in `report` when there were any, and what `then`
+    printed. Raises InfraError if
     some still run after `SWEEP_SECS` of rounds (a killed process stuck in the kernel under
     load can take a moment to go: the rounds pause a little longer each time)."""
     killed: dict[str, Process] = {}
     deadline = time.monotonic() + SWEEP_SECS
     for round_ in itertools.count():
         time.sleep(SWEEP_PAUSES[min(round_, len(SWEEP_PAUSES) - 1)])
-        left = running(sandbox, baseline.keys, then)
+        left, said = _listing(sandbox, baseline.keys, then)
         if not left:
             if report is not None and killed:
                 report.write_text(
                     "".join(f"{p.pid} uid={p.uid} {p.name}\n" for p in killed.values()),
                     encoding="utf-8",
                 )
-            return list(killed.values())
+            return Swept(list(killed.values()), said)
         killed |= {p.key: p for p in left}
         for uid, gid in sorted({(p.uid, p.gid) for p in left}):
             with tempfile.TemporaryDirectory(prefix="hemra-kill-") as scratch:
