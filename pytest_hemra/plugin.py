@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_hemra.core import registry
-from pytest_hemra.core.errors import HemraError
+from pytest_hemra.core.errors import HemraError, InputWarning
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import DEFAULT_STORE, PlannedTrial, TrialRecord
 from pytest_hemra.core.usage import Usage
@@ -89,6 +89,8 @@ def _open_session(config: pytest.Config) -> HemraSession:
     run_file = Path(run_option) if run_option else None
     collect_only = bool(config.getoption("collectonly"))
     plan = resolve_plan(run_file, overrides_from(config), Path.cwd())
+    for warning in plan.warnings:
+        config.issue_config_time_warning(InputWarning(warning), stacklevel=2)
     provision(plan, found, check_sandbox=not collect_only)
     paths = {dataset.name: dataset.path for dataset in plan.datasets}
     if collect_only:

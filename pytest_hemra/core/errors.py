@@ -33,6 +33,10 @@ class VerifierError(HemraError):
     """The verifier gave no usable reward."""
 
 
+class InputWarning(UserWarning):
+    """Input HEMRA goes ahead with but does not act on (a task key it does not know), named."""
+
+
 # exception type -> (outcome, retried as a new attempt?)
 OUTCOME_OF_ERROR: dict[type[HemraError], tuple[Outcome, bool]] = {
     InfraError: (Outcome.INFRA_ERROR, True),

@@ -3,6 +3,7 @@ scorer and the runner: the types one trial's course passes between phases."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,12 +13,13 @@ from pathlib import Path
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.execute.gateway.ledger import RunBudget, TrialUsage
 from pytest_hemra.execute.gateway.server import Gateway
-from pytest_hemra.execute.sandbox import SandboxPool, SandboxProvider
+from pytest_hemra.execute.sandbox import WORKDIR, SandboxPool, SandboxProvider
 from pytest_hemra.execute.selfreport import SelfReport
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.harnesses import Harness
 from pytest_hemra.resolve.judges import Judge, Judgment
 from pytest_hemra.resolve.spec import RunSpec
+from pytest_hemra.resolve.taskconfig import render_env
 
 RESULT_SCHEMA_VERSION = 1
 DEFAULT_TIMEOUT_SECS = 900.0
@@ -53,6 +55,17 @@ class TrialContext:
             or sandbox.agent_timeout_sec
         )
         return min(timeout, sandbox.max_agent_timeout_sec)
+
+    @property
+    def workdir(self) -> str:
+        """Where the agent's and the verifier's commands run and what the diff covers: the
+        task's `[environment] workdir`, else /app."""
+        return self.task.config.environment.workdir or WORKDIR
+
+    def task_env(self) -> dict[str, str]:
+        """The task's `[environment] env` (its templates filled from the runner's environment):
+        what the agent, the verifier and the healthcheck all see."""
+        return render_env(self.task.config.environment.env, dict(os.environ))
 
 
 @dataclass

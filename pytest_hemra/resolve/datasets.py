@@ -18,111 +18,14 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.resolve.spec import is_valid_name, parse_model, read_toml
+from pytest_hemra.resolve.taskconfig import TaskConfig, unknown_keys
 
 IGNORED_PARTS = frozenset({"__pycache__", ".git", ".DS_Store", ".pytest_cache"})
+COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 PIN_PATTERN = re.compile(r"^(?P<name>[^@]+)@(?P<digest>[0-9a-f]{6,64})$")
-
-
-class Lenient(BaseModel):
-    """Task files belong to Harbor: keys HEMRA does not use are ignored, the ones it uses typed."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class TaskAgent(Lenient):
-    timeout_sec: float | None = Field(default=None, gt=0)
-
-
-class TaskVerifier(Lenient):
-    timeout_sec: float = Field(default=120.0, gt=0)
-    # "separate": the verifier runs in a fresh sandbox with the agent's /app copied in
-    environment_mode: Literal["shared", "separate"] = "shared"
-
-
-class TaskEnvironment(Lenient):
-    build_timeout_sec: float = Field(default=600.0, gt=0)
-    docker_image: str | None = None
-    cpus: float | None = Field(default=None, gt=0)
-    memory_mb: int | None = Field(default=None, gt=0)
-    pids_limit: int = Field(default=1024, gt=0)
-    allow_internet: bool = True
-
-
-class Criterion(BaseModel):
-    """One line of an open-ended task's rubric, scored 0-5 by the judge."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,39}$")
-    weight: float = Field(default=1.0, gt=0)
-    description: str
-
-
-class HemraTask(BaseModel):
-    """`[hemra]` in task.toml: what HEMRA adds to the Harbor format (Harbor ignores it).
-
-    `track = "swe"`: no reward file; after the agent HEMRA applies `test_patch` (hidden tests,
-    a unified diff relative to the task folder) in /app and runs `test_command` (argv), scoring
-    passed / total tests. See docs/tracks.md."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    track: Literal["reward", "swe", "open"] = "reward"
-    test_patch: str | None = None
-    test_command: list[str] | None = None
-    test_timeout_sec: float = Field(default=300.0, gt=0)
-    # the open-ended track (docs/tracks.md)
-    expected_files: list[str] = Field(default_factory=list)
-    criteria: list[Criterion] = Field(default_factory=list)
-    pass_threshold: float = Field(default=0.7, ge=0, le=1)
-    judge_model: str | None = None
-
-
-class TaskStep(Lenient):
-    """One `[[steps]]` entry (Harbor's multi-step tasks): `steps/<name>/instruction.md`, an
-    optional `steps/<name>/tests/` over the task's `tests/`, and `steps/<name>/solution/`."""
-
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
-    agent: TaskAgent = Field(default_factory=TaskAgent)
-    verifier: TaskVerifier = Field(default_factory=TaskVerifier)
-
-
-class TaskArtifact(Lenient):
-    """One `artifacts` entry in its table form: `{ source = "/abs/path", ... }`."""
-
-    source: str
-
-
-class TaskConfig(Lenient):
-    version: str = "1.0"
-    # Harbor's declared artifacts: absolute paths a separate verifier room receives beside /app
-    artifacts: list[str | TaskArtifact] = Field(default_factory=list)
-    steps: list[TaskStep] = Field(default_factory=list)
-    multi_step_reward_strategy: Literal["mean", "final"] = "mean"
-    hemra: HemraTask = Field(default_factory=HemraTask)
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    agent: TaskAgent = Field(default_factory=TaskAgent)
-    verifier: TaskVerifier = Field(default_factory=TaskVerifier)
-    environment: TaskEnvironment = Field(default_factory=TaskEnvironment)
-
-    @field_validator("artifacts")
-    @classmethod
-    def _absolute_artifacts(cls, entries: list[str | TaskArtifact]) -> list[str | TaskArtifact]:
-        for entry in entries:
-            path = entry if isinstance(entry, str) else entry.source
-            if not path.startswith("/") or ".." in path.split("/") or path.rstrip("/") == "":
-                raise ValueError(f"expected an absolute path without '..', got {path!r}")
-        return entries
-
-    @property
-    def artifact_paths(self) -> list[str]:
-        return [(e if isinstance(e, str) else e.source).rstrip("/") for e in self.artifacts]
 
 
 @dataclass(frozen=True)
@@ -131,6 +34,7 @@ class Task:
     path: Path
     config: TaskConfig
     instruction: str
+    warnings: tuple[str, ...] = ()  # keys of its task.toml that no table defines, by name
 
     @property
     def environment_dir(self) -> Path:
@@ -228,11 +132,21 @@ def load_task(path: Path) -> Task:
     if not is_valid_name(path.name):
         raise SpecError(f"{path}: {path.name!r} is not a valid task name")
     check_links(path)
+    for name in COMPOSE_FILES:
+        if (path / "environment" / name).is_file():
+            raise SpecError(
+                f"{path / 'environment' / name}: a multi-container task (Docker Compose"
+                " services beside the sandbox), which HEMRA does not support yet"
+            )
     config = parse_model(TaskConfig, read_toml(path / "task.toml"), str(path / "task.toml"), "key")
+    warnings = tuple(
+        f"{path / 'task.toml'}: key '{key}' is not one of Harbor's task keys (ignored)"
+        for key in unknown_keys(config)
+    )
     if config.steps:
         _check_steps(path, config)
         first = path / "steps" / config.steps[0].name / "instruction.md"
-        return Task(path.name, path, config, first.read_text(encoding="utf-8"))
+        return Task(path.name, path, config, first.read_text(encoding="utf-8"), warnings)
     instruction_file = path / "instruction.md"
     if not instruction_file.is_file():
         raise SpecError(f"{instruction_file}: missing (every task needs its instruction)")
@@ -260,7 +174,7 @@ def load_task(path: Path) -> Task:
             raise SpecError(f"{path / 'task.toml'}: key 'hemra.criteria': two share a name")
     elif not (path / "tests" / "test.sh").is_file():
         raise SpecError(f"{path / 'tests' / 'test.sh'}: missing (every task needs its verifier)")
-    return Task(name=path.name, path=path, config=config, instruction=instruction)
+    return Task(path.name, path, config, instruction, warnings)
 
 
 def select_tasks(

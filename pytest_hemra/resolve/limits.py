@@ -27,7 +27,8 @@ class TaskLimits:
     cpus: float
     memory_mb: int
     pids: int
-    disk_mb: int | None
+    disk_mb: int | None  # the run's [sandbox] disk_mb: every sandbox, refused where unsupported
+    storage_mb: int | None = None  # the task's: applied where the engine can (`disk_limit`)
 
 
 def task_limits(settings: SandboxSettings, task: Task) -> TaskLimits:
@@ -38,6 +39,7 @@ def task_limits(settings: SandboxSettings, task: Task) -> TaskLimits:
         memory_mb=environment.memory_mb or settings.memory_mb,
         pids=environment.pids_limit if pids_set else settings.pids,
         disk_mb=settings.disk_mb,
+        storage_mb=environment.storage_mb,
     )
 
 

@@ -23,6 +23,7 @@ from pytest_hemra.resolve.harnesses import Harness, is_isolated, resolve_harness
 from pytest_hemra.resolve.judges import Judge, resolve_judges
 from pytest_hemra.resolve.limits import check_limits
 from pytest_hemra.resolve.spec import HarnessSpec, Overrides, RunSpec, load_run_spec
+from pytest_hemra.resolve.taskconfig import template_names
 from pytest_hemra.resolve.upstreams import (
     SCRIPTED,
     SCRIPTED_MODEL,
@@ -44,6 +45,11 @@ class Plan:
     datasets: tuple[Dataset, ...]
     trials: tuple[PlannedTrial, ...]
     judges: tuple[Judge, ...] = ()
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the run goes ahead with but says: task keys HEMRA does not know, by name."""
+        return [w for dataset in self.datasets for task in dataset.tasks for w in task.warnings]
 
     def record(self) -> dict[str, Any]:
         """The resolved spec with digests, as stored with the run."""
@@ -106,6 +112,10 @@ def resolve_plan(run_file: Path | None, overrides: Overrides, cwd: Path) -> Plan
             raise SpecError(f"{source}: key 'verifier.env': environment variable {name} is not set")
     datasets = _datasets(spec, base_dir, source)
     check_limits(spec, (task for dataset in datasets for task in dataset.tasks), source)
+    keys = key_variables(known_providers) | {h.spec.key_env for h in harnesses if h.spec.key_env}
+    for dataset in datasets:
+        for task in dataset.tasks:
+            _check_task_env(task, keys)
     for harness in harnesses:
         if harness.spec.uses_solution:
             for dataset in datasets:
@@ -123,6 +133,29 @@ def resolve_plan(run_file: Path | None, overrides: Overrides, cwd: Path) -> Plan
         for attempt in range(1, spec.attempts + 1)
     )
     return Plan(spec, source, base_dir, harnesses, datasets, trials, judges)
+
+
+def _check_task_env(task: Task, keys: set[str]) -> None:
+    """A task's `env` tables read the runner's variables by `${NAME}`: each one without a
+    default must be set, and only `[verifier] env` may read a model provider's key (the agent's
+    sandbox never holds one; a verifier may call a model)."""
+    config = task.config
+    tables = [
+        ("environment.env", config.environment.env, False),
+        ("solution.env", config.solution.env, False),
+        ("verifier.env", config.verifier.env, True),
+        *((f"steps[{i}].verifier.env", s.verifier.env, True) for i, s in enumerate(config.steps)),
+    ]
+    for key, env, may_hold_keys in tables:
+        for name, has_default in template_names(env).items():
+            where = f"{task.path / 'task.toml'}: key '{key}'"
+            if name in keys and not may_hold_keys:
+                raise SpecError(
+                    f"{where}: ${{{name}}} is a model provider's key, which never enters the"
+                    " agent's sandbox (only [verifier] env may read it)"
+                )
+            if not has_default and name not in os.environ:
+                raise SpecError(f"{where}: environment variable {name} is not set")
 
 
 def _check_provider(harness: Harness, known: Mapping[str, ModelApi]) -> None:

@@ -7,6 +7,7 @@ verified). Exceptions are for infrastructure, and `errors.outcome_of` maps them 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -17,6 +18,7 @@ from urllib.parse import urlsplit
 from pytest_hemra.core.errors import HemraError, InfraError, VerifierError, outcome_of
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.reward import is_pass
+from pytest_hemra.execute.artifacts import collect as collect_artifacts
 from pytest_hemra.execute.context import (
     Progress,
     StepResult,
@@ -33,12 +35,13 @@ from pytest_hemra.execute.gateway.scripted import (
     load_edits,
     load_script,
 )
+from pytest_hemra.execute.healthcheck import wait_healthy
 from pytest_hemra.execute.installs import HARNESS_DIR, Installed, ensure_installed
 from pytest_hemra.execute.kinds import AgentTurn, kind_of
 from pytest_hemra.execute.sandbox import (
     AGENT_HOME,
     AGENT_USER,
-    WORKDIR,
+    ROOT_USER,
     Limits,
     Sandbox,
     SandboxRequest,
@@ -52,6 +55,7 @@ from pytest_hemra.resolve.harnesses import render, render_argv
 from pytest_hemra.resolve.judges import Judgment
 from pytest_hemra.resolve.limits import task_limits, with_run_defaults
 from pytest_hemra.resolve.spec import HarnessSpec
+from pytest_hemra.resolve.taskconfig import Healthcheck, render_env
 from pytest_hemra.score.judges import material, run_judge
 from pytest_hemra.score.verification import (
     EMPTY_ROOM,
@@ -176,12 +180,15 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
         installed = ensure_installed(harness)
     environment = task.config.environment
     limits = task_limits(context.spec.sandbox, task)
+    disk_mb = limits.disk_mb
+    if disk_mb is None and "disk_limit" in context.provider.capabilities:
+        disk_mb = limits.storage_mb  # the task's storage_mb, where the engine can hold to it
     request = SandboxRequest(
         image=image,
         limits=Limits(
-            cpus=limits.cpus, memory_mb=limits.memory_mb, pids=limits.pids, disk_mb=limits.disk_mb
+            cpus=limits.cpus, memory_mb=limits.memory_mb, pids=limits.pids, disk_mb=disk_mb
         ),
-        network=environment.allow_internet,
+        network=environment.has_internet,
         labels={"hemra.run": context.run_id, "hemra.trial": context.trial_id},
         name=f"hemra-{context.trial_id.replace('.', '-')}",
         mounts=installed.mounts if installed else (),
@@ -191,21 +198,24 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
     with progress.phase("start"):
         sandbox = sandboxes.enter_context(context.provider.open(request))
     try:
+        with progress.phase("healthcheck"):
+            _healthy(context, sandbox, environment.healthcheck, "[environment] healthcheck")
         if task.config.steps:
             return _run_steps(context, sandbox, progress, installed, request)
         with progress.phase("setup"):
             _put_instruction(context, sandbox, task.path, task.instruction)
-            before = sandbox.read_start_tree(WORKDIR)
+            before = sandbox.read_start_tree(context.workdir)
         with progress.phase("agent"), _model_access(context, progress) as access:
             _run_agent(context, sandbox, progress, access, installed)
         if progress.usage.is_unreachable:
             raise InfraError("the model upstream was unreachable for the whole trial")
         with progress.phase("diff"):
-            after = sandbox.read_tree(WORKDIR)
+            after = sandbox.read_tree(context.workdir)
             (folder / "diff.patch").write_text(tree_diff(before, after))
-            _keep_tree_notes(after, folder)
+            _keep_tree_notes(after, context.workdir, folder)
             if progress.agent_logs:
                 _keep_agent_logs(sandbox, folder / "agent" / "logs")
+            collect_artifacts(sandbox, task.config.artifacts, folder / "artifacts")
         with progress.phase("verifier"), verifier_room(context, sandbox, request) as room:
             hemra = task.config.hemra
             if hemra.track == "swe":
@@ -216,6 +226,21 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
     finally:
         with progress.phase("teardown"):
             sandboxes.close()
+
+
+def _healthy(
+    context: TrialContext, sandbox: Sandbox, check: Healthcheck | None, where: str
+) -> None:
+    """Wait for the task's (or a step's) healthcheck to pass; an unhealthy sandbox raises."""
+    if check is not None:
+        wait_healthy(
+            sandbox,
+            check,
+            env=context.task_env(),
+            workdir=context.workdir,
+            log=context.trial_dir / "healthcheck.txt",
+            where=f"{context.task.path / 'task.toml'}: {where}",
+        )
 
 
 def _put_instruction(context: TrialContext, sandbox: Sandbox, folder: Path, text: str) -> None:
@@ -291,12 +316,12 @@ def script_for(task: Task, harness: HarnessSpec) -> Script:
     return (solve, ShellStep(finish), final) if finish else (solve, final)
 
 
-def _keep_tree_notes(tree: Tree, folder: Path) -> None:
-    """What the bounded read of /app left out (files over the cap, a cap reached), as
-    `tree-notes.json` beside the diff."""
+def _keep_tree_notes(tree: Tree, path: str, folder: Path) -> None:
+    """What the bounded read of the work folder left out (files over the cap, a cap reached),
+    as `tree-notes.json` beside the diff."""
     notes = tree.notes()
     if notes is not None:
-        (folder / "tree-notes.json").write_text(json.dumps({"path": WORKDIR, **notes}, indent=1))
+        (folder / "tree-notes.json").write_text(json.dumps({"path": path, **notes}, indent=1))
 
 
 def _keep_agent_logs(sandbox: Sandbox, target: Path) -> None:
@@ -322,7 +347,7 @@ def _run_agent(
         "instruction": context.task.instruction,
         "instruction_file": INSTRUCTION_FILE,
         "model": context.spec.model or context.harness.spec.model or "",
-        "workdir": WORKDIR,
+        "workdir": context.workdir,
         "logs_dir": AGENT_LOGS,
         "deadline": str(int(deadline)),
         "timeout_secs": str(int(timeout)),
@@ -330,7 +355,11 @@ def _run_agent(
         "home": AGENT_HOME,
     }
     spec = context.harness.spec
+    task_env = context.task_env()
+    if spec.uses_solution:  # the oracle runs the solution: it sees [solution] env too
+        task_env |= render_env(context.task.config.solution.env, dict(os.environ))
     env = {
+        **task_env,
         "HOME": AGENT_HOME,
         "HEMRA_DEADLINE": str(int(deadline)),
         "HEMRA_TIMEOUT_SECS": str(int(timeout)),
@@ -384,13 +413,23 @@ def _take_turn(
             timeout=timeout,
             stdout=out,
             stderr=err,
+            workdir=context.workdir,
         )
         if setup.timed_out or setup.exit_code != 0:
             progress.exit_code, progress.timed_out = setup.exit_code, setup.timed_out
             return
     argv = render_argv(spec.command, values)
     turn = AgentTurn(
-        context.harness, sandbox, argv, values, env, context.task.instruction, deadline, out, err
+        context.harness,
+        sandbox,
+        argv,
+        values,
+        env,
+        context.task.instruction,
+        deadline,
+        out,
+        err,
+        context.workdir,
     )
     result = kind_of(context.harness).run_agent(turn)
     progress.exit_code, progress.timed_out = result.exit_code, result.timed_out
@@ -412,15 +451,22 @@ def _run_steps(
     installed: Installed | None,
     request: SandboxRequest,
 ) -> tuple[float, dict[str, float]]:
-    """A multi-step task: each step's instruction and agent turn in the same sandbox, then its
-    verifier (the task's tests/ with the step's over them); the reward rolls up by the task's
-    `multi_step_reward_strategy`: the mean of the steps, or the final state's alone."""
-    task, folder = context.task, context.trial_dir
-    before_all = sandbox.read_start_tree(WORKDIR)
+    """A multi-step task: each step's files (`workdir/` into the work folder, the agent's; its
+    `setup.sh` run as root), its healthcheck, its instruction and agent turn in the same
+    sandbox, then its verifier (the task's tests/ with the step's over them, the step's
+    `[steps.verifier]` settings) and its artifacts. A step whose rewards miss its `min_reward`
+    ends the task: the later steps are skipped, recorded as such, and score 0. The reward rolls
+    up by the task's `multi_step_reward_strategy`: the mean of the steps, or the last one's."""
+    task, folder, workdir = context.task, context.trial_dir, context.workdir
+    before_all = sandbox.read_start_tree(workdir)
+    gate: str | None = None
     for index, step in enumerate(task.config.steps):
+        step_dir = folder / "steps" / f"{index + 1:02d}-{step.name}"
+        if gate is not None:
+            progress.steps.append(StepResult(step.name, 0.0, {}, None, False, 0.0, gate))
+            continue
         started = time.monotonic()
         step_path = task.path / "steps" / step.name
-        step_dir = folder / "steps" / f"{index + 1:02d}-{step.name}"
         (step_dir / "agent").mkdir(parents=True, exist_ok=True)
         (step_dir / "verifier").mkdir(exist_ok=True)
         instruction = (step_path / "instruction.md").read_text(encoding="utf-8")
@@ -429,23 +475,30 @@ def _run_steps(
             context, task=step_task, trial_dir=step_dir, step_timeout=step.agent.timeout_sec
         )
         with progress.phase(f"step {step.name}"):
+            _prepare_step(context, sandbox, step_path, step_dir)
+            _healthy(step_context, sandbox, step.healthcheck, f"steps {step.name} healthcheck")
             _put_instruction(context, sandbox, step_path, instruction)
-            before = sandbox.read_tree(WORKDIR)
+            before = sandbox.read_tree(workdir)
             turn = Progress()
             with _model_access(step_context, turn) as access:
                 _run_agent(step_context, sandbox, turn, access, installed)
             progress.usage = progress.usage.combined(turn.usage)
-            after = sandbox.read_tree(WORKDIR)
+            after = sandbox.read_tree(workdir)
             (step_dir / "diff.patch").write_text(tree_diff(before, after))
-            _keep_tree_notes(after, step_dir)
+            _keep_tree_notes(after, workdir, step_dir)
             reward: float | None = None
             rewards: dict[str, float] = {}
             error: str | None = None
             try:
                 with verifier_room(context, sandbox, request) as room:
-                    reward, rewards = verify_step(context, room, task.path, step_path, step_dir)
+                    reward, rewards = verify_step(
+                        context, room, task.path, step_path, step_dir, step.verifier
+                    )
             except VerifierError as failure:
                 error = str(failure)
+            collect_artifacts(
+                sandbox, [*task.config.artifacts, *step.artifacts], step_dir / "artifacts"
+            )
         progress.steps.append(
             StepResult(
                 step.name,
@@ -457,17 +510,43 @@ def _run_steps(
                 error,
             )
         )
+        if error is None and step.falls_short(rewards, reward):
+            gate = f"skipped: step {step.name} scored below its min_reward {step.min_reward}"
         progress.timed_out = progress.timed_out or turn.timed_out
         if progress.exit_code in (None, 0):
             progress.exit_code = turn.exit_code
-    (folder / "diff.patch").write_text(tree_diff(before_all, sandbox.read_tree(WORKDIR)))
-    rewards_by_step = [s.reward for s in progress.steps]
+    (folder / "diff.patch").write_text(tree_diff(before_all, sandbox.read_tree(workdir)))
     failed = [s for s in progress.steps if s.reward is None]
     if failed:
         raise VerifierError(f"step {failed[0].name}: {failed[0].error}")
-    scores = [r for r in rewards_by_step if r is not None]
+    scores = [s.reward or 0.0 for s in progress.steps]
     if task.config.multi_step_reward_strategy == "final":
         reward = scores[-1]
     else:
         reward = sum(scores) / len(scores)
     return reward, {"reward": reward, **{f"step:{s.name}": s.reward or 0.0 for s in progress.steps}}
+
+
+def _prepare_step(context: TrialContext, sandbox: Sandbox, step_path: Path, step_dir: Path) -> None:
+    """A step's `workdir/` copied into the work folder (the agent's to change), then its
+    `setup.sh` run as root in the work folder; a setup that fails is the task's fault (a
+    verifier_error), not the agent's."""
+    files = step_path / "workdir"
+    if files.is_dir():
+        sandbox.put({}, {context.workdir: files}, owner=AGENT_USER)
+    setup = step_path / "setup.sh"
+    if setup.is_file():
+        log = step_dir / "setup.txt"
+        result = sandbox.exec(
+            ["bash", "-c", setup.read_text(encoding="utf-8")],
+            user=ROOT_USER,
+            env={"HOME": "/root", **context.task_env()},
+            timeout=context.spec.sandbox.verifier_timeout_sec,
+            stdout=log,
+            stderr=log,
+            workdir=context.workdir,
+        )
+        if result.timed_out or result.exit_code != 0:
+            tail = log.read_text(errors="replace").strip()[-200:] if log.is_file() else ""
+            ended = "timed out" if result.timed_out else f"exit {result.exit_code}"
+            raise VerifierError(f"{setup}: failed ({ended}){': ' + tail if tail else ''}")

@@ -19,9 +19,9 @@ from pytest_hemra.core.errors import InfraError, VerifierError
 from pytest_hemra.core.reward import parse_reward
 from pytest_hemra.execute.context import Progress, TrialContext
 from pytest_hemra.execute.gateway.ledger import TrialUsage
-from pytest_hemra.execute.sandbox import ROOT_USER, WORKDIR, Sandbox, SandboxRequest
-from pytest_hemra.resolve.datasets import TaskVerifier
+from pytest_hemra.execute.sandbox import ROOT_USER, Sandbox, SandboxRequest
 from pytest_hemra.resolve.judges import Judgment
+from pytest_hemra.resolve.taskconfig import TaskVerifier, render_env
 from pytest_hemra.score import openended, swe
 from pytest_hemra.score.judges import JudgeCall, ask_model, with_usage
 
@@ -52,20 +52,37 @@ def verify_reward(context: TrialContext, sandbox: Sandbox) -> tuple[float, dict[
 
 
 def verify_step(
-    context: TrialContext, sandbox: Sandbox, task_path: Path, step_path: Path, step_dir: Path
+    context: TrialContext,
+    sandbox: Sandbox,
+    task_path: Path,
+    step_path: Path,
+    step_dir: Path,
+    settings: TaskVerifier,
 ) -> tuple[float, dict[str, float]]:
-    """One step's verifier: the task's tests/, the step's over them. The tests and the
-    verifier's logs are removed after it, so the next step's agent never sees them."""
+    """One step's verifier (its `[steps.verifier]` settings): the task's tests/, the step's
+    over them. The tests and the verifier's logs are removed after it, so the next step's agent
+    never sees them."""
     tests = [path / "tests" for path in (task_path, step_path) if (path / "tests").is_dir()]
+    env = {**context.task.config.verifier.env, **settings.env}
     try:
         logs = _run_test_sh(
-            context, sandbox, tests, step_dir / "verifier", context.task.config.verifier
+            context, sandbox, tests, step_dir / "verifier", settings.model_copy(update={"env": env})
         )
     finally:
         _run_root(sandbox, EMPTY_ROOM, step_dir / "verifier" / "clear.txt")
-        if context.spec.verifier.network == "none":
+        if verifier_network(context, settings) == "none":
             sandbox.reconnect_network()
     return parse_reward(logs)
+
+
+def verifier_network(context: TrialContext, settings: TaskVerifier) -> str:
+    """The verifier's network: the task's (or step's) `[verifier] network_mode` when it sets
+    one ("no-network": none, "public": the sandbox's), else the run's `[verifier] network`."""
+    if settings.network_mode == "no-network":
+        return "none"
+    if settings.network_mode == "public":
+        return "bridge"
+    return context.spec.verifier.network
 
 
 def is_separate(context: TrialContext) -> bool:
@@ -88,7 +105,8 @@ def verifier_room(
         return
     room_request = replace(
         request,
-        network=request.network and context.spec.verifier.network != "none",
+        network=request.network
+        and verifier_network(context, context.task.config.verifier) != "none",
         name=f"{request.name}-verifier" if request.name else None,
         labels={**request.labels, "hemra.verifier": "separate"},
         mounts=(),
@@ -102,7 +120,7 @@ def _copy_into(context: TrialContext, sandbox: Sandbox, room: Sandbox) -> None:
     """The agent's /app, then /logs/artifacts and the task's declared `artifacts`, each at its
     own path, owners and modes kept; MAX_ROOM_COPY_BYTES in all (past it, what arrived)."""
     budget = MAX_ROOM_COPY_BYTES
-    paths = [WORKDIR, "/logs/artifacts", *context.task.config.artifact_paths]
+    paths = [context.workdir, "/logs/artifacts", *context.task.config.artifact_paths]
     declared = context.task.config.artifact_paths
     if declared:  # their folders, made as root in the room
         parents = sorted({str(PurePosixPath(path).parent) for path in declared})
@@ -161,16 +179,23 @@ def _run_test_sh(
     verifier's network set, the tests in (root's, unreadable to others), then test.sh as
     root; what it wrote to /logs/verifier is returned (and kept in `folder`)."""
     settings = context.spec.verifier
-    if settings.network == "none":
+    if verifier_network(context, task_settings) == "none":
         sandbox.disconnect_network()
     sandbox.import_tree(iter([_tests_archive(tests)]), "/")
+    runner = dict(os.environ)
     result = sandbox.exec(
         ["bash", f"{TESTS_DIR}/test.sh"],
         user=ROOT_USER,
-        env={"HOME": "/root", **{name: runner_env(name) for name in settings.env}},
+        env={
+            "HOME": "/root",
+            **{name: runner_env(name) for name in settings.env},
+            **context.task_env(),
+            **render_env(task_settings.env, runner),
+        },
         timeout=task_settings.timeout_sec,
         stdout=folder / "stdout.txt",
         stderr=folder / "stderr.txt",
+        workdir=context.workdir,
     )
     logs = sandbox.read_tree(VERIFIER_LOGS)
     for name, content in logs.items():
@@ -231,7 +256,7 @@ def verify_swe(
     HEMRA's report file; `before` and `after` are /app around the agent's turn (swe.py)."""
     hemra = context.task.config.hemra
     folder = context.trial_dir
-    if context.spec.verifier.network == "none":
+    if verifier_network(context, context.task.config.verifier) == "none":
         sandbox.disconnect_network()
     result = swe.score(
         sandbox,
@@ -260,7 +285,7 @@ def verify_open(
     """The open-ended track: structural checks, then the frozen rubric prompt (openended.py)."""
     hemra, task = context.task.config.hemra, context.task
     folder = context.trial_dir
-    if context.spec.verifier.network == "none":
+    if verifier_network(context, context.task.config.verifier) == "none":
         sandbox.disconnect_network()
     structure = openended.check_structure(sandbox, hemra, files, folder / "verifier")
     shown = {

@@ -20,7 +20,7 @@ from pytest_hemra.core.errors import SpecError
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.execute.context import TrialContext, TrialResult
 from pytest_hemra.execute.installs import Installed, ensure_package, is_package_installed
-from pytest_hemra.execute.sandbox import AGENT_USER, ExecResult, Sandbox
+from pytest_hemra.execute.sandbox import AGENT_USER, WORKDIR, ExecResult, Sandbox
 from pytest_hemra.resolve.harnesses import Harness
 from pytest_hemra.resolve.plan import RecordedRun
 from pytest_hemra.resolve.spec import HarnessSpec, RunSpec
@@ -40,6 +40,7 @@ class AgentTurn:
     deadline: float  # wall-clock time the turn must end by
     stdout: Path  # the trial's agent/stdout.txt and stderr.txt
     stderr: Path
+    workdir: str = WORKDIR  # where its command runs: the task's workdir
 
 
 class HarnessKind(Protocol):
@@ -110,6 +111,7 @@ class SandboxKind:
             timeout=max(turn.deadline - time.time(), 1.0),
             stdout=turn.stdout,
             stderr=turn.stderr,
+            workdir=turn.workdir,
         )
 
     def run_trial(

@@ -48,6 +48,7 @@ class AcpKind(SandboxKind):
             turn.deadline,
             turn.stdout,
             turn.stderr,
+            turn.workdir,
         )
 
 
@@ -229,12 +230,14 @@ def run_acp(
     deadline: float,
     stdout: Path,
     stderr: Path,
+    workdir: str = WORKDIR,
 ) -> ExecResult:
-    """One ACP session, start to the prompt's answer, within the deadline."""
+    """One ACP session, start to the prompt's answer, within the deadline; `workdir` is the
+    session's working folder."""
     started = time.monotonic()
     scratch = stdout.parent / "acp"
     scratch.mkdir(exist_ok=True)
-    process = sandbox.start_interactive(argv, user=AGENT_USER, env=env)
+    process = sandbox.start_interactive(argv, user=AGENT_USER, env=env, workdir=workdir)
     client = AcpClient(sandbox, process, env, stdout, scratch)
     reader = threading.Thread(target=client.pump, daemon=True, name="hemra-acp-reader")
     reader.start()
@@ -252,7 +255,7 @@ def run_acp(
             },
             deadline,
         )
-        session = client.call("session/new", {"cwd": WORKDIR, "mcpServers": []}, deadline)
+        session = client.call("session/new", {"cwd": workdir, "mcpServers": []}, deadline)
         answer = client.call(
             "session/prompt",
             {

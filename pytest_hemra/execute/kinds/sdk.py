@@ -91,7 +91,7 @@ class SdkAgent:
         self.base_url = values["host_base_url"]
         self.api_key = values["api_key"]
         self.deadline = deadline
-        self.workdir = WORKDIR
+        self.workdir = values.get("workdir") or WORKDIR
         self._sandbox, self._env, self._scratch = sandbox, dict(env), scratch
         self._runs = 0
         self._is_over = False

@@ -78,6 +78,7 @@ class Tree(dict[str, bytes]):
         self.skipped: dict[str, int] = {}
         self.stopped: str | None = None
         self.size = 0
+        self.is_file = False  # the path read was a regular file (held under its own name)
 
     def notes(self) -> dict[str, Any] | None:
         """What the trial folder keeps of a bounded read (`tree-notes.json`), or None."""
@@ -111,9 +112,11 @@ class Sandbox(Protocol):
 
     def put_dir(self, source: Path, target: str) -> None: ...
 
-    def put(self, files: Mapping[str, bytes], dirs: Mapping[str, Path] = {}) -> None:
-        """Files (by path) and host folders (by target) in at once, root's, read-only for the
-        agent."""
+    def put(
+        self, files: Mapping[str, bytes], dirs: Mapping[str, Path] = {}, owner: str | None = None
+    ) -> None:
+        """Files (by path) and host folders (by target) in at once: root's, read-only for the
+        agent, or `owner`'s ("uid:gid")."""
 
     def export_tree(self, path: str) -> Iterator[bytes]:
         """`path` as a tar stream, owners and modes kept (nothing when it does not exist)."""
@@ -148,7 +151,10 @@ class Sandbox(Protocol):
 
 class SandboxProvider(Protocol):
     name: str
-    capabilities: frozenset[str]
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """What it can do, for a run's `require` (and `disk_limit` for a task's storage_mb)."""
 
     def check(self) -> None:
         """Raise InfraError if the provider cannot run anything right now."""
@@ -189,8 +195,8 @@ class SandboxPool(Protocol):
 def run_as_owner(
     sandbox: Sandbox, argv: Sequence[str], *, timeout: float, logs: Path, name: str = ""
 ) -> ExecResult:
-    """Run a check in /app as the user that owns it (the sandbox's root holds no capabilities,
-    so it cannot write there), its output kept as `logs/[name.]stdout.txt` and `stderr.txt`."""
+    """Run a check in /app as the user that owns it (so what it writes there stays the agent
+    user's), its output kept as `logs/[name.]stdout.txt` and `stderr.txt`."""
     return sandbox.exec(
         argv,
         user=AGENT_USER,

@@ -12,7 +12,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -179,9 +179,12 @@ class DockerSandbox:
         """Copy a host folder in as `target`, owned by root and read-only for the agent."""
         self.put({}, {target: source})
 
-    def put(self, files: Mapping[str, bytes], dirs: Mapping[str, Path] = {}) -> None:
+    def put(
+        self, files: Mapping[str, bytes], dirs: Mapping[str, Path] = {}, owner: str | None = None
+    ) -> None:
         """Files (by path) and host folders (by target) in, in one archive (one round trip to
-        the engine), owned by root and read-only for the agent."""
+        the engine): root's and read-only for the agent, or with `owner` ("uid:gid") that
+        user's, modes kept."""
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as archive:
             for target, content in files.items():
@@ -189,7 +192,8 @@ class DockerSandbox:
                 info.size, info.mode, info.mtime = len(content), 0o644, int(time.time())
                 archive.addfile(info, io.BytesIO(content))
             for target, source in dirs.items():
-                archive.add(source, arcname=target.strip("/"), filter=_root_owned)
+                keep = _root_owned if owner is None else _owned_by(owner)
+                archive.add(source, arcname=target.strip("/"), filter=keep)
         self.container.put_archive("/", buffer.getvalue())
 
     def put_file(self, content: bytes, target: str, owner: str | None = None) -> None:
@@ -308,7 +312,9 @@ class DockerSandbox:
             self.api._raise_for_status(response)
             parent = str(PurePosixPath(relative).parent) + "/" if "/" in relative else ""
             with tarfile.open(fileobj=response.raw, mode="r|") as archive:
-                for member in archive:
+                for index, member in enumerate(archive):
+                    if index == 0 and not relative and member.isfile():
+                        tree.is_file = True
                     if len(tree) + len(tree.skipped) >= MAX_TREE_ENTRIES:
                         tree.stopped = f"{path}: more than {MAX_TREE_ENTRIES} entries"
                         return None
@@ -444,6 +450,16 @@ def _os_error(stderr: bytes, path: str) -> OSError:
         if os.strerror(code) in text:
             return OSError(code, os.strerror(code), path)
     return OSError(errno.EIO, text or "failed", path)
+
+
+def _owned_by(owner: str) -> Callable[[tarfile.TarInfo], tarfile.TarInfo]:
+    uid, gid = (int(part) for part in owner.split(":"))
+
+    def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid, info.gid, info.uname, info.gname = uid, gid, "", ""
+        return info
+
+    return owned
 
 
 def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:

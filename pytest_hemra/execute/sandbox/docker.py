@@ -31,6 +31,7 @@ from pytest_hemra.core.errors import InfraError
 from pytest_hemra.execute.sandbox import (
     AGENT_HOME,
     AGENT_USER,
+    ROOT_USER,
     WORKDIR,
     SandboxRequest,
     firewall,
@@ -50,6 +51,13 @@ COPY_TIMEOUT_SECS = 900.0  # the longest a runner waits for another copying the 
 NETWORK_LOCK_SECS = 120.0
 MIN_NANO_CPUS = 10_000_000  # Docker's smallest cpu quota (0.01 cpu)
 GATEWAY_NETWORK = "hemra-gateway"  # every sandbox of the engine: reaches the gateway, nothing else
+# What the sandbox's root may do: manage files it does not own and install packages (dpkg's
+# chown and modes, apt's switch to its own user), as a task's setup.sh or a verifier needs; no
+# CAP_KILL, no network or system administration. The agent's user holds none of them (a
+# process of a user other than root has no effective capabilities, and `no-new-privileges`
+# keeps setuid and file-capability programs from granting any).
+ROOT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID")
+BASE_CAPABILITIES = frozenset({"docker", "network_block", "cpu_limit", "memory_limit"})
 NETWORK_OPTIONS = {"com.docker.network.bridge.enable_icc": "false"}  # sandboxes never reach peers
 
 SANDBOX_LAYER = f"""\
@@ -78,7 +86,6 @@ class DockerProvider:
     copied (a pool's engines start with none); `engine` names this one in locks and errors."""
 
     name = "docker"
-    capabilities = frozenset({"docker", "network_block", "cpu_limit", "memory_limit"})
 
     def __init__(
         self,
@@ -89,6 +96,7 @@ class DockerProvider:
         own_networks: bool | None = None,
     ) -> None:
         self._client = client
+        self._capabilities: frozenset[str] | None = None
         self.engine = engine or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         self._image_source = image_source
         # HEMRA's networks and host firewall: the runner's own local engine (its rules go in the
@@ -107,6 +115,23 @@ class DockerProvider:
         if self._client is None:
             self._client = connect()
         return self._client
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """What this engine can do: `disk_limit` when its storage driver can cap a container's
+        writable layer (btrfs, zfs, overlay2 on xfs; not overlay2 on ext4)."""
+        if self._capabilities is None:
+            found = set(BASE_CAPABILITIES)
+            try:
+                info = self.client.info()
+            except DOCKER_ERRORS:
+                info = {}
+            backing = dict(info.get("DriverStatus") or []).get("Backing Filesystem")
+            driver = info.get("Driver")
+            if driver in ("btrfs", "zfs") or (driver == "overlay2" and backing == "xfs"):
+                found.add("disk_limit")
+            self._capabilities = frozenset(found)
+        return self._capabilities
 
     def check(self) -> None:
         _ = self.client
@@ -325,9 +350,10 @@ class DockerProvider:
         options: dict[str, Any] = {
             "entrypoint": ["sleep", "infinity"],
             "command": [],
-            "user": AGENT_USER,
+            "user": ROOT_USER,  # PID 1: root, so root's commands hold ROOT_CAPABILITIES
             "working_dir": WORKDIR,
             "cap_drop": ["ALL"],
+            "cap_add": list(ROOT_CAPABILITIES),
             "security_opt": ["no-new-privileges"],
             "pids_limit": limits.pids,
             "network_mode": "bridge" if request.network else "none",

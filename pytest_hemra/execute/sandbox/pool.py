@@ -31,7 +31,7 @@ from pytest_hemra.core.errors import InfraError, SpecError
 from pytest_hemra.core.records import EngineSlot
 from pytest_hemra.execute.sandbox import Placement, Sandbox, SandboxRequest
 from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS, remove_container
-from pytest_hemra.execute.sandbox.docker import DockerProvider
+from pytest_hemra.execute.sandbox.docker import BASE_CAPABILITIES, DockerProvider
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.spec import EngineSettings, EngineTLS
 from pytest_hemra.store import Store
@@ -145,7 +145,7 @@ class EnginePool:
     every engine at once (checks, removing sandboxes), a `SandboxProvider`."""
 
     name = "docker"
-    capabilities = DockerProvider.capabilities
+    capabilities = BASE_CAPABILITIES  # a pool's engines: no disk limit is promised
 
     def __init__(
         self,

@@ -1,6 +1,6 @@
 """What runs in a sandbox before the agent's turn, and the sweep that leaves only that after it.
 
-The sandbox's root holds no capabilities (no CAP_KILL), so it can signal only its own processes:
+The sandbox's root holds no CAP_KILL, so it can signal only its own processes:
 each owner's new processes are killed by a command run as that owner. Processes are told apart by
 PID and start time (a reused PID is a new process), read from /proc with shell builtins alone (no
 `ps`, no child processes of the sweep to mistake for the agent's). Each sweep stops every new

@@ -58,7 +58,7 @@ def _copy(tree: Tree) -> Tree:
     copied = Tree()
     copied.update(tree)
     copied.skipped = dict(tree.skipped)
-    copied.stopped, copied.size = tree.stopped, tree.size
+    copied.stopped, copied.size, copied.is_file = tree.stopped, tree.size, tree.is_file
     return copied
 
 

@@ -1,0 +1,4 @@
+#!/bin/bash
+# runs in [environment] workdir
+echo final > notes.txt
+pwd > where.txt

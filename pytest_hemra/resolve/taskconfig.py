@@ -1,0 +1,394 @@
+"""task.toml: Harbor's task format, schema versions 1.0 to 1.4, and HEMRA's `[hemra]` table.
+
+Every key Harbor defines is either honoured or refused by name when the task is loaded (a value
+HEMRA cannot act on: a Windows task, GPUs, a host allowlist); a key nobody defines is kept as a
+warning naming it (`unknown_keys`), never dropped in silence. docs/datasets.md has the table of
+every key and what HEMRA does with it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
+NetworkMode = Literal["public", "no-network", "allowlist"]
+TEMPLATE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NOT_YET = "HEMRA does not support it yet"
+
+
+class Harbor(BaseModel):
+    """A table of task.toml: keys Harbor defines are typed; others are kept for the warning."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+def _no_allowlist(value: Any) -> Any:
+    """`network_mode = "allowlist"` and `allowed_hosts` need an egress proxy HEMRA lacks."""
+    if value == "allowlist" or (isinstance(value, list) and value):
+        raise ValueError(
+            "a host allowlist needs an egress proxy, which HEMRA does not run yet:"
+            " use network_mode 'public' or 'no-network'"
+        )
+    return value
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    """Names are variable names; values are text, `${VAR}` and `${VAR:-default}` read from the
+    runner's environment when the trial runs."""
+    for name, value in env.items():
+        if not ENV_NAME.match(name):
+            raise ValueError(f"{name!r} is not an environment variable name")
+        rest = TEMPLATE.sub("", value)
+        if "${" in rest:
+            raise ValueError(f"{name}: {value!r} holds a '${{' that is not ${{VAR}} or ${{VAR:-x}}")
+    return env
+
+
+def template_names(env: dict[str, str]) -> dict[str, bool]:
+    """The runner's variables `env`'s values read, each with whether it has a default."""
+    found: dict[str, bool] = {}
+    for value in env.values():
+        for match in TEMPLATE.finditer(value):
+            has_default = match.group("default") is not None
+            found[match.group("name")] = found.get(match.group("name"), True) and has_default
+    return found
+
+
+def render_env(env: dict[str, str], source: dict[str, str]) -> dict[str, str]:
+    """`env` with its `${VAR}` / `${VAR:-default}` templates filled from `source`."""
+
+    def fill(match: re.Match[str]) -> str:
+        name, default = match.group("name"), match.group("default")
+        value = source.get(name)
+        return value if value else (default or "")
+
+    return {name: TEMPLATE.sub(fill, value) for name, value in env.items()}
+
+
+class Healthcheck(Harbor):
+    """Docker HEALTHCHECK semantics: `command` (sh -c) until it passes, before the agent."""
+
+    command: str = Field(min_length=1)
+    interval_sec: float = Field(default=5.0, gt=0)
+    timeout_sec: float = Field(default=30.0, gt=0)
+    start_period_sec: float = Field(default=0.0, ge=0)
+    start_interval_sec: float = Field(default=5.0, gt=0)
+    retries: int = Field(default=3, ge=1)
+
+
+class TaskAgent(Harbor):
+    timeout_sec: float | None = Field(default=None, gt=0)
+    user: str | int | None = None
+    network_mode: NetworkMode | None = None
+    allowed_hosts: list[str] | None = None
+
+    @field_validator("user")
+    @classmethod
+    def _agent_user(cls, value: str | int | None) -> str | int | None:
+        if value is not None:
+            raise ValueError(
+                f"running the agent as the task's user: {NOT_YET} (it runs as uid 1000)"
+            )
+        return value
+
+    _network = field_validator("network_mode", "allowed_hosts")(_no_allowlist)
+
+
+class Continuous(Harbor):
+    enabled: bool = False
+
+    @field_validator("enabled")
+    @classmethod
+    def _off(cls, enabled: bool) -> bool:
+        if enabled:
+            raise ValueError(f"continuous verification during the agent's turn: {NOT_YET}")
+        return enabled
+
+
+class TaskVerifier(Harbor):
+    timeout_sec: float = Field(default=120.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    user: str | int | None = None
+    network_mode: NetworkMode | None = None
+    allowed_hosts: list[str] | None = None
+    # "separate": the verifier runs in a fresh sandbox with the agent's /app copied in
+    environment_mode: Literal["shared", "separate"] = "shared"
+    environment: dict[str, Any] | None = None
+    continuous: Continuous = Field(default_factory=Continuous)
+    collect: list[dict[str, Any]] = Field(default_factory=list)
+
+    _env = field_validator("env")(_check_env)
+
+    @field_validator("user")
+    @classmethod
+    def _root(cls, value: str | int | None) -> str | int | None:
+        if value not in (None, "root", 0):
+            raise ValueError(f"a verifier user other than root: {NOT_YET}")
+        return value
+
+    @field_validator("environment")
+    @classmethod
+    def _no_environment(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            raise ValueError(
+                f"a verifier environment of its own: {NOT_YET} (environment_mode = 'separate'"
+                " runs the verifier in a fresh sandbox of the task's image)"
+            )
+        return value
+
+    @field_validator("collect")
+    @classmethod
+    def _no_collect(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if value:
+            raise ValueError(f"collect hooks run in compose services, which {NOT_YET}")
+        return value
+
+    _network = field_validator("network_mode", "allowed_hosts")(_no_allowlist)
+
+
+def _size_mb(text: str) -> int:
+    size = text.strip().upper()
+    units = {"G": 1024.0, "M": 1.0, "K": 1 / 1024}
+    if not size or size[-1] not in units:
+        raise ValueError(f"expected a size like '512M' or '2G', got {text!r}")
+    return int(float(size[:-1]) * units[size[-1]])
+
+
+class TaskEnvironment(Harbor):
+    build_timeout_sec: float = Field(default=600.0, gt=0)
+    docker_image: str | None = None
+    os: Literal["linux", "windows"] = "linux"
+    cpus: float | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+    storage_mb: int | None = Field(default=None, gt=0)
+    gpus: int | None = Field(default=None, ge=0)
+    gpu_types: list[str] | None = None
+    tpu: dict[str, Any] | None = None
+    pids_limit: int = Field(default=1024, gt=0)  # HEMRA's own
+    allow_internet: bool = True
+    network_mode: NetworkMode | None = None
+    allowed_hosts: list[str] | None = None
+    mcp_servers: list[dict[str, Any]] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    skills_dir: str | None = None
+    healthcheck: Healthcheck | None = None
+    workdir: str | None = Field(default=None, pattern=r"^/")
+
+    _env = field_validator("env")(_check_env)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_sizes(cls, data: Any) -> Any:
+        """Harbor's older `memory = "2G"` and `storage = "10G"`, as `memory_mb` / `storage_mb`."""
+        if isinstance(data, dict):
+            data = dict(data)
+            for old, new in (("memory", "memory_mb"), ("storage", "storage_mb")):
+                if isinstance(data.get(old), str):
+                    data.setdefault(new, _size_mb(data.pop(old)))
+        return data
+
+    @field_validator("os", mode="before")
+    @classmethod
+    def _linux(cls, value: Any) -> Any:
+        value = value.lower() if isinstance(value, str) else value
+        if value == "windows":
+            raise ValueError("HEMRA runs Linux containers only; a Windows task cannot run here")
+        return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _no_gpus(cls, value: int | None) -> int | None:
+        if value:
+            raise ValueError(f"{value} GPUs asked for: no sandbox provider of HEMRA offers GPUs")
+        return value
+
+    @field_validator("tpu")
+    @classmethod
+    def _no_tpu(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            raise ValueError("a TPU asked for: no sandbox provider of HEMRA offers TPUs")
+        return value
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _no_mcp(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if value:
+            raise ValueError(f"MCP servers for the agent: {NOT_YET}")
+        return value
+
+    @field_validator("skills_dir")
+    @classmethod
+    def _no_skills(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError(f"a skills folder for the agent: {NOT_YET}")
+        return value
+
+    _network = field_validator("network_mode", "allowed_hosts")(_no_allowlist)
+
+    @property
+    def has_internet(self) -> bool:
+        """The baseline policy: `network_mode` when set, else `allow_internet`."""
+        if self.network_mode is not None:
+            return self.network_mode == "public"
+        return self.allow_internet
+
+
+class TaskSolution(Harbor):
+    env: dict[str, str] = Field(default_factory=dict)
+
+    _env = field_validator("env")(_check_env)
+
+
+class PackageInfo(Harbor):
+    """`[task]`: the task's package name and description in Harbor's registry (kept, shown)."""
+
+    name: str
+    version: str | None = None
+    description: str = ""
+    authors: list[dict[str, Any]] = Field(default_factory=list)
+    keywords: list[str] = Field(default_factory=list)
+
+
+class TaskArtifact(Harbor):
+    """One `artifacts` entry in its table form: `{ source = "/abs/path", ... }`."""
+
+    source: str
+    destination: str | None = None
+    exclude: list[str] = Field(default_factory=list)
+    service: str | None = None
+
+    @field_validator("service")
+    @classmethod
+    def _main_only(cls, value: str | None) -> str | None:
+        if value not in (None, "main"):
+            raise ValueError(f"artifacts of compose service {value!r}: {NOT_YET}")
+        return value
+
+    @field_validator("destination")
+    @classmethod
+    def _relative(cls, value: str | None) -> str | None:
+        if value is not None and (
+            value.startswith("/") or ".." in value.split("/") or "\\" in value
+        ):
+            raise ValueError(f"expected a relative path without '..', got {value!r}")
+        return value
+
+
+def _absolute(entries: list[str | TaskArtifact]) -> list[str | TaskArtifact]:
+    for entry in entries:
+        path = entry if isinstance(entry, str) else entry.source
+        if not path.startswith("/") or ".." in path.split("/") or path.rstrip("/") == "":
+            raise ValueError(f"expected an absolute path without '..', got {path!r}")
+    return entries
+
+
+class TaskStep(Harbor):
+    """One `[[steps]]` entry (Harbor's multi-step tasks): `steps/<name>/instruction.md`, an
+    optional `steps/<name>/tests/` over the task's `tests/`, `steps/<name>/solution/`, and
+    `steps/<name>/workdir/` (copied into the work folder) with its `setup.sh` (run as root)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
+    agent: TaskAgent = Field(default_factory=TaskAgent)
+    verifier: TaskVerifier = Field(default_factory=TaskVerifier)
+    min_reward: float | dict[str, float] | None = None
+    healthcheck: Healthcheck | None = None
+    artifacts: list[str | TaskArtifact] = Field(default_factory=list)
+
+    _artifacts = field_validator("artifacts")(_absolute)
+
+    def falls_short(self, rewards: dict[str, float], reward: float | None) -> bool:
+        """Whether this step's rewards miss its `min_reward` (a missing one counts as -inf)."""
+        if self.min_reward is None:
+            return False
+        if isinstance(self.min_reward, dict):
+            return any(
+                rewards.get(key, float("-inf")) < floor for key, floor in self.min_reward.items()
+            )
+        return (reward if reward is not None else float("-inf")) < self.min_reward
+
+
+class Criterion(BaseModel):
+    """One line of an open-ended task's rubric, scored 0-5 by the judge."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,39}$")
+    weight: float = Field(default=1.0, gt=0)
+    description: str
+
+
+class HemraTask(BaseModel):
+    """`[hemra]` in task.toml: what HEMRA adds to the Harbor format (Harbor ignores it).
+
+    `track = "swe"`: no reward file; after the agent HEMRA applies `test_patch` (hidden tests,
+    a unified diff relative to the task folder) in /app and runs `test_command` (argv), scoring
+    passed / total tests. See docs/tracks.md."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    track: Literal["reward", "swe", "open"] = "reward"
+    test_patch: str | None = None
+    test_command: list[str] | None = None
+    test_timeout_sec: float = Field(default=300.0, gt=0)
+    # the open-ended track (docs/tracks.md)
+    expected_files: list[str] = Field(default_factory=list)
+    criteria: list[Criterion] = Field(default_factory=list)
+    pass_threshold: float = Field(default=0.7, ge=0, le=1)
+    judge_model: str | None = None
+
+
+class TaskConfig(Harbor):
+    schema_version: str = "1.0"
+    task: PackageInfo | None = None
+    source: str | None = None
+    # Harbor's declared artifacts: collected into the trial folder after the agent; a separate
+    # verifier room receives them beside /app
+    artifacts: list[str | TaskArtifact] = Field(default_factory=list)
+    steps: list[TaskStep] = Field(default_factory=list)
+    multi_step_reward_strategy: Literal["mean", "final"] = "mean"
+    hemra: HemraTask = Field(default_factory=HemraTask)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    agent: TaskAgent = Field(default_factory=TaskAgent)
+    verifier: TaskVerifier = Field(default_factory=TaskVerifier)
+    environment: TaskEnvironment = Field(default_factory=TaskEnvironment)
+    solution: TaskSolution = Field(default_factory=TaskSolution)
+
+    _artifacts = field_validator("artifacts")(_absolute)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_renamed(cls, data: Any) -> Any:
+        """Harbor's schema 1.0 called it `version`."""
+        if isinstance(data, dict) and "version" in data:
+            data = dict(data)
+            data.setdefault("schema_version", str(data.pop("version")))
+        return data
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, value: str) -> str:
+        if value not in SCHEMA_VERSIONS:
+            raise ValueError(f"expected one of {', '.join(SCHEMA_VERSIONS)} (Harbor's schemas)")
+        return value
+
+    @property
+    def artifact_paths(self) -> list[str]:
+        return [(e if isinstance(e, str) else e.source).rstrip("/") for e in self.artifacts]
+
+
+def unknown_keys(model: BaseModel, prefix: str = "") -> Iterator[str]:
+    """Dotted names of every key under `model` that no table defines (kept as extras)."""
+    for key in sorted(model.model_extra or {}):
+        yield prefix + key
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        values = value if isinstance(value, list) else [value]
+        for index, item in enumerate(values):
+            if isinstance(item, Harbor):
+                where = f"{name}[{index}]" if isinstance(value, list) else name
+                yield from unknown_keys(item, f"{prefix}{where}.")

@@ -1,0 +1,92 @@
+"""The bundled `harbor-features` dataset: each honoured task.toml key at work in a real trial."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import TaskMaker
+
+
+def rows(store: Path) -> dict[str, dict[str, Any]]:
+    connection = sqlite3.connect(store)
+    connection.row_factory = sqlite3.Row
+    found = {r["item_id"]: dict(r) for r in connection.execute("SELECT * FROM trials")}
+    steps = connection.execute("SELECT trial_id, name, reward, error FROM steps ORDER BY seq")
+    by_trial: dict[str, list[tuple[str, float, str | None]]] = {}
+    for trial_id, name, reward, error in steps:
+        by_trial.setdefault(trial_id, []).append((name, reward, error))
+    connection.close()
+    for row in found.values():
+        row["steps"] = by_trial.get(row["id"], [])
+    return found
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_oracle_passes_and_nop_fails_every_harbor_features_task(
+    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HEMRA_FEATURE_GREETING", "hi from the runner")
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["oracle", "nop"]\ndatasets = ["harbor-features"]\n')
+    store = tmp_path / "hemra.db"
+    result = pytester.runpytest("--hemra-run", str(run_file), "--hemra-store", str(store))
+
+    found = rows(store)
+    assert len(found) == 10
+    for item, row in found.items():
+        expected = ("pass", 1.0) if "[oracle-1]" in item else ("fail", 0.0)
+        assert (row["outcome"], row["reward"]) == expected, (item, row["error"])
+    result.assert_outcomes(passed=5, failed=5)
+
+    def folder(task: str, harness: str) -> Path:
+        return Path(found[f"harbor-features::{task}[{harness}-1]"]["trial_dir"])
+
+    # [environment] env, its template filled from the runner's environment
+    assert (
+        "+hi from the runner swordfish" in (folder("task-env", "oracle") / "diff.patch").read_text()
+    )
+    # the workdir's diff
+    assert "+++ b/where.txt" in (folder("workdir", "oracle") / "diff.patch").read_text()
+    # artifacts: a folder, and a file with a destination; the manifest
+    artifacts = folder("health-artifacts", "oracle") / "artifacts"
+    assert (artifacts / "app" / "report" / "summary.txt").read_text() == "done\n"
+    assert json.loads((artifacts / "summary" / "final.json").read_text()) == {"ok": True}
+    manifest = json.loads((artifacts / "manifest.json").read_text())
+    assert [(m["source"], m["files"]) for m in manifest] == [
+        ("/app/report", 1),
+        ("/app/summary.json", 1),
+    ]
+    assert (folder("health-artifacts", "oracle") / "healthcheck.txt").exists()
+    # min_reward: nop falls short on the first step, the second is skipped and scores 0
+    nop_steps = found["harbor-features::gated-steps[nop-1]"]["steps"]
+    assert [(name, reward) for name, reward, _ in nop_steps] == [("fix", 0.0), ("extend", 0.0)]
+    assert (nop_steps[1][2] or "").startswith("skipped: step fix scored below its min_reward")
+    oracle_steps = found["harbor-features::gated-steps[oracle-1]"]["steps"]
+    assert [(name, reward, error) for name, reward, error in oracle_steps] == [
+        ("fix", 1.0, None),
+        ("extend", 1.0, None),
+    ]
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_an_unhealthy_sandbox_is_an_infra_error_naming_its_healthcheck(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
+    make_task(
+        "unhealthy",
+        task_toml="[environment.healthcheck]\n"
+        'command = "echo not yet; false"\ninterval_sec = 0.1\nretries = 2\n',
+    )
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
+    pytester.runpytest("--hemra-run", str(run_file))
+    connection = sqlite3.connect(tmp_path / ".hemra" / "hemra.db")
+    ((outcome, error),) = connection.execute("SELECT outcome, error FROM trials").fetchall()
+    connection.close()
+    assert outcome == "infra_error"
+    assert "healthcheck failed 2 times in a row (exit 1: not yet" in error

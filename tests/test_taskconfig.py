@@ -1,0 +1,194 @@
+"""Every key of Harbor's task.toml is honoured or refused by name; unknown keys warn."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from conftest import TaskMaker
+from pytest_hemra.core.errors import SpecError
+from pytest_hemra.resolve.datasets import load_task
+from pytest_hemra.resolve.taskconfig import render_env, template_names
+
+EVERY_HONOURED_KEY = """\
+schema_version = "1.4"
+source = "https://example.invalid/tasks"
+multi_step_reward_strategy = "final"
+artifacts = ["/app/out", { source = "/app/x.json", destination = "x/y.json", exclude = ["*.tmp"] }]
+
+[task]
+name = "org/every-key"
+version = "1.0.0"
+description = "every key"
+authors = [{ name = "A", email = "a@example.invalid" }]
+keywords = ["k"]
+
+[metadata]
+anything = { goes = "here" }
+
+[agent]
+timeout_sec = 60
+network_mode = "public"
+
+[verifier]
+timeout_sec = 60
+env = { TOKEN = "${HEMRA_TEST_TOKEN:-none}" }
+user = "root"
+network_mode = "no-network"
+environment_mode = "shared"
+continuous = { enabled = false }
+
+[environment]
+build_timeout_sec = 300
+os = "Linux"
+cpus = 1
+memory = "1G"
+storage_mb = 2048
+gpus = 0
+allow_internet = false
+env = { GREETING = "hi" }
+workdir = "/work"
+healthcheck = { command = "true", interval_sec = 1, retries = 2 }
+
+[solution]
+env = { WORD = "x" }
+"""
+
+
+def test_every_honoured_key_of_schema_1_4_loads(make_task: TaskMaker) -> None:
+    task = load_task(make_task("every", task_toml=EVERY_HONOURED_KEY))
+    config = task.config
+    assert task.warnings == ()
+    assert config.schema_version == "1.4" and config.task and config.task.name == "org/every-key"
+    assert config.environment.memory_mb == 1024 and config.environment.storage_mb == 2048
+    assert config.environment.workdir == "/work" and not config.environment.has_internet
+    assert config.environment.healthcheck and config.environment.healthcheck.retries == 2
+    assert config.artifact_paths == ["/app/out", "/app/x.json"]
+    assert config.verifier.network_mode == "no-network"
+
+
+def test_schema_1_0_calls_it_version(make_task: TaskMaker) -> None:
+    task = load_task(
+        make_task("old", task_toml='version = "1.0"\n[environment]\nmemory = "512M"\n')
+    )
+    assert task.config.schema_version == "1.0"
+    assert task.config.environment.memory_mb == 512
+
+
+@pytest.mark.parametrize(
+    ("task_toml", "expected"),
+    [
+        ('schema_version = "2.0"\n', "key 'schema_version': expected one of 1.0, 1.1"),
+        ('[environment]\nos = "windows"\n', "key 'environment.os': HEMRA runs Linux containers"),
+        ("[environment]\ngpus = 1\n", "key 'environment.gpus': 1 GPUs asked for"),
+        ('[environment.tpu]\ntype = "v6e"\ntopology = "2x2"\n', "key 'environment.tpu': a TPU"),
+        (
+            '[[environment.mcp_servers]]\nname = "m"\nurl = "http://x"\n',
+            "key 'environment.mcp_servers': MCP servers",
+        ),
+        ('[environment]\nskills_dir = "/skills"\n', "key 'environment.skills_dir': a skills"),
+        (
+            '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n',
+            "key 'environment.network_mode': a host allowlist needs an egress proxy",
+        ),
+        ('[agent]\nuser = "agent"\n', "key 'agent.user': running the agent as the task's user"),
+        ('[verifier]\nuser = "tester"\n', "key 'verifier.user': a verifier user other than root"),
+        (
+            "[verifier.environment]\ncpus = 2\n",
+            "key 'verifier.environment': a verifier environment",
+        ),
+        ("[verifier.continuous]\nenabled = true\n", "key 'verifier.continuous.enabled'"),
+        ('[[verifier.collect]]\ncommand = "x"\n', "key 'verifier.collect': collect hooks"),
+        ('[environment]\nenv = { "1X" = "y" }\n', "key 'environment.env': '1X' is not an env"),
+        ('[[steps]]\nname = "s"\nmin_reward = "high"\n', "key 'steps[0].min_reward"),
+        ('artifacts = ["relative/path"]\n', "key 'artifacts': expected an absolute path"),
+    ],
+)
+def test_what_hemra_cannot_do_is_refused_naming_the_key(
+    make_task: TaskMaker, task_toml: str, expected: str
+) -> None:
+    folder = make_task("refused", task_toml=task_toml)
+    with pytest.raises(SpecError) as raised:
+        load_task(folder)
+    message = str(raised.value)
+    assert message.startswith(f"{folder / 'task.toml'}: ") and "\n" not in message
+    assert expected.lower() in message.lower(), message
+
+
+def test_a_compose_task_is_refused_naming_its_file(make_task: TaskMaker) -> None:
+    folder = make_task("compose")
+    (folder / "environment" / "docker-compose.yaml").write_text("services: {}\n")
+    with pytest.raises(SpecError, match=r"docker-compose.yaml: a multi-container task"):
+        load_task(folder)
+
+
+def test_unknown_keys_are_warnings_naming_each(make_task: TaskMaker) -> None:
+    task = load_task(
+        make_task(
+            "unknown",
+            task_toml='flavour = "x"\n[environment]\ncpu = 2\n[verifier.continuous]\nfoo = 1\n',
+        )
+    )
+    assert sorted(w.split(": ", 1)[1] for w in task.warnings) == [
+        "key 'environment.cpu' is not one of Harbor's task keys (ignored)",
+        "key 'flavour' is not one of Harbor's task keys (ignored)",
+        "key 'verifier.continuous.foo' is not one of Harbor's task keys (ignored)",
+    ]
+
+
+def test_env_templates_read_the_runner_environment() -> None:
+    env = {"A": "${ONE}-${TWO:-two}", "B": "plain"}
+    assert template_names(env) == {"ONE": False, "TWO": True}
+    assert render_env(env, {"ONE": "1"}) == {"A": "1-two", "B": "plain"}
+    assert render_env(env, {"ONE": "1", "TWO": "2"}) == {"A": "1-2", "B": "plain"}
+
+
+def run_file_for(tmp_path: Path) -> Path:
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
+    return run_file
+
+
+def test_an_unknown_key_is_shown_and_the_run_goes_ahead(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
+    make_task("warned", task_toml="[environment]\ncpu = 2\n")
+    result = pytester.runpytest("--hemra-run", str(run_file_for(tmp_path)), "--collect-only")
+    result.stdout.fnmatch_lines(["*InputWarning*key 'environment.cpu' is not one of Harbor's*"])
+    assert result.ret == pytest.ExitCode.OK
+
+
+@pytest.mark.parametrize(
+    ("task_toml", "expected"),
+    [
+        (
+            '[environment]\nenv = { K = "${ANTHROPIC_API_KEY}" }\n',
+            "key 'environment.env': ${ANTHROPIC_API_KEY} is a model provider's key",
+        ),
+        (
+            '[solution]\nenv = { K = "${HEMRA_SURELY_UNSET_VARIABLE}" }\n',
+            "key 'solution.env': environment variable HEMRA_SURELY_UNSET_VARIABLE is not set",
+        ),
+    ],
+)
+def test_task_env_is_checked_at_resolve_and_nothing_is_recorded(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    monkeypatch: pytest.MonkeyPatch,
+    task_toml: str,
+    expected: str,
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-sentinel-task-env")
+    monkeypatch.delenv("HEMRA_SURELY_UNSET_VARIABLE", raising=False)
+    make_task("env", task_toml=task_toml)
+    result = pytester.runpytest("--hemra-run", str(run_file_for(tmp_path)))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{expected}*"])
+    store = tmp_path / ".hemra" / "hemra.db"
+    if store.exists():
+        connection = sqlite3.connect(store)
+        assert connection.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+        connection.close()
