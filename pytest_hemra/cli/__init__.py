@@ -4,8 +4,9 @@
 everything after `--` goes to pytest unchanged (`-- -v --junitxml=report.xml`).
 
 One module per command group (`running`: run and the queue; `reports`: what a run left;
-`tools`: set-up and checks), each adding its commands with `add_commands`. Building the parser
-imports almost nothing: a command's heavy modules load inside its handler.
+`checking`: a dataset's health; `tools`: set-up and checks), each adding its commands with
+`add_commands`. Building the parser imports almost nothing: a command's heavy modules load
+inside its handler.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from pytest_hemra.cli.checking import add_commands as add_check_commands
 from pytest_hemra.cli.reports import add_commands as add_report_commands
 from pytest_hemra.cli.running import add_commands as add_running_commands
 from pytest_hemra.cli.tools import add_commands as add_tool_commands
@@ -23,7 +25,12 @@ from pytest_hemra.core.errors import HemraError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hemra", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    for add_commands in (add_running_commands, add_report_commands, add_tool_commands):
+    for add_commands in (
+        add_running_commands,
+        add_report_commands,
+        add_check_commands,
+        add_tool_commands,
+    ):
         add_commands(commands)
     return parser
 

@@ -27,10 +27,10 @@ from typing import Any
 from pytest_hemra.core.errors import StoreError
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
+from pytest_hemra.report import SLOW_BUILD_SECS
 from pytest_hemra.store import Store
 
 ORACLE, NOP = "oracle", "nop"
-SLOW_BUILD_SECS = 120.0
 # what a verifier prints when a name lookup or a connection needs a network it does not have
 # (glibc and bash, curl, apt, Python, Node). "Connection refused" is left out on purpose: with
 # the network cut, an outside address is unreachable, never refused; a refusal is a local
@@ -48,8 +48,8 @@ NETWORK_ERRORS = (
 )
 OUTPUT_TAIL_BYTES = 64 << 10  # the end of each verifier output file that is searched
 NETWORK_FIX = (
-    "let it reach the network: `network_mode = \"public\"` in the task's [verifier] table"
-    " (task.toml), or `[verifier] network = \"bridge\"` in a run file"
+    'let it reach the network: `network_mode = "public"` in the task\'s [verifier] table'
+    ' (task.toml), or `[verifier] network = "bridge"` in a run file'
 )
 
 
@@ -146,9 +146,7 @@ def check_health(
             f"{store.path}: run {run_id} is not a check of {dataset!r}"
             f" (it ran {', '.join(plan.harness_names)} on {', '.join(plan.datasets)})"
         )
-    trials = [
-        t for t in store.trials(run_id) if t.dataset == dataset and t.status != "deselected"
-    ]
+    trials = [t for t in store.trials(run_id) if t.dataset == dataset and t.status != "deselected"]
     verifier = plan.settings.get("verifier")
     run_network = str(verifier.get("network", "none")) if isinstance(verifier, dict) else "none"
     tasks = []
@@ -317,6 +315,8 @@ def render_health(health: DatasetHealth) -> str:
         for t in health.tasks
     ]
     headers = ["task", "verdict", "oracle passes", "nop passes", "image", "trial"]
+    if not any(t.trial for t in health.tasks):  # every task healthy: no trial to look at
+        headers, rows = headers[:-1], [row[:-1] for row in rows]
     digest = health.digest[:12]
     lines = [
         f"hemra check: {health.dataset}{'@' + digest if digest else ''}, {len(health.tasks)}"

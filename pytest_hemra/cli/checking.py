@@ -1,0 +1,114 @@
+"""`hemra check DATASET`: a dataset author's health check. The bundled `oracle` and `nop` run on
+every task as a normal run (`hemra run -H oracle -H nop -d DATASET`, recorded like any other),
+then each task gets its verdicts (`report.health`): broken, flaky, trivial, slow to build, its
+verifier without the network it needs, or healthy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_hemra.report import SLOW_BUILD_SECS
+
+if TYPE_CHECKING:
+    from pytest_hemra.cli.arguments import Commands
+
+
+def add_commands(commands: Commands) -> None:
+    check = commands.add_parser(
+        "check", help="run oracle and nop on a dataset's tasks; say which are broken, flaky..."
+    )
+    check.add_argument("dataset", help="dataset name, name@digest or path (as `hemra run -d`)")
+    check.add_argument("-k", "--attempts", type=int, default=1, help="attempts per task")
+    check.add_argument("-n", "--concurrency", type=int, help="trials at once, via pytest-xdist")
+    check.add_argument(
+        "-t",
+        "--task",
+        dest="tasks",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="tasks to check",
+    )
+    check.add_argument(
+        "-x", "--exclude", action="append", default=[], metavar="GLOB", help="tasks to leave out"
+    )
+    check.add_argument("--store", help="SQLite store (default .hemra/hemra.db here)")
+    check.add_argument(
+        "--slow-build-secs",
+        type=float,
+        default=SLOW_BUILD_SECS,
+        metavar="SECS",
+        help=f"an image build past this is slow (default {SLOW_BUILD_SECS:g})",
+    )
+    check.add_argument(
+        "--strict", action="store_true", help="also exit 1 on flaky, trivial or offline verifiers"
+    )
+    check.add_argument("--format", choices=("table", "json"), default="table")
+    check.set_defaults(handler=check_command)
+
+
+class RunSeen:
+    """A pytest plug-in that notes the run the session recorded (the controller's: xdist
+    workers report to it), so the verdicts can be read from the store afterwards."""
+
+    def __init__(self) -> None:
+        self.run_id: str | None = None
+        self.store: str | None = None
+
+    def pytest_sessionstart(self, session: Any) -> None:
+        from pytest_hemra.plugin import SESSION
+
+        hemra = session.config.stash.get(SESSION, None)
+        if hemra is not None and hemra.runner is not None:
+            self.run_id = hemra.runner.run.id
+            self.store = str(hemra.runner.store.path)
+
+
+def run_words(args: argparse.Namespace) -> list[str]:
+    """The `hemra run` this check is."""
+    from pytest_hemra.report.health import NOP, ORACLE
+
+    words = ["run", "-H", ORACLE, "-H", NOP, f"--dataset={args.dataset}", f"-k{args.attempts}"]
+    words += [w for glob in args.tasks for w in ("-t", glob)]
+    words += [w for glob in args.exclude for w in ("-x", glob)]
+    if args.concurrency is not None:
+        words += ["--concurrency", str(args.concurrency)]
+    if args.store is not None:
+        words += [f"--store={args.store}"]
+    return words
+
+
+def check_command(args: argparse.Namespace) -> int:
+    """Run the check as `hemra run` would (its session's output on stderr), then print the
+    verdicts on stdout. 1 when a task is broken; a refused input exits 4 and records nothing."""
+    from contextlib import redirect_stdout
+
+    import pytest
+
+    from pytest_hemra.cli import build_parser
+    from pytest_hemra.cli.running import pytest_argv
+    from pytest_hemra.report.health import check_health, health_dict, render_health
+    from pytest_hemra.store import Store
+
+    run_args = build_parser().parse_args(run_words(args))
+    # quiet: nop's failures are expected, and the verdicts say what each one means
+    run_args.pytest_args = ["-q", "--tb=no", "-rN", *args.pytest_args]
+    seen = RunSeen()
+    with redirect_stdout(sys.stderr):
+        status = int(pytest.main(pytest_argv(run_args), plugins=[seen]))
+    if seen.run_id is None or seen.store is None:
+        return status or int(pytest.ExitCode.USAGE_ERROR)  # nothing was recorded
+    store = Store(Path(seen.store))
+    (dataset,) = store.run(seen.run_id).plan.datasets
+    health = check_health(store, seen.run_id, dataset, args.slow_build_secs)
+    if args.format == "json":
+        print(json.dumps(health_dict(health, args.strict), indent=2))
+    else:
+        print(render_health(health))
+    if status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        return status  # interrupted (what did not finish is unchecked) or pytest's own fault
+    return health.exit_status(args.strict)
