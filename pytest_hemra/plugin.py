@@ -9,6 +9,7 @@ store. Working a trial's job (claim, heartbeat, run, retry, cancel) is `run.job.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ def _open_session(config: pytest.Config) -> HemraSession:
     plan = resolve_plan(run_file, overrides_from(config), Path.cwd())
     for warning in plan.warnings:
         config.issue_config_time_warning(InputWarning(warning), stacklevel=2)
-    provision(plan, found, check_sandbox=not collect_only)
+    provision(plan, found, check_sandbox=not collect_only, note=_terminal_line(config))
     paths = {dataset.name: dataset.path for dataset in plan.datasets}
     if collect_only:
         return HemraSession(None, plan.trials, paths)
@@ -100,6 +101,12 @@ def _open_session(config: pytest.Config) -> HemraSession:
     provider = sandbox_for(plan.spec, store, found)
     run = load_recorded(store, record_plan(plan, store))
     return HemraSession(Runner(store, run, provider, owner_name()), plan.trials, paths)
+
+
+def _terminal_line(config: pytest.Config) -> Callable[[str], None]:
+    """A line for the terminal at resolve (task images being built), when there is one."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    return (lambda line: None) if reporter is None else reporter.write_line
 
 
 def _resume_session(config: pytest.Config, found: dict[str, ProviderFactory]) -> HemraSession:

@@ -22,7 +22,7 @@ from typing import Any
 import docker
 import pytest
 
-from conftest import BASE_IMAGE, REPO, TaskMaker
+from conftest import REPO, TaskMaker
 from pytest_hemra.cli import main as hemra
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.core.records import EngineSlot, PlannedTrial
@@ -252,9 +252,14 @@ def test_trials_are_spread_over_every_engine_of_the_pool(
     cases = list(ET.parse(junit).getroot().iter("testcase"))
     engines = [{p.get("name"): p.get("value") for p in c.iter("property")}["engine"] for c in cases]
     assert sorted(engines) == sorted(t.engine for t in trials)
-    for engine in extra_engines:  # started empty: the base image was copied over, then built on
+    # built once at resolve on the runner's engine; each engine (started empty) was given that
+    # very image (the same ID), then HEMRA's layer built on it there
+    main = docker.DockerClient(base_url=MAIN, timeout=30)
+    built = {i.id for i in main.images.list(name="hemra-task")}
+    main.close()
+    for engine in extra_engines:
         client = docker.DockerClient(base_url=engine.address, timeout=30)
-        assert client.images.get(BASE_IMAGE)
+        assert {i.id for i in client.images.list(name="hemra-task")} <= built
         assert client.images.list(name="hemra-task") and client.images.list(name="hemra-sandbox")
         client.close()
     assert store.engine_load() == {}  # every slot given back

@@ -145,7 +145,7 @@ def detach_command(args: argparse.Namespace) -> int:
         print(describe(plan, provider))
         return 0
     plan = resolve_plan(run_file, overrides, Path.cwd())
-    provision(plan, found)
+    provision(plan, found, note=lambda line: print(line, file=sys.stderr))
     store = Store(Path(args.store) if args.store else plan.base_dir / DEFAULT_STORE)
     run_id = record_plan(plan, store, status="queued")
     print(run_id)

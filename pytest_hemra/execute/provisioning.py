@@ -1,9 +1,10 @@
 """Provisioning: what a resolved plan needs of this machine, checked before anything is recorded.
 
 Resolve (resolve/plan.py) reads files; this step meets the machine: the sandbox provider the run
-names (or its pool of engines) with the capabilities it requires, and every harness installed
-(or, for an `sdk` harness, its entry loaded), so a broken harness or a missing capability
-refuses the run before the store hears of it. `hemra run --dry-run` describes it all.
+names (or its pool of engines) with the capabilities it requires, every harness installed (or,
+for an `sdk` harness, its entry loaded) and every task image built (`builds.py`), so a broken
+harness, a missing capability or a Dockerfile that fails refuses the run before the store hears
+of it. `hemra run --dry-run` describes it all, building nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from pytest_hemra.core.errors import CapabilityError, InfraError, SpecError
+from pytest_hemra.execute.builds import build_images, tasks_to_build
 from pytest_hemra.execute.installs import ensure_installed
 from pytest_hemra.execute.kinds import kind_of
 from pytest_hemra.execute.sandbox import SandboxProvider
@@ -23,10 +25,14 @@ ProviderFactory = Callable[[], SandboxProvider]
 
 
 def provision(
-    plan: Plan, providers: Mapping[str, ProviderFactory], check_sandbox: bool = True
+    plan: Plan,
+    providers: Mapping[str, ProviderFactory],
+    check_sandbox: bool = True,
+    note: Callable[[str], None] = lambda line: None,
 ) -> SandboxProvider:
     """The run's sandbox provider, checked against `require`; with `check_sandbox`, the
-    sandbox answers and every harness is installed. Any problem is a one-line error."""
+    sandbox answers, every harness is installed and every task image built (what is built is
+    `note`d). Any problem is a one-line error."""
     spec = plan.spec
     provider = _provider(spec, plan.source, providers)
     for harness in plan.harnesses:
@@ -35,6 +41,7 @@ def provision(
         provider.check()
         for harness in plan.harnesses:
             _install(harness)
+        build_images(plan, provider, note)
     return provider
 
 
@@ -98,15 +105,18 @@ def describe(plan: Plan, provider: SandboxProvider | None) -> str:
     if plan.judges:
         lines.append("judges: " + ", ".join(j.name for j in plan.judges))
     missing = getattr(provider, "missing_images", None)
-    if missing is not None:
-        images = sorted(
-            {
-                image
-                for dataset in plan.datasets
-                for task in dataset.tasks
-                for image in missing(task, spec.sandbox.image)
-            }
-        )
-        lines.append(f"images to build: {len(images)}")
-        lines += [f"  {image}" for image in images]
+    named = getattr(provider, "task_image", None)
+    if missing is not None and named is not None:
+        to_build: set[str] = set()
+        cached: dict[str, str] = {}
+        for task in tasks_to_build(plan):
+            needs = missing(task, spec.sandbox.image)
+            to_build.update(needs)
+            if not needs:
+                cached.setdefault(named(task, spec.sandbox.image), str(task.path))
+        at_once = f" ({spec.sandbox.image_builds} at once)" if to_build else ""
+        lines.append(f"images to build: {len(to_build)}{at_once}")
+        lines += [f"  {image}" for image in sorted(to_build)]
+        lines.append(f"images cached: {len(cached)}")
+        lines += [f"  {image} (for {where})" for image, where in sorted(cached.items())]
     return "\n".join(lines)

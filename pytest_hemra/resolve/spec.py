@@ -135,6 +135,8 @@ class SandboxSettings(Strict):
         description="image for tasks whose environment names no Dockerfile or docker_image",
     )
     engines: list[EngineSettings] = Field(default_factory=list)
+    # task images built (or found cached) at once at resolve, before anything is recorded
+    image_builds: int = Field(default=2, ge=1)
     # every task's sandbox (docs/sandbox.md): defaults for a task that sets none, and ceilings a
     # task's own values may not exceed (refused at resolve, naming the task and its key)
     cpus: float = Field(default=1.0, ge=0.01, allow_inf_nan=False)

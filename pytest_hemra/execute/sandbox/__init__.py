@@ -160,7 +160,9 @@ class SandboxProvider(Protocol):
         """Raise InfraError if the provider cannot run anything right now."""
 
     def prepare(self, task: Task, default_image: str) -> str:
-        """Build (or find cached) the task's sandbox image; return its reference."""
+        """Build (or find cached) the task's sandbox image; return its reference. Called at
+        resolve for each distinct task environment (an error refuses the run), then by each
+        trial: once cached, it should cost next to nothing."""
 
     def open(self, request: SandboxRequest) -> AbstractContextManager[Sandbox]: ...
 

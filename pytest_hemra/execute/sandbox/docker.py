@@ -41,7 +41,7 @@ from pytest_hemra.execute.sandbox.container import (
     DockerSandbox,
     remove_container,
 )
-from pytest_hemra.execute.sandbox.images import base_images, copy_image, engine_lock
+from pytest_hemra.execute.sandbox.images import base_images, build_tail, copy_image, engine_lock
 from pytest_hemra.resolve.datasets import Task
 
 SANDBOX_LAYER_VERSION = "1"
@@ -172,6 +172,8 @@ class DockerProvider:
                 raise InfraError(f"{task.path}: image {image!r} is not on this docker engine")
             return str(self.client.images.get(image).id)
         tag = f"{TASK_REPOSITORY}:{task.environment_digest()[:24]}"
+        if not self._has_image(tag):  # a pool's engine: built at resolve on the runner's, copied
+            self._copy_if_missing(tag)
         if not self._has_image(tag):
             with self._lock(tag, task.config.environment.build_timeout_sec):
                 if not self._has_image(tag):
@@ -232,10 +234,7 @@ class DockerProvider:
                 **source,
             )
         except docker.errors.BuildError as error:
-            tail = " | ".join(
-                str(line.get("stream") or line.get("error") or "").strip()
-                for line in list(error.build_log)[-3:]
-            )
+            tail = build_tail(error.build_log)
             raise InfraError(f"{task.path}: image build failed: {error.msg} ({tail})") from error
 
     def gateway_host(self) -> str | None:

@@ -1,6 +1,7 @@
-"""Images across engines: the bases a Dockerfile builds from, an image copied from the runner's
-engine to another one (`docker save` streamed into `docker load`), and a lock per engine and
-image on the runner, so runners preparing the same image at once do the work once.
+"""Images across engines: the bases a Dockerfile builds from, what a failed build last said, an
+image copied from the runner's engine to another one (`docker save` streamed into `docker load`),
+and a lock per engine and image on the runner, so runners preparing the same image at once do the
+work once.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import hashlib
 import re
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,11 @@ from typing import Any
 from pytest_hemra.core.errors import InfraError
 
 LOCK_POLL_SECS = 0.1
+TAIL_LINES = 3
+TAIL_LINE_CHARS = 200
+COLOURS = re.compile(r"\x1b\[[0-9;]*m")
+# the classic builder's own bookkeeping between a build's steps, which says nothing of a failure
+BOOKKEEPING = re.compile(r"^(---> |Removing intermediate container )")
 
 
 def base_images(dockerfile: str) -> list[str]:
@@ -38,6 +44,15 @@ def base_images(dockerfile: str) -> list[str]:
         if len(args) >= 3 and args[1].upper() == "AS":
             stages.add(args[2].lower())
     return list(dict.fromkeys(found))
+
+
+def build_tail(log: Iterable[Mapping[str, Any]]) -> str:
+    """The last lines a failed build printed (its steps and their output, Docker's bookkeeping
+    and colours left out), joined by ` | `: what says why it failed, for a one-line error."""
+    text = COLOURS.sub("", "".join(str(entry.get("stream") or "") for entry in log))
+    lines = [line.strip() for line in text.splitlines()]
+    kept = [line[:TAIL_LINE_CHARS] for line in lines if line and not BOOKKEEPING.match(line)]
+    return " | ".join(kept[-TAIL_LINES:])
 
 
 def copy_image(source: Any, target: Any, reference: str) -> None:

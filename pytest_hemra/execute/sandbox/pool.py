@@ -5,9 +5,10 @@ Slots are claimed in the store, in one transaction (`Store.claim_engine`), so xd
 pinned to engines. Each process keeps its own view of which engines answer: an engine is pinged
 before a trial is placed on it and again when a trial on it fails; one that does not answer is
 marked down and skipped, and pinged again after `DOWN_RECHECK_SECS`, so it is used again once
-it is back (leftover sandboxes of trials that are over are removed from it then). Images are
-prepared on the engine that runs the trial: built there, with any base image it lacks copied
-from the runner's engine (`docker save | docker load`), and cached there by content digest.
+it is back (leftover sandboxes of trials that are over are removed from it then). Task images
+are built at resolve on the runner's own engine (`prepare`); a trial's engine copies the one it
+lacks from there (`docker save | docker load`), or builds it (any base image it lacks copied
+over) when the runner's engine does not hold it, and caches it by content digest.
 """
 
 from __future__ import annotations
@@ -165,6 +166,7 @@ class EnginePool:
         self._holding: set[tuple[str, str]] = set()
         self._bridge_hosts: dict[str, str | None] = {}
         self._runner: list[docker.DockerClient | None] = []
+        self._build_on: DockerProvider | None = None  # where images are built at resolve
         self._lock = threading.Lock()  # heartbeat threads remove sandboxes too
 
     # -- health ---------------------------------------------------------------------------
@@ -270,7 +272,28 @@ class EnginePool:
             )
 
     def prepare(self, task: Task, default_image: str) -> str:
-        raise InfraError(f"{task.path}: an engine pool prepares images once a trial is placed")
+        """At resolve: the task's image built (or found) on the runner's own engine, which every
+        engine of the pool copies it from at its first trial there (the same image everywhere,
+        built once); a runner with no engine of its own builds on the first engine answering.
+        A trial prepares it again on the engine it is placed on."""
+        return self._builder().prepare(task, default_image)
+
+    def missing_images(self, task: Task, default_image: str) -> list[str]:
+        """What `prepare` would build for the task, building nothing."""
+        return self._builder().missing_images(task, default_image)
+
+    def _builder(self) -> DockerProvider:
+        with self._lock:
+            if self._build_on is None:
+                runner = self._runner_engine()
+                if runner is not None:
+                    self._build_on = DockerProvider(runner)
+                else:
+                    up = [engine for engine in self.engines if self.answers(engine)]
+                    if not up:
+                        raise InfraError("no engine of [[sandbox.engines]] answers to build on")
+                    self._build_on = self.provider(up[0])
+            return self._build_on
 
     def open(self, request: SandboxRequest) -> contextlib.AbstractContextManager[Sandbox]:
         raise InfraError("an engine pool opens sandboxes once a trial is placed")

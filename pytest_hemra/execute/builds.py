@@ -1,0 +1,103 @@
+"""Task images built at resolve: every distinct task environment a run needs, built (or found
+cached) by its sandbox provider before anything is recorded, `[sandbox] image_builds` at once.
+
+A broken Dockerfile (or a named image the engine lacks) refuses the run in one line instead of
+failing each of its trials; the trials then find their images cached (`prepare` again: a few
+Docker API calls). Every build is waited for, so one refusal names every task that failed, and
+the images that built are cached for the next run.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+from pytest_hemra.core.errors import HemraError, SpecError
+from pytest_hemra.execute.kinds import kind_of
+from pytest_hemra.execute.sandbox import SandboxProvider
+from pytest_hemra.resolve.datasets import Task
+from pytest_hemra.resolve.plan import Plan
+
+
+def tasks_to_build(plan: Plan) -> list[Task]:
+    """One task for each distinct environment of the selected tasks, in plan order; none when
+    no harness runs in HEMRA's sandbox (a harbor harness builds its own images)."""
+    if not any(kind_of(harness).is_isolated for harness in plan.harnesses):
+        return []
+    found: dict[str, Task] = {}
+    for dataset in plan.datasets:
+        for task in dataset.tasks:
+            found.setdefault(task.environment_digest(), task)
+    return list(found.values())
+
+
+def build_images(
+    plan: Plan, provider: SandboxProvider, note: Callable[[str], None] = lambda line: None
+) -> None:
+    """Build (or find cached) every task image of the plan, `image_builds` at once; a failure is
+    one SpecError naming the first failing task with its build's last lines, and the others."""
+    tasks = tasks_to_build(plan)
+    if not tasks:
+        return
+    default_image = plan.spec.sandbox.image
+    at_once = min(plan.spec.sandbox.image_builds, len(tasks))
+    missing = getattr(provider, "missing_images", None)
+    if missing is not None:
+        count = sum(1 for task in tasks if missing(task, default_image))
+        if count:
+            note(f"hemra: building {count} task image{'s' * (count != 1)} ({at_once} at once)")
+    failures = [
+        failure for failure in _prepare_all(provider, tasks, default_image, at_once) if failure
+    ]
+    if failures:
+        first, others = failures[0], failures[1:]
+        also = f"; {len(others)} more failed: " + ", ".join(path for path, _ in others)
+        raise SpecError(f"{first[1]}{also if others else ''}")
+
+
+def _prepare_all(
+    provider: SandboxProvider, tasks: list[Task], default_image: str, at_once: int
+) -> list[tuple[str, str] | None]:
+    """`provider.prepare` for every task, `at_once` threads pulling from one queue; for each
+    task (in order) None, or its path and what it failed with. Ctrl-C stops what has not
+    started; the threads are daemons, so a build running then ends with the process."""
+    results: list[tuple[str, str] | None] = [None] * len(tasks)
+    pending: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for index in range(len(tasks)):
+        pending.put(index)
+    stopped = threading.Event()
+
+    def work() -> None:
+        while not stopped.is_set():
+            try:
+                index = pending.get_nowait()
+            except queue.Empty:
+                return
+            results[index] = _failure(provider, tasks[index], default_image)
+
+    threads = [
+        threading.Thread(target=work, name=f"hemra-build-{n}", daemon=True) for n in range(at_once)
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        stopped.set()
+    return results
+
+
+def _failure(provider: SandboxProvider, task: Task, default_image: str) -> tuple[str, str] | None:
+    """Prepare one task's image: None when it is there, else (its path, the one-line error)."""
+    try:
+        provider.prepare(task, default_image)
+    except HemraError as error:
+        text = str(error)
+    except Exception as error:  # the Docker SDK and requests raise many kinds
+        text = f"{type(error).__name__}: {error}"
+    else:
+        return None
+    where = str(task.path)
+    return where, text if text.startswith(where) else f"{where}: {text}"
