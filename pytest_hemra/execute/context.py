@@ -87,6 +87,7 @@ class TrialResult:
     judgments: list[Judgment] = field(default_factory=list)
     steps: list[StepResult] = field(default_factory=list)
     engine: str | None = None  # the engine of [[sandbox.engines]] it ran on
+    agent_user: str | None = None  # whose user the agent ran as (`identity.py`)
     schema_version: int = RESULT_SCHEMA_VERSION
 
     @property
@@ -120,6 +121,7 @@ class Progress:
     judgments: list[Judgment] = field(default_factory=list)  # the open track's rubric judge
     engine: str | None = None  # where a pool placed the trial
     agent_logs: bool = True  # whether /logs/agent may hold something (the sweep looked)
+    agent_user: str | None = None  # whose user the agent ran as ("0:0 (root, image)")
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:

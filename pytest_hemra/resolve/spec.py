@@ -145,6 +145,10 @@ class SandboxSettings(Strict):
     agent_timeout_sec: float = Field(default=900.0, gt=0, allow_inf_nan=False)
     verifier_timeout_sec: float = Field(default=120.0, gt=0, allow_inf_nan=False)
     pids: int = Field(default=1024, gt=0)
+    # whose user the agent runs as: "non-root" (HEMRA's uid 1000 unless the task's [agent] user
+    # names another non-root user), "task" (as Harbor: [agent] user, else the image's USER,
+    # root in most images)
+    agent_user: Literal["non-root", "task"] = "non-root"
     max_cpus: float = Field(default=8.0, ge=0.01, allow_inf_nan=False)
     max_memory_mb: int = Field(default=16384, ge=6)
     max_pids: int = Field(default=4096, gt=0)

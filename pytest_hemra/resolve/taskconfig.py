@@ -90,10 +90,10 @@ class TaskAgent(Harbor):
     @field_validator("user")
     @classmethod
     def _agent_user(cls, value: str | int | None) -> str | int | None:
-        if value is not None:
-            raise ValueError(
-                f"running the agent as the task's user: {NOT_YET} (it runs as uid 1000)"
-            )
+        if isinstance(value, str) and not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(:\d+)?$", value):
+            raise ValueError(f"expected a user name or uid, got {value!r}")
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"expected a user name or uid, got {value!r}")
         return value
 
     _network = field_validator("network_mode", "allowed_hosts")(_no_allowlist)

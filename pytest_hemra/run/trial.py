@@ -36,10 +36,10 @@ from pytest_hemra.execute.gateway.scripted import (
     load_script,
 )
 from pytest_hemra.execute.healthcheck import wait_healthy
+from pytest_hemra.execute.identity import Identity, agent_identity
 from pytest_hemra.execute.installs import HARNESS_DIR, Installed, ensure_installed
 from pytest_hemra.execute.kinds import AgentTurn, kind_of
 from pytest_hemra.execute.sandbox import (
-    AGENT_HOME,
     AGENT_USER,
     ROOT_USER,
     Limits,
@@ -117,6 +117,7 @@ def run_trial(context: TrialContext) -> TrialResult:
         error_class=progress.error_class,
         steps=progress.steps,
         engine=progress.engine,
+        agent_user=progress.agent_user,
     )
     result.judgments = list(progress.judgments)
     if context.judges and result.is_scored:
@@ -341,6 +342,15 @@ def _run_agent(
     installed: Installed | None,
 ) -> None:
     timeout = context.agent_timeout
+    identity = agent_identity(
+        context.task,
+        context.spec.sandbox.agent_user,
+        sandbox,
+        context.trial_dir / "agent" / "user.txt",
+    )
+    progress.agent_user = identity.describe()
+    if identity.user != AGENT_USER and not identity.is_root:  # the work folder is made its own
+        _give_workdir(context, sandbox, identity)
     deadline = time.time() + timeout
     values = {
         **access,
@@ -352,7 +362,7 @@ def _run_agent(
         "deadline": str(int(deadline)),
         "timeout_secs": str(int(timeout)),
         "harness_dir": HARNESS_DIR if installed else "",
-        "home": AGENT_HOME,
+        "home": identity.home,
     }
     spec = context.harness.spec
     task_env = context.task_env()
@@ -360,7 +370,7 @@ def _run_agent(
         task_env |= render_env(context.task.config.solution.env, dict(os.environ))
     env = {
         **task_env,
-        "HOME": AGENT_HOME,
+        "HOME": identity.home,
         "HEMRA_DEADLINE": str(int(deadline)),
         "HEMRA_TIMEOUT_SECS": str(int(timeout)),
         "HEMRA_INSTRUCTION_FILE": INSTRUCTION_FILE,
@@ -373,7 +383,7 @@ def _run_agent(
     }
     baseline = baseline_of(sandbox)  # PID 1 and the task's own services
     try:
-        _take_turn(context, sandbox, progress, values, env, deadline)
+        _take_turn(context, sandbox, progress, values, env, deadline, identity)
     finally:  # exit, timeout or error: nothing the agent started outlives its turn
         swept = sweep(
             sandbox,
@@ -384,6 +394,23 @@ def _run_agent(
         progress.agent_logs = "agent-logs" in swept.said
 
 
+def _give_workdir(context: TrialContext, sandbox: Sandbox, identity: Identity) -> None:
+    """The work folder and /logs/agent owned by the agent's user, as the sandbox layer makes
+    them HEMRA's agent's (uid 1000) for a user of the task's own."""
+    log = context.trial_dir / "agent" / "user.txt"
+    result = sandbox.exec(
+        ["chown", "-R", identity.user, context.workdir, AGENT_LOGS],
+        user=ROOT_USER,
+        env={},
+        timeout=60,
+        stdout=log,
+        stderr=log,
+        workdir="/",
+    )
+    if result.exit_code != 0:
+        raise InfraError(f"sandbox: cannot give {context.workdir} to the agent's user {identity}")
+
+
 def _take_turn(
     context: TrialContext,
     sandbox: Sandbox,
@@ -391,6 +418,7 @@ def _take_turn(
     values: dict[str, str],
     env: dict[str, str],
     deadline: float,
+    identity: Identity,
 ) -> None:
     """The agent's turn proper: the harness's files, its install commands, then its command."""
     spec, timeout = context.harness.spec, context.agent_timeout
@@ -399,7 +427,7 @@ def _take_turn(
     for path, content in spec.files.items():
         target = render(path, values)
         try:  # as the agent user, never through the engine (which writes as root)
-            sandbox.write_file(target, render(content, values).encode(), user=AGENT_USER)
+            sandbox.write_file(target, render(content, values).encode(), user=identity.user)
         except OSError as error:
             with err.open("a") as handle:
                 handle.write(f"hemra: [files] {target}: {error}\n")
@@ -408,7 +436,7 @@ def _take_turn(
     for argv in context.harness.spec.install:
         setup = sandbox.exec(
             render_argv(argv, values),
-            user=AGENT_USER,
+            user=identity.user,
             env=env,
             timeout=timeout,
             stdout=out,
@@ -430,6 +458,7 @@ def _take_turn(
         out,
         err,
         context.workdir,
+        identity.user,
     )
     result = kind_of(context.harness).run_agent(turn)
     progress.exit_code, progress.timed_out = result.exit_code, result.timed_out
@@ -437,7 +466,7 @@ def _take_turn(
         text = out.read_text(errors="replace")
         if spec.output_file:  # the harness writes its own numbers to a file, not stdout
             try:  # as the agent user: the harness reads only what it could have written
-                found = sandbox.read_file(render(spec.output_file, values), user=AGENT_USER)
+                found = sandbox.read_file(render(spec.output_file, values), user=identity.user)
             except OSError:
                 found = b""
             text = found.decode(errors="replace")
@@ -483,6 +512,7 @@ def _run_steps(
             with _model_access(step_context, turn) as access:
                 _run_agent(step_context, sandbox, turn, access, installed)
             progress.usage = progress.usage.combined(turn.usage)
+            progress.agent_user = turn.agent_user
             after = sandbox.read_tree(workdir)
             (step_dir / "diff.patch").write_text(tree_diff(before, after))
             _keep_tree_notes(after, workdir, step_dir)
@@ -533,7 +563,9 @@ def _prepare_step(context: TrialContext, sandbox: Sandbox, step_path: Path, step
     verifier_error), not the agent's."""
     files = step_path / "workdir"
     if files.is_dir():
-        sandbox.put({}, {context.workdir: files}, owner=AGENT_USER)
+        log = step_dir / "agent" / "user.txt"
+        identity = agent_identity(context.task, context.spec.sandbox.agent_user, sandbox, log)
+        sandbox.put({}, {context.workdir: files}, owner=identity.user)
     setup = step_path / "setup.sh"
     if setup.is_file():
         log = step_dir / "setup.txt"

@@ -41,6 +41,7 @@ class AgentTurn:
     stdout: Path  # the trial's agent/stdout.txt and stderr.txt
     stderr: Path
     workdir: str = WORKDIR  # where its command runs: the task's workdir
+    user: str = AGENT_USER  # whose user it runs as ("uid:gid"): see execute/identity.py
 
 
 class HarnessKind(Protocol):
@@ -106,7 +107,7 @@ class SandboxKind:
     def run_agent(self, turn: AgentTurn) -> ExecResult:
         return turn.sandbox.exec(
             turn.argv,
-            user=AGENT_USER,
+            user=turn.user,
             env=turn.env,
             timeout=max(turn.deadline - time.time(), 1.0),
             stdout=turn.stdout,

@@ -49,6 +49,7 @@ class AcpKind(SandboxKind):
             turn.stdout,
             turn.stderr,
             turn.workdir,
+            turn.user,
         )
 
 
@@ -76,8 +77,10 @@ class AcpClient:
         env: Mapping[str, str],
         log: Path,
         scratch: Path,
+        user: str = AGENT_USER,
     ) -> None:
         self.sandbox, self.process, self.env = sandbox, process, dict(env)
+        self.user = user  # the agent's: its file operations and terminals run as it
         self.log, self.scratch = log, scratch
         self.incoming: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.terminals: dict[str, Terminal] = {}
@@ -156,14 +159,14 @@ class AcpClient:
             chosen = (allow or options)[0]["optionId"]
             return {"outcome": {"outcome": "selected", "optionId": chosen}}
         if method == "fs/read_text_file":
-            text = self.sandbox.read_file(str(params["path"]), user=AGENT_USER)
+            text = self.sandbox.read_file(str(params["path"]), user=self.user)
             lines = text.decode(errors="replace").splitlines(keepends=True)
             start = max(int(params.get("line") or 1) - 1, 0)
             limit = params.get("limit")
             return {"content": "".join(lines[start : start + limit if limit else None])}
         if method == "fs/write_text_file":
             content = str(params["content"]).encode()
-            self.sandbox.write_file(str(params["path"]), content, user=AGENT_USER)
+            self.sandbox.write_file(str(params["path"]), content, user=self.user)
             return {}
         if method == "terminal/create":
             return {"terminalId": self._create_terminal(params)}
@@ -202,7 +205,7 @@ class AcpClient:
             terminal.result.append(
                 self.sandbox.exec(
                     argv,
-                    user=AGENT_USER,
+                    user=self.user,
                     env=env,
                     timeout=min(float(params.get("timeout") or 600), timeout),
                     stdout=out,
@@ -231,14 +234,15 @@ def run_acp(
     stdout: Path,
     stderr: Path,
     workdir: str = WORKDIR,
+    user: str = AGENT_USER,
 ) -> ExecResult:
     """One ACP session, start to the prompt's answer, within the deadline; `workdir` is the
     session's working folder."""
     started = time.monotonic()
     scratch = stdout.parent / "acp"
     scratch.mkdir(exist_ok=True)
-    process = sandbox.start_interactive(argv, user=AGENT_USER, env=env, workdir=workdir)
-    client = AcpClient(sandbox, process, env, stdout, scratch)
+    process = sandbox.start_interactive(argv, user=user, env=env, workdir=workdir)
+    client = AcpClient(sandbox, process, env, stdout, scratch, user)
     reader = threading.Thread(target=client.pump, daemon=True, name="hemra-acp-reader")
     reader.start()
     exit_code: int | None = 0
@@ -273,7 +277,7 @@ def run_acp(
         client.stderr += f"\nhemra: {error}\n".encode()
     finally:
         process.close_stdin()
-        kill_agent_processes(sandbox, scratch)
+        kill_agent_processes(sandbox, scratch, user)
         reader.join(5)
         process.close()
         stderr.write_bytes(bytes(client.stderr))

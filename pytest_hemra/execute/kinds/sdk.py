@@ -58,7 +58,9 @@ class SdkKind(SandboxKind):
 
     def run_agent(self, turn: AgentTurn) -> ExecResult:
         sandbox, values, env = turn.sandbox, turn.values, turn.env
-        return run_sdk(turn.harness, sandbox, values, env, turn.deadline, turn.stdout, turn.stderr)
+        return run_sdk(
+            turn.harness, sandbox, values, env, turn.deadline, turn.stdout, turn.stderr, turn.user
+        )
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,10 @@ class SdkAgent:
         env: Mapping[str, str],
         deadline: float,
         scratch: Path,
+        user: str = AGENT_USER,
     ) -> None:
         self.instruction = values["instruction"]
+        self._user = user
         self.model = values["model"]
         self.base_url = values["host_base_url"]
         self.api_key = values["api_key"]
@@ -111,7 +115,7 @@ class SdkAgent:
             err = self._scratch / f"run-{self._runs}.stderr"
             limit = min(timeout or self.seconds_left, self.seconds_left) or 0.001
             result = self._sandbox.exec(
-                argv, user=AGENT_USER, env=self._env, timeout=limit, stdout=out, stderr=err
+                argv, user=self._user, env=self._env, timeout=limit, stdout=out, stderr=err
             )
         return Completed(result.exit_code, _read(out), _read(err), result.timed_out)
 
@@ -119,14 +123,14 @@ class SdkAgent:
         """A file's bytes as the sandbox user reads it; the OSError that user meets otherwise
         (FileNotFoundError, PermissionError, IsADirectoryError; EFBIG over 16 MiB)."""
         with self._call("read_file"):
-            return self._sandbox.read_file(path, user=AGENT_USER)
+            return self._sandbox.read_file(path, user=self._user)
 
     def write_file(self, path: str, content: str | bytes) -> None:
         """Write a file as the sandbox user (its missing folders too); the OSError that user
         meets otherwise (PermissionError outside what it may write)."""
         data = content.encode() if isinstance(content, str) else content
         with self._call("write_file"):
-            self._sandbox.write_file(path, data, user=AGENT_USER)
+            self._sandbox.write_file(path, data, user=self._user)
 
     @contextmanager
     def _call(self, name: str) -> Iterator[None]:
@@ -190,12 +194,14 @@ def run_sdk(
     deadline: float,
     stdout: Path,
     stderr: Path,
+    user: str = AGENT_USER,
 ) -> ExecResult:
-    """Call the function in a thread with the deadline; its failure is the harness's exit 1."""
+    """Call the function in a thread with the deadline; its failure is the harness's exit 1.
+    Its commands and file operations run as `user`, the agent's."""
     function = load_entry(harness)
     scratch = stdout.parent / "sdk"
     scratch.mkdir(exist_ok=True)
-    agent = SdkAgent(sandbox, values, env, deadline, scratch)
+    agent = SdkAgent(sandbox, values, env, deadline, scratch, user)
     outcome: dict[str, Any] = {}
 
     def call() -> None:
@@ -210,7 +216,7 @@ def run_sdk(
     worker.join(max(deadline - time.time(), 0.0))
     agent.end_turn()  # whatever the function (or a thread it left) still does reaches nothing
     if worker.is_alive() or time.time() >= deadline:  # also: its last command hit the deadline
-        kill_agent_processes(sandbox, scratch)  # ends the commands under way
+        kill_agent_processes(sandbox, scratch, user)  # ends the commands under way
         agent.drain(DRAIN_SECS)
         return ExecResult(None, True, time.monotonic() - started)
     agent.drain(DRAIN_SECS)

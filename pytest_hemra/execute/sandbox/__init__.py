@@ -94,6 +94,10 @@ class Sandbox(Protocol):
     # entrypoint kept); when not, what ran before the agent's turn is known without listing it
     runs_services: bool
 
+    @property
+    def image_user(self) -> str:
+        """The task image's USER ("" for none: root)."""
+
     def exec(
         self,
         argv: Sequence[str],
@@ -210,12 +214,15 @@ def run_as_owner(
     )
 
 
-def kill_agent_processes(sandbox: Sandbox, logs: Path) -> None:
-    """Kill every process the agent user runs in the sandbox (all but PID 1): whatever an agent
-    started, when its turn ends past its deadline or its protocol session closes."""
+def kill_agent_processes(sandbox: Sandbox, logs: Path, user: str = AGENT_USER) -> None:
+    """Kill every process the agent's user runs in the sandbox (all but PID 1): whatever an
+    agent started, when its turn ends past its deadline or its protocol session closes. A root
+    agent's are left to the sweep that follows the turn, which spares the task's own services."""
+    if user.split(":")[0] in ("0", "root"):
+        return
     sandbox.exec(
         KILL_ALL,
-        user=AGENT_USER,
+        user=user,
         env={},
         timeout=10,
         stdout=logs / "kill.out",

@@ -80,15 +80,22 @@ def remove_container(container: Any) -> None:
 
 
 class DockerSandbox:
-    # PID 1 is `sleep infinity` (the image's entrypoint replaced): every other process in it is
-    # one HEMRA exec'd, or a child of one
-    runs_services = False
-
-    def __init__(self, client: docker.DockerClient, container: Any) -> None:
+    def __init__(
+        self, client: docker.DockerClient, container: Any, *, runs_services: bool = False
+    ) -> None:
+        # without: PID 1 is `sleep infinity` (the image has no ENTRYPOINT), and every other
+        # process in it is one HEMRA exec'd, or a child of one
+        self.runs_services = runs_services
         self.client = client
         self.container = container
         self.api = client.api
         self._taken: list[str] = []  # networks disconnected for a verifier
+
+    @property
+    def image_user(self) -> str:
+        """The task image's USER (the sandbox layer keeps it as a label), "" for none (root)."""
+        labels = self.container.attrs.get("Config", {}).get("Labels") or {}
+        return str(labels.get("hemra.image-user") or "")
 
     def exec(
         self,
@@ -266,6 +273,8 @@ class DockerSandbox:
 
     def read_start_tree(self, path: str) -> Tree:
         """`read_tree(path)` of the sandbox as it started, kept per image (see `snapshot.py`)."""
+        if self.runs_services:  # its entrypoint may have changed it: read this sandbox's own
+            return self.read_tree(path)
         return SNAPSHOTS.tree(self.container.attrs["Image"], path, lambda: self.read_tree(path))
 
     def _list_sizes(self, path: str) -> Listing:

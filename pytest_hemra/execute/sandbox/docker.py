@@ -44,7 +44,7 @@ from pytest_hemra.execute.sandbox.container import (
 from pytest_hemra.execute.sandbox.images import base_images, build_tail, copy_image, engine_lock
 from pytest_hemra.resolve.datasets import Task
 
-SANDBOX_LAYER_VERSION = "1"
+SANDBOX_LAYER_VERSION = "2"  # 2: the image's USER kept as a label
 TASK_REPOSITORY = "hemra-task"
 SANDBOX_REPOSITORY = "hemra-sandbox"
 COPY_TIMEOUT_SECS = 900.0  # the longest a runner waits for another copying the same image
@@ -67,8 +67,9 @@ RUN mkdir -p {WORKDIR} /logs/agent /logs/verifier {AGENT_HOME} /hemra \\
  && chown -R {AGENT_USER} {WORKDIR} /logs/agent {AGENT_HOME} \\
  && chmod 0755 /logs /logs/verifier /hemra
 WORKDIR {WORKDIR}
-LABEL hemra.sandbox-layer="{SANDBOX_LAYER_VERSION}"
+LABEL hemra.sandbox-layer="{SANDBOX_LAYER_VERSION}" hemra.image-user="{{user}}"
 """
+KEEP_ALIVE = ["sh", "-c", "sleep infinity"]  # handed to an image's ENTRYPOINT, as Harbor does
 
 
 def connect() -> docker.DockerClient:
@@ -149,7 +150,8 @@ class DockerProvider:
             if not self._has_image(layer_tag):
                 with self._lock(layer_tag, task.config.environment.build_timeout_sec):
                     if not self._has_image(layer_tag):
-                        dockerfile = SANDBOX_LAYER.format(image=base).encode()
+                        user = self.client.images.get(base).attrs["Config"].get("User") or ""
+                        dockerfile = SANDBOX_LAYER.format(image=base, user=user).encode()
                         self._build(task, tag=layer_tag, fileobj=io.BytesIO(dockerfile))
             return layer_tag
         except DOCKER_ERRORS as error:
@@ -345,10 +347,16 @@ class DockerProvider:
 
     @contextmanager
     def open(self, request: SandboxRequest) -> Iterator[DockerSandbox]:
+        """The sandbox, started: the image's ENTRYPOINT kept when it has one (its services may
+        run; the keep-alive is its command), else `sleep infinity` as PID 1."""
         limits = request.limits
+        try:
+            entrypoint = self.client.images.get(request.image).attrs["Config"].get("Entrypoint")
+        except DOCKER_ERRORS as error:
+            raise InfraError(f"docker: cannot read image {request.image} ({error})") from error
         options: dict[str, Any] = {
-            "entrypoint": ["sleep", "infinity"],
-            "command": [],
+            "entrypoint": None if entrypoint else ["sleep", "infinity"],
+            "command": KEEP_ALIVE if entrypoint else [],
             "user": ROOT_USER,  # PID 1: root, so root's commands hold ROOT_CAPABILITIES
             "working_dir": WORKDIR,
             "cap_drop": ["ALL"],
@@ -380,7 +388,7 @@ class DockerProvider:
                 container = self._on_networks(request, options, run_id)
             else:  # a sandbox outside any run (tests, benchmarks): Docker's default bridge
                 container = self.client.containers.run(request.image, detach=True, **options)
-            yield DockerSandbox(self.client, container)
+            yield DockerSandbox(self.client, container, runs_services=bool(entrypoint))
         except DOCKER_ERRORS as error:
             raise InfraError(f"docker: sandbox failed ({error})") from error
         finally:

@@ -1,0 +1,99 @@
+"""Whose user the agent runs as, and the image's ENTRYPOINT kept, as Harbor runs a task."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import BASE_IMAGE, TaskMaker
+
+# the solution builds a tiny Debian package and installs it: only root can (dpkg's database)
+INSTALL = """set -e
+mkdir -p /tmp/pkg/DEBIAN
+printf 'Package: hemra-demo\\nVersion: 1.0\\nArchitecture: all\\n' > /tmp/pkg/DEBIAN/control
+printf 'Maintainer: x <x@x>\\nDescription: d\\n' >> /tmp/pkg/DEBIAN/control
+dpkg-deb --build /tmp/pkg /tmp/hemra-demo.deb >/dev/null
+dpkg -i /tmp/hemra-demo.deb
+id -u > /app/uid.txt"""
+INSTALLED = (
+    "if dpkg -s hemra-demo >/dev/null 2>&1; then echo 1; else echo 0; fi"
+    " > /logs/verifier/reward.txt"
+)
+ENTRY_IMAGE = f"""FROM {BASE_IMAGE}
+RUN useradd -m -u 1234 app && mkdir /srv/state \\
+ && printf '#!/bin/sh\\necho "token-$$" > /srv/state/token\\nexec "$@"\\n' > /entry.sh \\
+ && chmod 755 /entry.sh
+USER app
+WORKDIR /app
+ENTRYPOINT ["/entry.sh"]
+"""
+
+
+def trials(tmp_path: Path) -> dict[str, dict[str, Any]]:
+    connection = sqlite3.connect(tmp_path / ".hemra" / "hemra.db")
+    connection.row_factory = sqlite3.Row
+    found = {r["item_id"]: dict(r) for r in connection.execute("SELECT * FROM trials")}
+    connection.close()
+    for row in found.values():
+        row["result"] = json.loads((Path(row["trial_dir"]) / "result.json").read_text())
+    return found
+
+
+@pytest.mark.usefixtures("docker_test")
+@pytest.mark.parametrize(("mode", "expected"), [("task", 1.0), ("non-root", 0.0)])
+def test_a_root_task_installs_a_package_only_when_the_agent_runs_as_the_tasks_user(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker, mode: str, expected: float
+) -> None:
+    make_task("install", solve=INSTALL, test=INSTALLED)
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(
+        f'harnesses = ["oracle"]\ndatasets = ["ds"]\n[sandbox]\nagent_user = "{mode}"\n'
+    )
+    pytester.runpytest("--hemra-run", str(run_file))
+    (row,) = trials(tmp_path).values()
+    assert row["reward"] == expected, row["error"]
+    user = "0:0 (root, image)" if mode == "task" else "1000:1000 (hemra)"
+    assert row["result"]["agent_user"] == user
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_the_images_entrypoint_runs_and_its_user_is_the_agents(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
+    """The image's ENTRYPOINT leaves a token the agent must hand back; its USER (uid 1234) is
+    the agent's, which owns the work folder; the clean room still sweeps what the agent left
+    running, and keeps the entrypoint's own process."""
+    make_task(
+        "entry",
+        dockerfile=ENTRY_IMAGE,
+        solve="cp /srv/state/token /app/answer.txt; id -u >> /app/answer.txt; (setsid sleep 300 &)",
+        test='[ "$(head -1 /app/answer.txt)" = "$(cat /srv/state/token)" ] '
+        '&& [ "$(sed -n 2p /app/answer.txt)" = 1234 ] && echo 1 > /logs/verifier/reward.txt '
+        "|| echo 0 > /logs/verifier/reward.txt",
+        task_toml="[environment.healthcheck]\ncommand = 'test -s /srv/state/token'\n"
+        "interval_sec = 0.2\n",
+    )
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(
+        'harnesses = ["oracle", "nop"]\ndatasets = ["ds"]\n[sandbox]\nagent_user = "task"\n'
+    )
+    pytester.runpytest("--hemra-run", str(run_file))
+    found = trials(tmp_path)
+    oracle, nop = found["ds::entry[oracle-1]"], found["ds::entry[nop-1]"]
+    assert (oracle["outcome"], oracle["reward"]) == ("pass", 1.0), oracle["error"]
+    assert (nop["outcome"], nop["reward"]) == ("fail", 0.0), nop["error"]
+    assert oracle["result"]["agent_user"] == "1234:1234 (image)"
+    leftovers = (Path(oracle["trial_dir"]) / "agent" / "leftovers.txt").read_text()
+    assert "uid=1234 sleep" in leftovers
+
+
+def test_a_task_user_must_be_a_name_or_uid(make_task: TaskMaker) -> None:
+    from pytest_hemra.core.errors import SpecError
+    from pytest_hemra.resolve.datasets import load_task
+
+    with pytest.raises(SpecError, match=r"key 'agent.user': expected a user name or uid"):
+        load_task(make_task("bad-user", task_toml='[agent]\nuser = "a b"\n'))
