@@ -1,6 +1,6 @@
-"""Set-up and checks: `hemra init`, the harnesses (`harnesses`, `harness install`), sandbox
-images and engines (`image bootstrap`, `engines`), the gateway's `canary`, a judge's
-`calibrate`."""
+"""Set-up and checks: `hemra init`, the harnesses (`harnesses`, `harness install`), the
+registry's and the cache's datasets (`datasets`), sandbox images and engines (`image bootstrap`,
+`engines`), the gateway's `canary`, a judge's `calibrate`."""
 
 from __future__ import annotations
 
@@ -24,6 +24,14 @@ def add_commands(commands: Commands) -> None:
     listing = commands.add_parser("harnesses", help="list harnesses and what HEMRA observes")
     listing.add_argument("--dir", default=".", help="folder whose harnesses/ is searched first")
     listing.set_defaults(handler=harnesses_command)
+
+    datasets = commands.add_parser(
+        "datasets", help="the registry's datasets ($HEMRA_REGISTRY) and the cache's"
+    )
+    datasets.add_argument(
+        "--format", choices=("table", "json"), default="table", help="json: an object, for scripts"
+    )
+    datasets.set_defaults(handler=datasets_command)
 
     harness = commands.add_parser("harness", help="harness installs")
     harness_commands = harness.add_subparsers(dest="harness_command", required=True)
@@ -128,6 +136,96 @@ def harnesses_command(args: argparse.Namespace) -> int:
     headers = ["harness", "kind", "version", "package", "gateway usage", "own usage"]
     print(tabulate(rows, headers=[*headers, "transcript", "file"]))
     return 0
+
+
+def datasets_command(args: argparse.Namespace) -> int:
+    """The registry's datasets (name, version, tasks, description), then the cache's: each
+    dataset fetched (when, its size, its folder) and the git repositories kept for them."""
+    import json
+    from dataclasses import asdict
+
+    from tabulate import tabulate
+
+    from pytest_hemra.resolve.cache import (
+        cached_datasets,
+        datasets_dir,
+        folder_size,
+        repositories_dir,
+    )
+    from pytest_hemra.resolve.registry import REGISTRY_VARIABLE, configured_registry, read_registry
+
+    location = configured_registry()
+    registry = read_registry(location) if location else None
+    listed = registry.datasets if registry else ()
+    cached = cached_datasets()
+    repositories = repositories_dir()
+    kept = [p for p in repositories.glob("*") if p.is_dir() and not p.name.startswith(".")]
+    git_bytes = sum(folder_size(p) for p in kept)
+    if args.format == "json":
+        found = {
+            "registry": registry.location if registry else None,
+            "datasets": [
+                {
+                    "name": d.name,
+                    "version": d.version,
+                    "tasks": len(d.tasks),
+                    "description": d.description,
+                }
+                for d in listed
+            ],
+            "cache": {
+                "datasets": [asdict(c) | {"path": str(c.path)} for c in cached],
+                "git": {
+                    "folder": str(repositories),
+                    "repositories": len(kept),
+                    "size_bytes": git_bytes,
+                },
+            },
+        }
+        print(json.dumps(found, indent=2))
+        return 0
+    if registry is None:
+        print(f"registry: none ({REGISTRY_VARIABLE} is not set: a registry file or URL)")
+    else:
+        print(f"registry: {registry.location}")
+        rows = [[d.name, d.version, len(d.tasks), _first_line(d.description)] for d in listed]
+        headers = ["dataset", "version", "tasks", "description"]
+        print(tabulate(rows, headers=headers, disable_numparse=True))
+    print(f"\ncache: {datasets_dir()}")
+    if cached:
+        rows = [
+            [
+                c.name,
+                c.version,
+                "?" if c.tasks is None else c.tasks,
+                c.fetched_at or "?",
+                _size(c.size_bytes),
+                str(c.path),
+            ]
+            for c in cached
+        ]
+        headers = ["dataset", "version", "tasks", "fetched", "size", "folder"]
+        print(tabulate(rows, headers=headers, disable_numparse=True))
+    else:
+        print("no datasets fetched yet")
+    print(f"git: {len(kept)} repositories, {_size(git_bytes)} in {repositories}")
+    return 0
+
+
+def _first_line(text: str, width: int = 60) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def _size(size_bytes: int) -> str:
+    if size_bytes < 1024:
+        return f"{size_bytes} B"
+    size, unit = size_bytes / 1024, "KiB"
+    for larger in ("MiB", "GiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, larger
+    return f"{size:.1f} {unit}"
 
 
 def harness_command(args: argparse.Namespace) -> int:

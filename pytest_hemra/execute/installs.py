@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_hemra.core import registry
+from pytest_hemra.core.cache import cache_root, user_home
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.execute.sandbox import Mount
 from pytest_hemra.resolve.harnesses import Harness
@@ -51,16 +51,6 @@ class Installed:
     directory: Path
     mounts: tuple[Mount, ...]
     path: str
-
-
-def user_home() -> Path:
-    """The account's home, even where HOME was changed (pytester, tox): one cache a user."""
-    return Path(pwd.getpwuid(os.getuid()).pw_dir)
-
-
-def cache_root() -> Path:
-    configured = os.environ.get("HEMRA_CACHE_DIR")
-    return Path(configured) if configured else user_home() / ".cache" / "hemra"
 
 
 def install_dir(harness: Harness) -> Path:

@@ -1,7 +1,8 @@
 """Datasets in the Harbor task format: lookup, task parsing, selection, digests and pins.
 
 A dataset is a folder of task folders, found by name (`datasets/` beside the run file, then
-`HEMRA_DATASETS_PATH`, then the bundled datasets) or by path. Its digest covers the sorted
+`HEMRA_DATASETS_PATH`, then the bundled datasets), by path, or as `name@version` in the registry
+(`registry.py`; its tasks fetched into the cache by `cache.py`). Its digest covers the sorted
 relative paths and file hashes of the selected tasks, so it is the same on every machine.
 
 A task's files are read, hashed, sent to models and copied into sandboxes, so a link in a task
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_hemra.core.errors import SpecError
+from pytest_hemra.resolve.cache import fetch_dataset
+from pytest_hemra.resolve.registry import listed_dataset
 from pytest_hemra.resolve.spec import is_valid_name, parse_model, read_toml
 from pytest_hemra.resolve.taskconfig import TaskConfig, unknown_keys
 
@@ -103,11 +106,18 @@ def find_dataset(ref: str, base_dir: Path, source: str) -> Path:
 def resolve_dataset(
     ref: str, base_dir: Path, source: str, patterns: Sequence[str], exclude: Sequence[str]
 ) -> Dataset:
-    """Find, parse, select and digest one dataset entry (`name`, `name@digest`, or a path)."""
+    """Find, parse, select and digest one dataset entry: `name@version` listed in the registry
+    (fetched into the cache), else `name`, `name@digest` or a path."""
     pin = PIN_PATTERN.match(ref)
-    location = pin.group("name") if pin else ref
-    path = find_dataset(location, base_dir, source)
-    name = path.name
+    listed = listed_dataset(ref, source, is_pin=pin is not None)
+    if listed is not None:
+        registry, entry = listed
+        pin = None
+        path = fetch_dataset(entry, registry.location)
+        name = entry.name
+    else:
+        path = find_dataset(pin.group("name") if pin else ref, base_dir, source)
+        name = path.name
     if not is_valid_name(name):
         raise SpecError(f"{path}: {name!r} is not a valid dataset name")
     tasks = [load_task(task_dir) for task_dir in task_dirs(path)]

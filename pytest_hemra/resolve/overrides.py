@@ -97,7 +97,7 @@ OVERRIDE_FLAGS = (
         "--hemra-dataset",
         ("-d", "--dataset"),
         "NAME",
-        "dataset name, name@digest or path, replaces the run file's",
+        "dataset name, name@version (registry), name@digest or path; replaces the run file's",
     ),
     OverrideFlag(
         "attempts",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from pytest_hemra.core.cache import cache_root
 from pytest_hemra.core.errors import InfraError, SpecError
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.execute.context import TrialContext, TrialResult
@@ -20,7 +21,6 @@ from pytest_hemra.execute.installs import (
     MARKER,
     SYSTEM_PATH,
     Installed,
-    cache_root,
     install_dir,
     locked,
 )
