@@ -90,3 +90,25 @@ def test_an_unhealthy_sandbox_is_an_infra_error_naming_its_healthcheck(
     connection.close()
     assert outcome == "infra_error"
     assert "healthcheck failed 2 times in a row (exit 1: not yet" in error
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_a_verifier_that_failed_for_lack_of_a_network_is_classed_and_flagged(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
+    failing = "echo 0 > /logs/verifier/reward.txt"
+    offline = "echo 'curl: (6) Could not resolve host: files.example.invalid' >&2; " + failing
+    make_task("offline", test=offline)
+    make_task("public", test=offline, task_toml='[verifier]\nnetwork_mode = "public"\n')
+    make_task("plain", test="echo 'assertion failed' >&2; " + failing)
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
+    result = pytester.runpytest("--hemra-run", str(run_file))
+    connection = sqlite3.connect(tmp_path / ".hemra" / "hemra.db")
+    classes = dict(connection.execute("SELECT task, error_class FROM trials").fetchall())
+    connection.close()
+    # only where the network was cut: a task whose verifier kept it failed for its own reasons
+    assert classes == {"offline": "verifier_offline", "public": None, "plain": None}
+    result.stdout.fnmatch_lines(
+        ["! oracle: 1 trial(s) failed in a verifier that tried to reach the network*(offline)*"]
+    )

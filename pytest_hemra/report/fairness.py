@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_hemra.core.network import NETWORK_FIX
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import UPSTREAM_REFUSED, TrialRecord
 from pytest_hemra.core.usage import Usage, disagrees
@@ -19,7 +20,8 @@ from pytest_hemra.core.usage import Usage, disagrees
 @dataclass(frozen=True)
 class Flag:
     kind: str  # task_set, unfinished, other_models, self_report, unknown_price, stopped,
-    #            too_few_tasks, timeouts, not_metered, not_isolated, upstream_refused
+    #            too_few_tasks, timeouts, not_metered, not_isolated, upstream_refused,
+    #            tampered, verifier_offline
     harness: str | None
     message: str
 
@@ -82,7 +84,20 @@ def dataset_flags(
             reasons = ", ".join(sorted({t.stopped_by or "" for t in stopped}))
             flags.append(Flag("stopped", harness, f"{len(stopped)} trial(s) stopped by {reasons}"))
         flags += _tampered(harness, mine)
+        flags += _verifier_offline(harness, mine)
     return flags
+
+
+def _verifier_offline(harness: str, mine: list[TrialRecord]) -> list[Flag]:
+    """Trials whose verifier failed with its network cut and printed a network error."""
+    offline = [t for t in mine if t.error_class == "verifier_offline"]
+    if not offline:
+        return []
+    tasks = sorted({t.task for t in offline})
+    message = f"{len(offline)} trial(s) failed in a verifier that tried to reach the network with"
+    message += f" it cut ({', '.join(tasks[:3])}{', ...' if len(tasks) > 3 else ''}): they may"
+    message += f" have failed for lack of it; {NETWORK_FIX}"
+    return [Flag("verifier_offline", harness, message)]
 
 
 def _tampered(harness: str, mine: list[TrialRecord]) -> list[Flag]:

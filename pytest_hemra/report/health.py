@@ -25,32 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from pytest_hemra.core.errors import StoreError
+from pytest_hemra.core.network import NETWORK_FIX, OUTPUT_TAIL_BYTES, network_error
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.report import SLOW_BUILD_SECS
 from pytest_hemra.store import Store
 
 ORACLE, NOP = "oracle", "nop"
-# what a verifier prints when a name lookup or a connection needs a network it does not have
-# (glibc and bash, curl, apt, Python, Node). "Connection refused" is left out on purpose: with
-# the network cut, an outside address is unreachable, never refused; a refusal is a local
-# server that is not running, which no network setting fixes.
-NETWORK_ERRORS = (
-    "Temporary failure in name resolution",
-    "Temporary failure resolving",
-    "Could not resolve host",
-    "Name or service not known",
-    "No address associated with hostname",
-    "Network is unreachable",
-    "getaddrinfo failed",
-    "getaddrinfo EAI_AGAIN",
-    "getaddrinfo ENOTFOUND",
-)
-OUTPUT_TAIL_BYTES = 64 << 10  # the end of each verifier output file that is searched
-NETWORK_FIX = (
-    'let it reach the network: `network_mode = "public"` in the task\'s [verifier] table'
-    ' (task.toml), or `[verifier] network = "bridge"` in a run file'
-)
 
 
 class Verdict(StrEnum):
@@ -241,12 +222,6 @@ def describe(evidence: Evidence) -> str:
     lines = [line.strip() for line in evidence.verifier_output.splitlines() if line.strip()]
     error = trial.error or (lines[-1] if lines else "")
     return f"{trial.outcome} ({reward}{exit_code})" + (f": {error}" if error else "")
-
-
-def network_error(output: str) -> str | None:
-    """The first of `NETWORK_ERRORS` the output holds (case aside), as listed."""
-    lowered = output.lower()
-    return next((e for e in NETWORK_ERRORS if e.lower() in lowered), None)
 
 
 def is_verifier_cut(run_network: str, task_toml: Mapping[str, Any]) -> bool:

@@ -397,7 +397,7 @@ def describe_error(model: type[BaseModel], error: ValidationError, noun: str) ->
     if first["type"] == "extra_forbidden":
         known = _known_keys(model, loc[:-1])
         hint = difflib.get_close_matches(loc[-1], known, n=1)
-        parent = ".".join(loc[:-1])
+        parent = _dotted(first["loc"][:-1])
         suggestion = f" (did you mean '{parent + '.' if parent else ''}{hint[0]}'?)" if hint else ""
         return f"key '{key}' is not a {noun}{suggestion}"
     if first["type"] == "missing":

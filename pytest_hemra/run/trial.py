@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from pytest_hemra.core.errors import HemraError, InfraError, VerifierError, outcome_of
+from pytest_hemra.core.network import OUTPUT_TAIL_BYTES, network_error
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.reward import is_pass
 from pytest_hemra.execute.artifacts import collect as collect_artifacts
@@ -61,6 +62,7 @@ from pytest_hemra.score.verification import (
     EMPTY_ROOM,
     provider_keys,
     runner_env,
+    verifier_network,
     verifier_room,
     verify_open,
     verify_reward,
@@ -69,6 +71,7 @@ from pytest_hemra.score.verification import (
 )
 
 INSTRUCTION_FILE = "/hemra/instruction.md"
+VERIFIER_OFFLINE = "verifier_offline"  # the class of a trial whose verifier lacked a network
 AGENT_LOGS = "/logs/agent"
 # after the sweep, as root: says whether the harness left anything in /logs/agent (shell
 # builtins only), so an empty one is not read back (a round trip to the engine saved)
@@ -223,10 +226,34 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
                 return verify_swe(context, room, progress, before, after)
             if hemra.track == "open":
                 return verify_open(context, room, progress, after)
-            return verify_reward(context, room)
+            try:
+                reward, rewards = verify_reward(context, room)
+            except VerifierError:
+                _note_offline(context, progress)
+                raise
+            if not is_pass(reward):
+                _note_offline(context, progress)
+            return reward, rewards
     finally:
         with progress.phase("teardown"):
             sandboxes.close()
+
+
+def _note_offline(context: TrialContext, progress: Progress) -> None:
+    """A verifier that failed with its network cut and printed a network error (a lookup, an
+    unreachable address) is classed `verifier_offline`: reports flag it, as it may have failed
+    for lack of a network rather than for the agent's work."""
+    if verifier_network(context, context.task.config.verifier) != "none":
+        return
+    folder = context.trial_dir / "verifier"
+    for name in ("stderr.txt", "stdout.txt"):
+        path = folder / name
+        if path.is_file():
+            with path.open("rb") as handle:
+                handle.seek(max(path.stat().st_size - OUTPUT_TAIL_BYTES, 0))
+                if network_error(handle.read().decode(errors="replace")):
+                    progress.error_class = VERIFIER_OFFLINE
+                    return
 
 
 def _healthy(
