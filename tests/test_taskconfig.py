@@ -117,11 +117,61 @@ def test_what_hemra_cannot_do_is_refused_naming_the_key(
     assert expected.lower() in message.lower(), message
 
 
-def test_a_compose_task_is_refused_naming_its_file(make_task: TaskMaker) -> None:
+def test_a_compose_file_is_parsed_with_its_services_in_dependency_order(
+    make_task: TaskMaker,
+) -> None:
     folder = make_task("compose")
-    (folder / "environment" / "docker-compose.yaml").write_text("services: {}\n")
-    with pytest.raises(SpecError, match=r"docker-compose.yaml: a multi-container task"):
+    (folder / "environment" / "db").mkdir()
+    (folder / "environment" / "db" / "Dockerfile").write_text("FROM debian:bookworm-slim\n")
+    (folder / "environment" / "docker-compose.yaml").write_text(
+        "services:\n"
+        "  main:\n    depends_on: [api]\n    environment: [MODE=test]\n"
+        "  api:\n    image: debian:bookworm-slim\n    command: sleep $$HOME 1\n"
+        "    depends_on: {db: {condition: service_healthy}}\n"
+        "    healthcheck: {test: 'true', interval: 1m30s, start_period: 500ms}\n"
+        "  db:\n    build: {context: db, args: {A: 1}}\n    environment: {B: '${X:-y}'}\n"
+    )
+    compose = load_task(folder).compose
+    assert compose is not None
+    assert compose.order() == ["db", "api"]
+    assert compose.main.environment == {"MODE": "test"}
+    assert compose.main.needed() == {"api": "service_started"}
+    api = compose.services["api"]
+    assert api.command == ["sleep", "$HOME", "1"]
+    assert api.healthcheck is not None
+    assert (api.healthcheck.interval, api.healthcheck.start_period) == (90.0, 0.5)
+    assert compose.services["db"].build is not None
+    assert compose.services["db"].build.args == {"A": "1"}
+
+
+@pytest.mark.parametrize(
+    ("compose", "expected"),
+    [
+        ("services:\n  a:\n    image: x\n    cap_add: [NET_ADMIN]\n", "'a': key 'cap_add'"),
+        ("services:\n  a:\n    image: x\n    network_mode: host\n", "key 'network_mode'"),
+        ("services:\n  a: {}\n", "'a': key 'build' or 'image' is required"),
+        ("services:\n  a:\n    build: ../..\n", "outside the compose file's folder"),
+        ("services:\n  a:\n    image: x\n    depends_on: [b]\n", "no service named 'b'"),
+        ("services:\n  main:\n    image: other\n", "'main': key 'image'"),
+        (
+            "services:\n  a: {image: x, depends_on: [b]}\n  b: {image: x, depends_on: [a]}\n",
+            "a cycle",
+        ),
+        ("networks: {}\n", "top-level key 'networks'"),
+        ("services: [\n", "not valid YAML"),
+    ],
+)
+def test_what_a_compose_file_may_not_say_is_refused_naming_file_service_and_key(
+    make_task: TaskMaker, compose: str, expected: str
+) -> None:
+    folder = make_task("compose")
+    path = folder / "environment" / "docker-compose.yaml"
+    path.write_text(compose)
+    with pytest.raises(SpecError) as raised:
         load_task(folder)
+    message = str(raised.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message
+    assert expected in message, message
 
 
 def test_unknown_keys_are_warnings_naming_each(make_task: TaskMaker) -> None:

@@ -64,8 +64,11 @@ class TrialContext:
 
     def task_env(self) -> dict[str, str]:
         """The task's `[environment] env` (its templates filled from the runner's environment):
-        what the agent, the verifier and the healthcheck all see."""
-        return render_env(self.task.config.environment.env, dict(os.environ))
+        what the agent, the verifier and the healthcheck all see; with a compose file's
+        `main` environment under it."""
+        compose = self.task.compose
+        env = {**(compose.main.environment if compose else {}), **self.task.config.environment.env}
+        return render_env(env, dict(os.environ))
 
 
 @dataclass

@@ -22,12 +22,12 @@ from pathlib import Path
 
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.resolve.cache import fetch_dataset
+from pytest_hemra.resolve.compose import Compose, compose_file, load_compose
 from pytest_hemra.resolve.registry import listed_dataset
 from pytest_hemra.resolve.spec import is_valid_name, parse_model, read_toml
 from pytest_hemra.resolve.taskconfig import TaskConfig, unknown_keys
 
 IGNORED_PARTS = frozenset({"__pycache__", ".git", ".DS_Store", ".pytest_cache"})
-COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 PIN_PATTERN = re.compile(r"^(?P<name>[^@]+)@(?P<digest>[0-9a-f]{6,64})$")
 
 
@@ -38,6 +38,7 @@ class Task:
     config: TaskConfig
     instruction: str
     warnings: tuple[str, ...] = ()  # keys of its task.toml that no table defines, by name
+    compose: Compose | None = None  # environment/docker-compose.yaml: services beside main
 
     @property
     def environment_dir(self) -> Path:
@@ -142,13 +143,15 @@ def load_task(path: Path) -> Task:
     if not is_valid_name(path.name):
         raise SpecError(f"{path}: {path.name!r} is not a valid task name")
     check_links(path)
-    for name in COMPOSE_FILES:
-        if (path / "environment" / name).is_file():
-            raise SpecError(
-                f"{path / 'environment' / name}: a multi-container task (Docker Compose"
-                " services beside the sandbox), which HEMRA does not support yet"
-            )
     config = parse_model(TaskConfig, read_toml(path / "task.toml"), str(path / "task.toml"), "key")
+    found = compose_file(path / "environment")
+    compose = None
+    if found is not None:
+        compose = load_compose(
+            found,
+            has_dockerfile=(path / "environment" / "Dockerfile").is_file(),
+            docker_image=config.environment.docker_image,
+        )
     warnings = tuple(
         f"{path / 'task.toml'}: key '{key}' is not one of Harbor's task keys (ignored)"
         for key in unknown_keys(config)
@@ -156,7 +159,7 @@ def load_task(path: Path) -> Task:
     if config.steps:
         _check_steps(path, config)
         first = path / "steps" / config.steps[0].name / "instruction.md"
-        return Task(path.name, path, config, first.read_text(encoding="utf-8"), warnings)
+        return Task(path.name, path, config, first.read_text(encoding="utf-8"), warnings, compose)
     instruction_file = path / "instruction.md"
     if not instruction_file.is_file():
         raise SpecError(f"{instruction_file}: missing (every task needs its instruction)")
@@ -184,7 +187,7 @@ def load_task(path: Path) -> Task:
             raise SpecError(f"{path / 'task.toml'}: key 'hemra.criteria': two share a name")
     elif not (path / "tests" / "test.sh").is_file():
         raise SpecError(f"{path / 'tests' / 'test.sh'}: missing (every task needs its verifier)")
-    return Task(path.name, path, config, instruction, warnings)
+    return Task(path.name, path, config, instruction, warnings, compose)
 
 
 def select_tasks(

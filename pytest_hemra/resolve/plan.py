@@ -139,16 +139,23 @@ def _check_task_env(task: Task, keys: set[str]) -> None:
     """A task's `env` tables read the runner's variables by `${NAME}`: each one without a
     default must be set, and only `[verifier] env` may read a model provider's key (the agent's
     sandbox never holds one; a verifier may call a model)."""
-    config = task.config
+    config, toml = task.config, task.path / "task.toml"
     tables = [
-        ("environment.env", config.environment.env, False),
-        ("solution.env", config.solution.env, False),
-        ("verifier.env", config.verifier.env, True),
-        *((f"steps[{i}].verifier.env", s.verifier.env, True) for i, s in enumerate(config.steps)),
+        (f"{toml}: key 'environment.env'", config.environment.env, False),
+        (f"{toml}: key 'solution.env'", config.solution.env, False),
+        (f"{toml}: key 'verifier.env'", config.verifier.env, True),
+        *(
+            (f"{toml}: key 'steps[{i}].verifier.env'", s.verifier.env, True)
+            for i, s in enumerate(config.steps)
+        ),
     ]
-    for key, env, may_hold_keys in tables:
+    if task.compose is not None:  # services are reached by the agent: no keys in them either
+        tables += [
+            (f"{task.compose.path}: service {name!r}: key 'environment'", env, False)
+            for name, env in task.compose.variables().items()
+        ]
+    for where, env, may_hold_keys in tables:
         for name, has_default in template_names(env).items():
-            where = f"{task.path / 'task.toml'}: key '{key}'"
             if name in keys and not may_hold_keys:
                 raise SpecError(
                     f"{where}: ${{{name}}} is a model provider's key, which never enters the"

@@ -10,7 +10,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -200,7 +200,13 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
     )
     sandboxes = ExitStack()
     with progress.phase("start"):
-        sandbox = sandboxes.enter_context(context.provider.open(request))
+        try:  # a multi-container task's services first: the sandbox starts once they are up
+            network = sandboxes.enter_context(_services(context, request))
+            request = replace(request, services_network=network)
+            sandbox = sandboxes.enter_context(context.provider.open(request))
+        except BaseException:
+            sandboxes.close()
+            raise
     try:
         with progress.phase("healthcheck"):
             _healthy(context, sandbox, environment.healthcheck, "[environment] healthcheck")
@@ -254,6 +260,24 @@ def _note_offline(context: TrialContext, progress: Progress) -> None:
                 if network_error(handle.read().decode(errors="replace")):
                     progress.error_class = VERIFIER_OFFLINE
                     return
+
+
+def _services(context: TrialContext, request: SandboxRequest) -> AbstractContextManager[str | None]:
+    """A multi-container task's services (its compose file) running beside the trial, their
+    network's name for the sandbox to join; None for a task without services."""
+    compose = context.task.compose
+    if compose is None or not compose.services:
+        return nullcontext(None)
+    open_services = getattr(context.provider, "open_services", None)
+    if open_services is None:
+        raise InfraError(
+            f"{compose.path}: the {context.provider.name} sandbox provider cannot run a task's"
+            " compose services"
+        )
+    opened: AbstractContextManager[str | None] = open_services(
+        context.task, request, context.trial_dir / "services"
+    )
+    return opened
 
 
 def _healthy(

@@ -66,6 +66,9 @@ class SandboxRequest:
     name: str | None = None
     mounts: tuple[Mount, ...] = ()
     gateway_port: int | None = None  # where the run's gateway listens: the one port let in
+    # a multi-container task's network of its services: joined as `main` before the sandbox
+    # starts, and kept when the verifier's network is cut (it reaches only the task's services)
+    services_network: str | None = None
 
 
 class Tree(dict[str, bytes]):

@@ -81,7 +81,12 @@ def remove_container(container: Any) -> None:
 
 class DockerSandbox:
     def __init__(
-        self, client: docker.DockerClient, container: Any, *, runs_services: bool = False
+        self,
+        client: docker.DockerClient,
+        container: Any,
+        *,
+        runs_services: bool = False,
+        kept: tuple[str, ...] = (),
     ) -> None:
         # without: PID 1 is `sleep infinity` (the image has no ENTRYPOINT), and every other
         # process in it is one HEMRA exec'd, or a child of one
@@ -90,6 +95,7 @@ class DockerSandbox:
         self.container = container
         self.api = client.api
         self._taken: list[str] = []  # networks disconnected for a verifier
+        self._kept = kept  # networks a verifier keeps: its task's services, no way out
 
     @property
     def image_user(self) -> str:
@@ -400,7 +406,7 @@ class DockerSandbox:
     def disconnect_network(self) -> None:
         self.container.reload()
         for network in self.container.attrs["NetworkSettings"]["Networks"]:
-            if network != "none":
+            if network != "none" and network not in self._kept:
                 self.client.networks.get(network).disconnect(self.container, force=True)
                 self._taken.append(network)
 

@@ -22,6 +22,7 @@ import os
 import socket
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -42,6 +43,7 @@ from pytest_hemra.execute.sandbox.container import (
     remove_container,
 )
 from pytest_hemra.execute.sandbox.images import base_images, build_tail, copy_image, engine_lock
+from pytest_hemra.resolve.compose import MAIN
 from pytest_hemra.resolve.datasets import Task
 
 SANDBOX_LAYER_VERSION = "2"  # 2: the image's USER kept as a label
@@ -153,17 +155,23 @@ class DockerProvider:
                         user = self.client.images.get(base).attrs["Config"].get("User") or ""
                         dockerfile = SANDBOX_LAYER.format(image=base, user=user).encode()
                         self._build(task, tag=layer_tag, fileobj=io.BytesIO(dockerfile))
+            from pytest_hemra.execute.sandbox import services  # which imports this module
+
+            services.prepare_images(self, task)  # a multi-container task's, no layer on them
             return layer_tag
         except DOCKER_ERRORS as error:
             raise InfraError(f"{task.path}: docker failed preparing the image ({error})") from error
 
     def missing_images(self, task: Task, default_image: str) -> list[str]:
         """What `prepare` would have to build (or find missing) for a task, building nothing."""
+        from pytest_hemra.execute.sandbox import services  # which imports this module
+
+        found = services.missing_images(self, task)
         if not task.has_dockerfile:
             image = task.config.environment.docker_image or default_image
-            return [] if self._has_image(image) else [f"{image} (not on this engine)"]
+            return found if self._has_image(image) else [f"{image} (not on this engine)", *found]
         tag = f"{TASK_REPOSITORY}:{task.environment_digest()[:24]}"
-        return [] if self._has_image(tag) else [f"{tag} (from {task.environment_dir})"]
+        return found if self._has_image(tag) else [f"{tag} (from {task.environment_dir})", *found]
 
     def _task_image(self, task: Task, default_image: str) -> str:
         named = task.config.environment.docker_image
@@ -334,11 +342,14 @@ class DockerProvider:
             self._networks.pop(name, None)
 
     def remove_sandboxes(self, labels: Mapping[str, str]) -> int:
+        from pytest_hemra.execute.sandbox import services  # which imports this module
+
         filters = {"label": ["hemra=1", *(f"{key}={value}" for key, value in labels.items())]}
         try:
             found = self.client.containers.list(all=True, filters=filters)
             for container in found:
                 remove_container(container)
+            services.remove_networks(self, filters["label"])
             if self.own_networks and "hemra.run" in labels and len(labels) == 1:
                 self._remove_run_network(labels["hemra.run"])
         except DOCKER_ERRORS as error:
@@ -387,8 +398,11 @@ class DockerProvider:
             if self.own_networks and run_id:
                 container = self._on_networks(request, options, run_id)
             else:  # a sandbox outside any run (tests, benchmarks): Docker's default bridge
-                container = self.client.containers.run(request.image, detach=True, **options)
-            yield DockerSandbox(self.client, container, runs_services=bool(entrypoint))
+                container = self.client.containers.create(request.image, **options)
+                self._join_services(container, request)
+                container.start()
+            kept = (request.services_network,) if request.services_network else ()
+            yield DockerSandbox(self.client, container, runs_services=bool(entrypoint), kept=kept)
         except DOCKER_ERRORS as error:
             raise InfraError(f"docker: sandbox failed ({error})") from error
         finally:
@@ -421,6 +435,7 @@ class DockerProvider:
                     container = self.client.containers.create(
                         request.image, network=network.name, **options
                     )
+                self._join_services(container, request)
                 container.start()
                 return container
             except BaseException as error:
@@ -430,6 +445,22 @@ class DockerProvider:
                     raise
                 self._networks.clear()  # one was removed meanwhile: find (or make) them again
         raise AssertionError("unreachable")
+
+    def _join_services(self, container: Any, request: SandboxRequest) -> None:
+        """A multi-container task's sandbox joins its trial's services network as `main`,
+        before it starts (its services are up by then: `open_services`)."""
+        if request.services_network:
+            network = self.client.networks.get(request.services_network)
+            network.connect(container, aliases=[MAIN])
+
+    def open_services(
+        self, task: Task, request: SandboxRequest, logs: Path
+    ) -> AbstractContextManager[str | None]:
+        """A multi-container task's services running beside the trial (`services.py`): the
+        network's name for the sandbox (`SandboxRequest.services_network`), None without."""
+        from pytest_hemra.execute.sandbox import services  # which imports this module
+
+        return services.running(self, task, request, logs)
 
 
 def run_network(run_id: str) -> str:
