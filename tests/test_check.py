@@ -251,3 +251,26 @@ def test_a_network_error_counts_only_when_the_verifier_had_its_network_cut(
     (tmp_path / "bridged").mkdir()
     bridged = recorded_check(tmp_path / "bridged", outcomes, run_network="bridge")
     assert check_health(bridged, "check", "ds").tasks[0].verdicts == (Verdict.BROKEN,)
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_a_task_whose_image_built_slowly_at_resolve_is_slow_build(
+    hemra: Callable[..., pytest.RunResult], tmp_path: Path, make_task: TaskMaker
+) -> None:
+    """Images are built at resolve, before the run is recorded: the build time recorded with
+    the run (not the trials' image phase, which only finds the image) decides `slow_build`."""
+    unique = os.urandom(6).hex()
+    make_task(
+        "slow", dockerfile=f"FROM debian:bookworm-slim\nWORKDIR /app\nRUN sleep 3 # {unique}\n"
+    )
+    make_task("quick")
+    store_path = tmp_path / "s.db"
+    dataset = str(tmp_path / "datasets" / "ds")
+    checked = hemra(
+        "check", dataset, "--slow-build-secs", "2", "--store", str(store_path), "--format", "json"
+    )
+    assert checked.ret == 0, checked.errlines[-20:]
+    tasks = {task["task"]: task for task in json.loads(checked.stdout.str())["tasks"]}
+    assert tasks["slow"]["verdicts"] == ["slow_build"], tasks["slow"]
+    assert tasks["slow"]["build_secs"] >= 3
+    assert tasks["quick"]["verdicts"] == ["healthy"], tasks["quick"]

@@ -21,7 +21,9 @@ def add_commands(commands: Commands) -> None:
     check = commands.add_parser(
         "check", help="run oracle and nop on a dataset's tasks; say which are broken, flaky..."
     )
-    check.add_argument("dataset", help="dataset name, name@digest, name@version or path (as `hemra run -d`)")
+    check.add_argument(
+        "dataset", help="dataset name, name@digest, name@version or path (as `hemra run -d`)"
+    )
     check.add_argument("-k", "--attempts", type=int, default=1, help="attempts per task")
     check.add_argument("-n", "--concurrency", type=int, help="trials at once, via pytest-xdist")
     check.add_argument(

@@ -61,14 +61,17 @@ class StoredDataset:
     digest: str | None = None
     path: str | None = None
     tasks: tuple[str, ...] = ()
+    build_secs: Mapping[str, float] = field(default_factory=dict)  # image builds at resolve
 
     @classmethod
     def read(cls, name: str, entry: Mapping[str, Any]) -> StoredDataset:
+        builds = _mapping(entry.get("build_secs"))
         return cls(
             name=name,
             digest=_text(entry.get("digest")),
             path=_text(entry.get("path")),
             tasks=tuple(str(t) for t in entry.get("tasks") or ()),
+            build_secs={str(k): float(v) for k, v in builds.items() if isinstance(v, int | float)},
         )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from pytest_hemra.core.errors import HemraError, SpecError
@@ -47,9 +48,20 @@ def build_images(
         count = sum(1 for task in tasks if missing(task, default_image))
         if count:
             note(f"hemra: building {count} task image{'s' * (count != 1)} ({at_once} at once)")
-    failures = [
-        failure for failure in _prepare_all(provider, tasks, default_image, at_once) if failure
-    ]
+    to_build = {
+        task.environment_digest() for task in tasks if missing and missing(task, default_image)
+    }
+    outcomes = _prepare_all(provider, tasks, default_image, at_once)
+    built = {
+        task.environment_digest(): secs
+        for task, (_, secs) in zip(tasks, outcomes, strict=True)
+        if task.environment_digest() in to_build
+    }
+    for dataset in plan.datasets:  # what each task's image took, recorded with the run
+        for task in dataset.tasks:
+            if task.environment_digest() in built:
+                plan.build_secs[f"{dataset.name}/{task.name}"] = built[task.environment_digest()]
+    failures = [failure for failure, _ in outcomes if failure]
     if failures:
         first, others = failures[0], failures[1:]
         also = f"; {len(others)} more failed: " + ", ".join(path for path, _ in others)
@@ -58,11 +70,12 @@ def build_images(
 
 def _prepare_all(
     provider: SandboxProvider, tasks: list[Task], default_image: str, at_once: int
-) -> list[tuple[str, str] | None]:
+) -> list[tuple[tuple[str, str] | None, float]]:
     """`provider.prepare` for every task, `at_once` threads pulling from one queue; for each
-    task (in order) None, or its path and what it failed with. Ctrl-C stops what has not
-    started; the threads are daemons, so a build running then ends with the process."""
-    results: list[tuple[str, str] | None] = [None] * len(tasks)
+    task (in order) None, or its path and what it failed with, and the seconds it took. Ctrl-C
+    stops what has not started; the threads are daemons, so a build running then ends with the
+    process."""
+    results: list[tuple[tuple[str, str] | None, float]] = [(None, 0.0)] * len(tasks)
     pending: queue.SimpleQueue[int] = queue.SimpleQueue()
     for index in range(len(tasks)):
         pending.put(index)
@@ -74,7 +87,9 @@ def _prepare_all(
                 index = pending.get_nowait()
             except queue.Empty:
                 return
-            results[index] = _failure(provider, tasks[index], default_image)
+            started = time.monotonic()
+            failure = _failure(provider, tasks[index], default_image)
+            results[index] = (failure, round(time.monotonic() - started, 3))
 
     threads = [
         threading.Thread(target=work, name=f"hemra-build-{n}", daemon=True) for n in range(at_once)

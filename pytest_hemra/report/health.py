@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -138,7 +138,8 @@ def check_health(
             for harness in (ORACLE, NOP)
         }
         cut = is_verifier_cut(run_network, _task_toml(entry.path, task))
-        tasks.append(task_health(task, evidence[ORACLE], evidence[NOP], slow_build_secs, cut))
+        health = task_health(task, evidence[ORACLE], evidence[NOP], slow_build_secs, cut)
+        tasks.append(_with_build(health, entry.build_secs.get(task), slow_build_secs))
     return DatasetHealth(
         run_id=run_id,
         store=str(store.path),
@@ -234,6 +235,26 @@ def is_verifier_cut(run_network: str, task_toml: Mapping[str, Any]) -> bool:
     if mode == "public":
         return False
     return run_network == "none"
+
+
+def _with_build(health: TaskHealth, built: float | None, slow_build_secs: float) -> TaskHealth:
+    """The task's health with its image's build at resolve (before any trial) counted: a run
+    builds its images then, so its trials' `image` phases only find them."""
+    if built is None or (health.build_secs or 0.0) >= built:
+        return health
+    verdicts: list[Verdict] = [
+        v for v in health.verdicts if v not in (Verdict.HEALTHY, Verdict.SLOW_BUILD)
+    ]
+    notes = [n for n in health.notes if not n.startswith("its image took")]
+    if built > slow_build_secs:
+        verdicts.append(Verdict.SLOW_BUILD)
+        notes.append(f"its image took {built:.0f}s to build (over {slow_build_secs:g}s)")
+    return replace(
+        health,
+        verdicts=tuple(verdicts) or (Verdict.HEALTHY,),
+        build_secs=built,
+        notes=tuple(notes),
+    )
 
 
 def _has_result(trial: TrialRecord) -> bool:

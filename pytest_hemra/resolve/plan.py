@@ -11,7 +11,7 @@ import os
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,8 @@ class Plan:
     datasets: tuple[Dataset, ...]
     trials: tuple[PlannedTrial, ...]
     judges: tuple[Judge, ...] = ()
+    # "dataset/task" -> seconds its image took to build at resolve (none: it was cached)
+    build_secs: dict[str, float] = field(default_factory=dict)
 
     @property
     def warnings(self) -> list[str]:
@@ -73,6 +75,11 @@ class Plan:
                     "path": str(d.path),
                     "digest": d.digest,
                     "tasks": [t.name for t in d.tasks],
+                    "build_secs": {
+                        t.name: self.build_secs[f"{d.name}/{t.name}"]
+                        for t in d.tasks
+                        if f"{d.name}/{t.name}" in self.build_secs
+                    },
                 }
                 for d in self.datasets
             },
