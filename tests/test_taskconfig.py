@@ -90,8 +90,8 @@ def test_schema_1_0_calls_it_version(make_task: TaskMaker) -> None:
         ),
         ('[environment]\nskills_dir = "/skills"\n', "key 'environment.skills_dir': a skills"),
         (
-            '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org"]\n',
-            "key 'environment.network_mode': a host allowlist needs an egress proxy",
+            '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["https://pypi.org"]\n',
+            "key 'environment.allowed_hosts': 'https://pypi.org' is not a host",
         ),
         ('[agent]\nuser = "agent"\n', "key 'agent.user': running the agent as the task's user"),
         ('[verifier]\nuser = "tester"\n', "key 'verifier.user': a verifier user other than root"),

@@ -1,7 +1,7 @@
 """task.toml: Harbor's task format, schema versions 1.0 to 1.4, and HEMRA's `[hemra]` table.
 
 Every key Harbor defines is either honoured or refused by name when the task is loaded (a value
-HEMRA cannot act on: a Windows task, GPUs, a host allowlist); a key nobody defines is kept as a
+HEMRA cannot act on: a Windows task, GPUs); a key nobody defines is kept as a
 warning naming it (`unknown_keys`), never dropped in silence. docs/datasets.md has the table of
 every key and what HEMRA does with it.
 """
@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from pytest_hemra.resolve.allowlist import normalize_hosts
 
 SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
 NetworkMode = Literal["public", "no-network", "allowlist"]
@@ -27,14 +29,25 @@ class Harbor(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
-def _no_allowlist(value: Any) -> Any:
-    """`network_mode = "allowlist"` and `allowed_hosts` need an egress proxy HEMRA lacks."""
-    if value == "allowlist" or (isinstance(value, list) and value):
-        raise ValueError(
-            "a host allowlist needs an egress proxy, which HEMRA does not run yet:"
-            " use network_mode 'public' or 'no-network'"
-        )
-    return value
+def _check_hosts(value: list[str] | None) -> list[str] | None:
+    """`allowed_hosts` in Harbor's normal form (`allowlist.normalize_host`)."""
+    return None if value is None else normalize_hosts(value)
+
+
+def _implied_allowlist(data: Any) -> Any:
+    """`allowed_hosts` without `network_mode` means `network_mode = "allowlist"`."""
+    if isinstance(data, dict) and data.get("allowed_hosts") and "network_mode" not in data:
+        data = {**data, "network_mode": "allowlist"}
+    return data
+
+
+def _hosts_need_allowlist(model: Any) -> Any:
+    """An allowlist names its hosts; hosts belong to an allowlist."""
+    if model.network_mode == "allowlist" and not model.allowed_hosts:
+        raise ValueError("network_mode 'allowlist' needs allowed_hosts (the hosts it may reach)")
+    if model.allowed_hosts and model.network_mode != "allowlist":
+        raise ValueError(f"allowed_hosts with network_mode {model.network_mode!r}: drop one")
+    return model
 
 
 def _check_env(env: dict[str, str]) -> dict[str, str]:
@@ -96,7 +109,9 @@ class TaskAgent(Harbor):
             raise ValueError(f"expected a user name or uid, got {value!r}")
         return value
 
-    _network = field_validator("network_mode", "allowed_hosts")(_no_allowlist)
+    _hosts = field_validator("allowed_hosts")(_check_hosts)
+    _implied = model_validator(mode="before")(_implied_allowlist)
+    _paired = model_validator(mode="after")(_hosts_need_allowlist)
 
 
 class Continuous(Harbor):
@@ -148,7 +163,9 @@ class TaskVerifier(Harbor):
             raise ValueError(f"collect hooks run in compose services, which {NOT_YET}")
         return value
 
-    _network = field_validator("network_mode", "allowed_hosts")(_no_allowlist)
+    _hosts = field_validator("allowed_hosts")(_check_hosts)
+    _implied = model_validator(mode="before")(_implied_allowlist)
+    _paired = model_validator(mode="after")(_hosts_need_allowlist)
 
 
 def _size_mb(text: str) -> int:
@@ -157,6 +174,31 @@ def _size_mb(text: str) -> int:
     if not size or size[-1] not in units:
         raise ValueError(f"expected a size like '512M' or '2G', got {text!r}")
     return int(float(size[:-1]) * units[size[-1]])
+
+
+class McpServer(Harbor):
+    """One `[[environment.mcp_servers]]`: an MCP server handed to the agent. `stdio`: the agent
+    starts `command` with `args` in the sandbox; `sse` / `streamable-http` (`http`): it
+    connects to `url` (a service of the task's, say)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+    transport: Literal["stdio", "sse", "streamable-http"] = "sse"
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+
+    @field_validator("transport", mode="before")
+    @classmethod
+    def _http(cls, value: Any) -> Any:
+        return "streamable-http" if value == "http" else value
+
+    @model_validator(mode="after")
+    def _fields_of_transport(self) -> McpServer:
+        if self.transport == "stdio" and not self.command:
+            raise ValueError("'command' is required for transport 'stdio'")
+        if self.transport != "stdio" and not self.url:
+            raise ValueError(f"'url' is required for transport '{self.transport}'")
+        return self
 
 
 class TaskEnvironment(Harbor):
@@ -173,7 +215,7 @@ class TaskEnvironment(Harbor):
     allow_internet: bool = True
     network_mode: NetworkMode | None = None
     allowed_hosts: list[str] | None = None
-    mcp_servers: list[dict[str, Any]] = Field(default_factory=list)
+    mcp_servers: list[McpServer] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     skills_dir: str | None = None
     healthcheck: Healthcheck | None = None
@@ -216,9 +258,10 @@ class TaskEnvironment(Harbor):
 
     @field_validator("mcp_servers")
     @classmethod
-    def _no_mcp(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if value:
-            raise ValueError(f"MCP servers for the agent: {NOT_YET}")
+    def _distinct_mcp(cls, value: list[McpServer]) -> list[McpServer]:
+        names = [server.name for server in value]
+        if len(set(names)) != len(names):
+            raise ValueError("two MCP servers share a name")
         return value
 
     @field_validator("skills_dir")
@@ -228,11 +271,14 @@ class TaskEnvironment(Harbor):
             raise ValueError(f"a skills folder for the agent: {NOT_YET}")
         return value
 
-    _network = field_validator("network_mode", "allowed_hosts")(_no_allowlist)
+    _hosts = field_validator("allowed_hosts")(_check_hosts)
+    _implied = model_validator(mode="before")(_implied_allowlist)
+    _paired = model_validator(mode="after")(_hosts_need_allowlist)
 
     @property
     def has_internet(self) -> bool:
-        """The baseline policy: `network_mode` when set, else `allow_internet`."""
+        """The baseline policy: `network_mode` when set, else `allow_internet` (an allowlist
+        has no route out: its hosts are reached through HEMRA's egress proxy)."""
         if self.network_mode is not None:
             return self.network_mode == "public"
         return self.allow_internet
@@ -375,6 +421,24 @@ class TaskConfig(Harbor):
         if value not in SCHEMA_VERSIONS:
             raise ValueError(f"expected one of {', '.join(SCHEMA_VERSIONS)} (Harbor's schemas)")
         return value
+
+    @property
+    def agent_network(self) -> NetworkMode:
+        """The agent phase's policy: `[agent] network_mode` when set, else the baseline."""
+        if self.agent.network_mode is not None:
+            return self.agent.network_mode
+        environment = self.environment
+        if environment.network_mode is not None:
+            return environment.network_mode
+        return "public" if environment.allow_internet else "no-network"
+
+    @property
+    def agent_hosts(self) -> tuple[str, ...]:
+        """The hosts the agent may reach through the egress proxy (its phase's allowlist)."""
+        if self.agent_network != "allowlist":
+            return ()
+        policy = self.agent if self.agent.network_mode is not None else self.environment
+        return tuple(policy.allowed_hosts or ())
 
     @property
     def artifact_paths(self) -> list[str]:

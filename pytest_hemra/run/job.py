@@ -204,11 +204,16 @@ class Runner:
     def close(self) -> None:
         if self.gateway is not None:
             url = self.gateway.base_urls.get(self.gateway_host)
+            proxy = self.gateway.egress.urls.get(self.gateway_host)
             self.gateway.stop()
             self.gateway = None
             if isinstance(self.provider, DockerProvider):  # its port closed, its run's network
                 with contextlib.suppress(HemraError):  # gone already: reaped by the next runner
-                    self.provider.release(self.run.id, urlsplit(url).port if url else None)
+                    self.provider.release(
+                        self.run.id,
+                        urlsplit(url).port if url else None,
+                        urlsplit(proxy).port if proxy else None,
+                    )
 
 
 def folder_name(trial: TrialRecord) -> str:

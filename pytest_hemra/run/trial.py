@@ -192,11 +192,12 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
         limits=Limits(
             cpus=limits.cpus, memory_mb=limits.memory_mb, pids=limits.pids, disk_mb=disk_mb
         ),
-        network=environment.has_internet,
+        network=task.config.agent_network == "public",
         labels={"hemra.run": context.run_id, "hemra.trial": context.trial_id},
         name=f"hemra-{context.trial_id.replace('.', '-')}",
         mounts=installed.mounts if installed else (),
         gateway_port=gateway_port(context),
+        proxy_port=proxy_port(context) if task.config.agent_hosts else None,
     )
     sandboxes = ExitStack()
     with progress.phase("start"):
@@ -311,13 +312,24 @@ def gateway_port(context: TrialContext) -> int | None:
     return urlsplit(url).port if url else None
 
 
+def proxy_port(context: TrialContext) -> int | None:
+    """The port of the gateway's egress proxy where the trial's sandbox reaches it."""
+    gateway = context.gateway
+    url = gateway.egress.urls.get(context.gateway_host) if gateway is not None else None
+    return urlsplit(url).port if url else None
+
+
 @contextmanager
 def _model_access(context: TrialContext, progress: Progress) -> Iterator[dict[str, str]]:
-    """A gateway token for the agent phase: its base URL and key, ended when the agent is."""
+    """A gateway token for the agent phase: its base URL and key, ended when the agent is;
+    and, for a task with a host allowlist, its egress proxy's URL and credential, ended too
+    (what it reached and was refused kept in `agent/egress.json`)."""
     gateway = context.gateway
     if gateway is None:
-        yield {"base_url": "", "host_base_url": "", "api_key": ""}
+        yield {"base_url": "", "host_base_url": "", "api_key": "", "proxy_url": ""}
         return
+    hosts = context.task.config.agent_hosts
+    egress = gateway.egress.open(context.trial_id, hosts) if hosts else None
     keys = provider_keys(context)
     limits = context.spec.gateway
     access = gateway.open_trial(
@@ -340,13 +352,32 @@ def _model_access(context: TrialContext, progress: Progress) -> Iterator[dict[st
             "base_url": access.base_url(context.gateway_host),
             "host_base_url": access.base_url("127.0.0.1"),
             "api_key": access.token,
+            "proxy_url": gateway.egress.proxy_url(egress, context.gateway_host) if egress else "",
         }
     finally:
+        if egress is not None:
+            gateway.egress.close(egress)
+            egress.write(context.trial_dir / "agent" / "egress.json")
         progress.usage = gateway.close_trial(access.token)
         calls = gateway.calls(access.token)
         if calls:
             trajectory = build_trajectory(context.trial_dir / "calls", calls)
             (context.trial_dir / "trajectory.json").write_text(json.dumps(trajectory, indent=1))
+
+
+def proxy_env(proxy_url: str, gateway_host: str) -> dict[str, str]:
+    """An allowlist task's agent: every HTTP(S) client pointed at the egress proxy (both
+    spellings: curl reads only the lower-case `http_proxy`), the gateway itself reached
+    directly."""
+    if not proxy_url:
+        return {}
+    proxies = {name: proxy_url for name in ("HTTP_PROXY", "HTTPS_PROXY")}
+    return {
+        **proxies,
+        **{name.lower(): url for name, url in proxies.items()},
+        "NO_PROXY": gateway_host,
+        "no_proxy": gateway_host,
+    }
 
 
 def script_for(task: Task, harness: HarnessSpec) -> Script:
@@ -428,6 +459,7 @@ def _run_agent(
         "HEMRA_MODEL": values["model"],
         "HEMRA_BASE_URL": values["base_url"],
         "HEMRA_API_KEY": values["api_key"],
+        **proxy_env(values["proxy_url"], context.gateway_host),
         **({"PATH": installed.path} if installed else {}),
         **{name: runner_env(name) for name in spec.env},
         **{render(name, values): render(value, values) for name, value in spec.environment.items()},

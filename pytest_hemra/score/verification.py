@@ -77,8 +77,10 @@ def verify_step(
 
 def verifier_network(context: TrialContext, settings: TaskVerifier) -> str:
     """The verifier's network: the task's (or step's) `[verifier] network_mode` when it sets
-    one ("no-network": none, "public": the sandbox's), else the run's `[verifier] network`."""
-    if settings.network_mode == "no-network":
+    one ("no-network": none, "public": the sandbox's), else the run's `[verifier] network`.
+    A verifier's own allowlist is not given the egress proxy yet: its network is cut (the
+    stricter reading: it reaches none of the hosts rather than more than them)."""
+    if settings.network_mode in ("no-network", "allowlist"):
         return "none"
     if settings.network_mode == "public":
         return "bridge"

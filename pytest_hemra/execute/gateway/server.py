@@ -35,6 +35,7 @@ from pytest_hemra.execute.gateway.bodies import (
     json_object,
     keep_bodies,
 )
+from pytest_hemra.execute.gateway.egress import EgressProxy
 from pytest_hemra.execute.gateway.headers import (
     DROPPED_RESPONSE,
     presented_key,
@@ -88,6 +89,7 @@ class Gateway:
         self._runners: list[web.AppRunner] = []
         self._session: aiohttp.ClientSession | None = None
         self._scripted_url = ""
+        self.egress = EgressProxy()  # allowlist tasks' HTTP proxy: same addresses, its own port
 
     # -- lifecycle (called from the synchronous side) --------------------------------------
 
@@ -216,8 +218,10 @@ class Gateway:
         await scripted_site.start()
         scripted_port = scripted_site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self._scripted_url = f"http://127.0.0.1:{scripted_port}"
+        await self.egress.serve(list(self.base_urls))
 
     async def _shutdown(self) -> None:
+        await self.egress.shutdown()
         for runner in self._runners:
             await runner.cleanup()
         if self._session is not None:

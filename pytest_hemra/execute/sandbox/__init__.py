@@ -69,6 +69,7 @@ class SandboxRequest:
     # a multi-container task's network of its services: joined as `main` before the sandbox
     # starts, and kept when the verifier's network is cut (it reaches only the task's services)
     services_network: str | None = None
+    proxy_port: int | None = None  # the gateway's egress proxy (an allowlist task): let in too
 
 
 class Tree(dict[str, bytes]):

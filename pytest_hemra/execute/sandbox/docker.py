@@ -8,8 +8,8 @@ A trial's sandbox sits on one of HEMRA's networks of the runner's own engine, ne
 default bridge: `hemra-gateway` (internal: no route out; its host side is where the gateway
 listens) for a task without internet, its run's `hemra-<run id>` (the way out) for a task with
 it. Both have inter-container traffic off, and the host firewall (`firewall.py`) lets a sandbox
-reach nothing of the host but the gateway's port on `hemra-gateway`'s host address, and no
-link-local address.
+reach nothing of the host but the gateway's port (and, for a task with a host allowlist, its
+egress proxy's) on `hemra-gateway`'s host address, and no link-local address.
 """
 
 from __future__ import annotations
@@ -301,9 +301,10 @@ class DockerProvider:
                 return network
         return None
 
-    def release(self, run_id: str, gateway_port: int | None) -> None:
-        """A runner process is done: its gateway's port is closed again, and its run's network
-        removed unless another process's sandboxes still sit on it (the last one removes it)."""
+    def release(self, run_id: str, gateway_port: int | None, *ports: int | None) -> None:
+        """A runner process is done: its gateway's port (and `ports`: its egress proxy's) is
+        closed again, and its run's network removed unless another process's sandboxes still
+        sit on it (the last one removes it)."""
         if not self.own_networks:
             return
         try:
@@ -311,9 +312,10 @@ class DockerProvider:
                 gateway = self._find_network(GATEWAY_NETWORK)
                 host = _gateway_of(gateway) if gateway is not None else None
                 for network in (gateway, self._find_network(run_network(run_id))):
-                    if network is not None and host is not None:
-                        firewall.revoke(_bridge_of(network), host, gateway_port)
-                        self._admitted.discard((_bridge_of(network), host, gateway_port))
+                    for port in (gateway_port, *ports):
+                        if network is not None and host is not None and port is not None:
+                            firewall.revoke(_bridge_of(network), host, port)
+                            self._admitted.discard((_bridge_of(network), host, port))
             self._remove_run_network(run_id)
         except DOCKER_ERRORS as error:
             raise InfraError(f"docker: cannot release run {run_id}'s networks ({error})") from error
@@ -425,10 +427,11 @@ class DockerProvider:
                 name = run_network(run_id)
                 lock = engine_lock(self.engine, f"connect {name}", NETWORK_LOCK_SECS)
                 network = self._network(name, internal=False, labels={"hemra.run": run_id})
-            admitted = (_bridge_of(network), host or "", request.gateway_port or 0)
-            if request.gateway_port is not None and host and admitted not in self._admitted:
-                firewall.admit(*admitted)
-                self._admitted.add(admitted)
+            for port in (request.gateway_port, request.proxy_port):
+                admitted = (_bridge_of(network), host or "", port or 0)
+                if port is not None and host and admitted not in self._admitted:
+                    firewall.admit(*admitted)
+                    self._admitted.add(admitted)
             container = None
             try:
                 with lock:  # its run's last process removes the network only with this lock
