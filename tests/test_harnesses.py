@@ -133,3 +133,24 @@ def test_claude_code_gets_the_real_key_only_at_the_upstream(
     (run,) = store.runs()
     (trial,) = store.trials(run.id)
     assert trial.tokens == len(seen) * 23 and trial.outcome == "fail"  # the upstream's usage
+
+
+@pytest.mark.parametrize("name", ["claude-code", "codex", "claude-code-acp"])
+def test_a_tasks_mcp_servers_reach_the_real_agent(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker, name: str
+) -> None:
+    """A task's stdio MCP server is started by the agent itself (Claude Code through
+    --mcp-config, Codex through its config.toml, the ACP agent through session/new): the
+    server's command leaves a mark; the scripted model then solves the task as usual."""
+    mark = "/tmp/mcp-started-by-the-agent"
+    make_task(
+        "with-mcp",
+        task_toml="[agent]\ntimeout_sec = 120\n[[environment.mcp_servers]]\n"
+        f'name = "marker"\ntransport = "stdio"\ncommand = "sh"\nargs = ["-c", "touch {mark}"]\n',
+        test=f'if [ -e {mark} ] && [ "$(cat /app/out.txt)" = hi ]; then echo 1; else echo 0;'
+        " fi > /logs/verifier/reward.txt",
+    )
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(f'harnesses = ["{name}"]\nmodel = "hemra/scripted"\ndatasets = ["ds"]\n')
+    result = pytester.runpytest("--hemra-run", str(run_file))
+    result.assert_outcomes(passed=1)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +33,7 @@ anything = { goes = "here" }
 
 [agent]
 timeout_sec = 60
+user = "app"
 network_mode = "public"
 
 [verifier]
@@ -51,6 +55,10 @@ allow_internet = false
 env = { GREETING = "hi" }
 workdir = "/work"
 healthcheck = { command = "true", interval_sec = 1, retries = 2 }
+mcp_servers = [
+  { name = "docs", transport = "http", url = "http://docs:8000/mcp" },
+  { name = "tools", transport = "stdio", command = "tools-server", args = ["--quiet"] },
+]
 
 [solution]
 env = { WORD = "x" }
@@ -85,15 +93,15 @@ def test_schema_1_0_calls_it_version(make_task: TaskMaker) -> None:
         ("[environment]\ngpus = 1\n", "key 'environment.gpus': 1 GPUs asked for"),
         ('[environment.tpu]\ntype = "v6e"\ntopology = "2x2"\n', "key 'environment.tpu': a TPU"),
         (
-            '[[environment.mcp_servers]]\nname = "m"\nurl = "http://x"\n',
-            "key 'environment.mcp_servers': MCP servers",
+            '[[environment.mcp_servers]]\nname = "m"\ntransport = "stdio"\n',
+            "key 'environment.mcp_servers[0]': 'command' is required for transport 'stdio'",
         ),
         ('[environment]\nskills_dir = "/skills"\n', "key 'environment.skills_dir': a skills"),
         (
             '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["https://pypi.org"]\n',
             "key 'environment.allowed_hosts': 'https://pypi.org' is not a host",
         ),
-        ('[agent]\nuser = "agent"\n', "key 'agent.user': running the agent as the task's user"),
+        ('[agent]\nuser = "a b"\n', "key 'agent.user': expected a user name or uid"),
         ('[verifier]\nuser = "tester"\n', "key 'verifier.user': a verifier user other than root"),
         (
             "[verifier.environment]\ncpus = 2\n",
@@ -242,3 +250,38 @@ def test_task_env_is_checked_at_resolve_and_nothing_is_recorded(
         connection = sqlite3.connect(store)
         assert connection.execute("SELECT count(*) FROM runs").fetchone() == (0,)
         connection.close()
+
+
+def test_mcp_servers_are_rendered_for_each_harness_format(make_task: TaskMaker) -> None:
+    from pytest_hemra.execute.mcp import acp_servers, claude_json, codex_toml
+
+    servers = load_task(
+        make_task("mcp", task_toml=EVERY_HONOURED_KEY)
+    ).config.environment.mcp_servers
+    assert json.loads(claude_json(servers)) == {
+        "mcpServers": {
+            "docs": {"type": "http", "url": "http://docs:8000/mcp"},
+            "tools": {"command": "tools-server", "args": ["--quiet"]},
+        }
+    }
+    assert tomllib.loads(codex_toml(servers)) == {
+        "mcp_servers": {
+            "docs": {"url": "http://docs:8000/mcp"},
+            "tools": {"command": "tools-server", "args": ["--quiet"]},
+        }
+    }
+    assert [s.get("type", "stdio") for s in acp_servers(servers)] == ["http", "stdio"]
+
+
+def test_a_harness_that_cannot_take_mcp_servers_is_named(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker, write_harness: Any
+) -> None:
+    make_task("mcp", task_toml='[[environment.mcp_servers]]\nname = "m"\nurl = "http://m/"\n')
+    write_harness("plain", 'kind = "program"\nprovider = "anthropic"\ncommand = ["true"]\n')
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(
+        'harnesses = ["plain", "oracle"]\nmodel = "hemra/scripted"\ndatasets = ["ds"]\n'
+    )
+    result = pytester.runpytest("--hemra-run", str(run_file), "--collect-only")
+    result.stdout.fnmatch_lines(["*InputWarning*harness 'plain' is not handed MCP servers*: mcp"])
+    assert "harness 'oracle'" not in result.stdout.str()

@@ -50,8 +50,24 @@ class Plan:
 
     @property
     def warnings(self) -> list[str]:
-        """What the run goes ahead with but says: task keys HEMRA does not know, by name."""
-        return [w for dataset in self.datasets for task in dataset.tasks for w in task.warnings]
+        """What the run goes ahead with but says: task keys HEMRA does not know, and harnesses
+        that cannot be handed the MCP servers a task names, by name."""
+        found = [w for dataset in self.datasets for task in dataset.tasks for w in task.warnings]
+        with_mcp = [
+            task.name
+            for dataset in self.datasets
+            for task in dataset.tasks
+            if task.config.environment.mcp_servers
+        ]
+        for harness in self.harnesses if with_mcp else ():
+            if not takes_mcp_servers(harness.spec):
+                shown = ", ".join(with_mcp[:3]) + (", ..." if len(with_mcp) > 3 else "")
+                found.append(
+                    f"{harness.path}: harness {harness.name!r} is not handed MCP servers (its"
+                    " file uses no {mcp_servers_json} or {mcp_servers_toml}); it runs without"
+                    f" those of {len(with_mcp)} task(s): {shown}"
+                )
+        return found
 
     def record(self) -> dict[str, Any]:
         """The resolved spec with digests, as stored with the run."""
@@ -140,6 +156,16 @@ def resolve_plan(run_file: Path | None, overrides: Overrides, cwd: Path) -> Plan
         for attempt in range(1, spec.attempts + 1)
     )
     return Plan(spec, source, base_dir, harnesses, datasets, trials, judges)
+
+
+def takes_mcp_servers(spec: HarnessSpec) -> bool:
+    """Whether a harness hands a task's MCP servers to its agent (or needs none): an ACP agent
+    gets them in its session, another through `{mcp_servers_json}` / `{mcp_servers_toml}` in its
+    file."""
+    if spec.kind == "acp" or spec.provider is None or spec.uses_solution:
+        return True  # (no model, or the solution: an MCP server is nothing to it)
+    texts = [*spec.command, *spec.environment.values(), *spec.files.keys(), *spec.files.values()]
+    return any("{mcp_servers_" in text for text in texts)
 
 
 def _check_task_env(task: Task, keys: set[str]) -> None:

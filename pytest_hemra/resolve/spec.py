@@ -42,6 +42,8 @@ PLACEHOLDERS = frozenset(
         "api_key",
         "harness_dir",
         "home",
+        "mcp_servers_json",
+        "mcp_servers_toml",
     }
 )
 PACKAGE_PATTERN = r"^(npm|pypi):[^\s]+$"

@@ -176,6 +176,31 @@ def _size_mb(text: str) -> int:
     return int(float(size[:-1]) * units[size[-1]])
 
 
+class McpServer(Harbor):
+    """One `[[environment.mcp_servers]]`: an MCP server handed to the agent. `stdio`: the agent
+    starts `command` with `args` in the sandbox; `sse` / `streamable-http` (`http`): it
+    connects to `url` (a service of the task's, say)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+    transport: Literal["stdio", "sse", "streamable-http"] = "sse"
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+
+    @field_validator("transport", mode="before")
+    @classmethod
+    def _http(cls, value: Any) -> Any:
+        return "streamable-http" if value == "http" else value
+
+    @model_validator(mode="after")
+    def _fields_of_transport(self) -> McpServer:
+        if self.transport == "stdio" and not self.command:
+            raise ValueError("'command' is required for transport 'stdio'")
+        if self.transport != "stdio" and not self.url:
+            raise ValueError(f"'url' is required for transport '{self.transport}'")
+        return self
+
+
 class TaskEnvironment(Harbor):
     build_timeout_sec: float = Field(default=600.0, gt=0)
     docker_image: str | None = None
@@ -190,7 +215,7 @@ class TaskEnvironment(Harbor):
     allow_internet: bool = True
     network_mode: NetworkMode | None = None
     allowed_hosts: list[str] | None = None
-    mcp_servers: list[dict[str, Any]] = Field(default_factory=list)
+    mcp_servers: list[McpServer] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     skills_dir: str | None = None
     healthcheck: Healthcheck | None = None
@@ -233,9 +258,10 @@ class TaskEnvironment(Harbor):
 
     @field_validator("mcp_servers")
     @classmethod
-    def _no_mcp(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if value:
-            raise ValueError(f"MCP servers for the agent: {NOT_YET}")
+    def _distinct_mcp(cls, value: list[McpServer]) -> list[McpServer]:
+        names = [server.name for server in value]
+        if len(set(names)) != len(names):
+            raise ValueError("two MCP servers share a name")
         return value
 
     @field_validator("skills_dir")

@@ -40,6 +40,7 @@ from pytest_hemra.execute.healthcheck import wait_healthy
 from pytest_hemra.execute.identity import Identity, agent_identity
 from pytest_hemra.execute.installs import HARNESS_DIR, Installed, ensure_installed
 from pytest_hemra.execute.kinds import AgentTurn, kind_of
+from pytest_hemra.execute.mcp import claude_json, codex_toml
 from pytest_hemra.execute.sandbox import (
     AGENT_USER,
     ROOT_USER,
@@ -445,6 +446,8 @@ def _run_agent(
         "timeout_secs": str(int(timeout)),
         "harness_dir": HARNESS_DIR if installed else "",
         "home": identity.home,
+        "mcp_servers_json": claude_json(context.task.config.environment.mcp_servers),
+        "mcp_servers_toml": codex_toml(context.task.config.environment.mcp_servers),
     }
     spec = context.harness.spec
     task_env = context.task_env()
@@ -542,6 +545,7 @@ def _take_turn(
         err,
         context.workdir,
         identity.user,
+        tuple(context.task.config.environment.mcp_servers),
     )
     result = kind_of(context.harness).run_agent(turn)
     progress.exit_code, progress.timed_out = result.exit_code, result.timed_out

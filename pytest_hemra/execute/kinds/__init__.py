@@ -24,6 +24,7 @@ from pytest_hemra.execute.sandbox import AGENT_USER, WORKDIR, ExecResult, Sandbo
 from pytest_hemra.resolve.harnesses import Harness
 from pytest_hemra.resolve.plan import RecordedRun
 from pytest_hemra.resolve.spec import HarnessSpec, RunSpec
+from pytest_hemra.resolve.taskconfig import McpServer
 from pytest_hemra.store import Store
 
 
@@ -42,6 +43,7 @@ class AgentTurn:
     stderr: Path
     workdir: str = WORKDIR  # where its command runs: the task's workdir
     user: str = AGENT_USER  # whose user it runs as ("uid:gid"): see execute/identity.py
+    mcp_servers: tuple[McpServer, ...] = ()  # the task's, for kinds that hand them over (ACP)
 
 
 class HarnessKind(Protocol):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_hemra.execute.kinds import AgentTurn, SandboxKind
+from pytest_hemra.execute.mcp import acp_servers
 from pytest_hemra.execute.sandbox import (
     AGENT_USER,
     WORKDIR,
@@ -50,6 +51,7 @@ class AcpKind(SandboxKind):
             turn.stderr,
             turn.workdir,
             turn.user,
+            acp_servers(turn.mcp_servers),
         )
 
 
@@ -235,6 +237,7 @@ def run_acp(
     stderr: Path,
     workdir: str = WORKDIR,
     user: str = AGENT_USER,
+    mcp_servers: Sequence[Mapping[str, Any]] = (),
 ) -> ExecResult:
     """One ACP session, start to the prompt's answer, within the deadline; `workdir` is the
     session's working folder."""
@@ -259,7 +262,9 @@ def run_acp(
             },
             deadline,
         )
-        session = client.call("session/new", {"cwd": workdir, "mcpServers": []}, deadline)
+        session = client.call(
+            "session/new", {"cwd": workdir, "mcpServers": list(mcp_servers)}, deadline
+        )
         answer = client.call(
             "session/prompt",
             {
