@@ -125,7 +125,9 @@ def make_task(tmp_path: Path) -> TaskMaker:
         test: str | None = 'if [ "$(cat /app/out.txt 2>/dev/null)" = hi ]; then echo 1; '
         "else echo 0; fi > /logs/verifier/reward.txt",
         solve: str | None = "echo hi > /app/out.txt",
-        dockerfile: str | None = f"FROM {BASE_IMAGE}\nWORKDIR /app\n",
+        # USER 1000: the agent runs as HEMRA's uid 1000, not root (the image's USER is the
+        # agent's); tests of root agents give a Dockerfile without one
+        dockerfile: str | None = f"FROM {BASE_IMAGE}\nWORKDIR /app\nUSER 1000\n",
         task_toml: str = "[agent]\ntimeout_sec = 30\n[verifier]\ntimeout_sec = 30\n",
     ) -> Path:
         folder = tmp_path / "datasets" / dataset / name

@@ -48,7 +48,8 @@ def trials(tmp_path: Path) -> dict[str, dict[str, Any]]:
 def test_a_root_task_installs_a_package_only_when_the_agent_runs_as_the_tasks_user(
     pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker, mode: str, expected: float
 ) -> None:
-    make_task("install", solve=INSTALL, test=INSTALLED)
+    root_image = f"FROM {BASE_IMAGE}\nWORKDIR /app\n"  # no USER: root is the task's user
+    make_task("install", solve=INSTALL, test=INSTALLED, dockerfile=root_image)
     run_file = tmp_path / "run.toml"
     run_file.write_text(
         f'harnesses = ["oracle"]\ndatasets = ["ds"]\n[sandbox]\nagent_user = "{mode}"\n'
@@ -97,3 +98,32 @@ def test_a_task_user_must_be_a_name_or_uid(make_task: TaskMaker) -> None:
 
     with pytest.raises(SpecError, match=r"key 'agent.user': expected a user name or uid"):
         load_task(make_task("bad-user", task_toml='[agent]\nuser = "a b"\n'))
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_a_tasks_skills_are_copied_where_the_harness_loads_them(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker, write_harness: Any
+) -> None:
+    make_task(
+        "skilled",
+        dockerfile=f"FROM {BASE_IMAGE}\nWORKDIR /app\n"
+        "RUN mkdir -p /opt/skills/greet && echo 'Say hi.' > /opt/skills/greet/SKILL.md\n",
+        task_toml='[environment]\nskills_dir = "/opt/skills"\n',
+        test='[ "$(cat /app/out.txt)" = "Say hi." ] && echo 1 > /logs/verifier/reward.txt'
+        " || echo 0 > /logs/verifier/reward.txt",
+    )
+    write_harness(
+        "skilled",
+        'kind = "program"\nskills_dir = "{home}/.agent/skills"\n'
+        'command = ["sh", "-c", "cat $HOME/.agent/skills/greet/SKILL.md > /app/out.txt"]\n',
+    )
+    write_harness("unskilled", 'kind = "program"\nprovider = "anthropic"\ncommand = ["true"]\n')
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(
+        'harnesses = ["skilled", "unskilled"]\nmodel = "hemra/scripted"\ndatasets = ["ds"]\n'
+    )
+    result = pytester.runpytest("--hemra-run", str(run_file))
+    result.stdout.fnmatch_lines(["*harness 'unskilled' loads no skills*: skilled*"])
+    found = trials(tmp_path)
+    assert found["ds::skilled[skilled-1]"]["reward"] == 1.0
+    assert found["ds::skilled[unskilled-1]"]["reward"] == 0.0

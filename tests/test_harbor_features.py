@@ -37,11 +37,11 @@ def test_oracle_passes_and_nop_fails_every_harbor_features_task(
     result = pytester.runpytest("--hemra-run", str(run_file), "--hemra-store", str(store))
 
     found = rows(store)
-    assert len(found) == 12
+    assert len(found) == 16
     for item, row in found.items():
         expected = ("pass", 1.0) if "[oracle-1]" in item else ("fail", 0.0)
         assert (row["outcome"], row["reward"]) == expected, (item, row["error"])
-    result.assert_outcomes(passed=6, failed=6)
+    result.assert_outcomes(passed=8, failed=8)
 
     def folder(task: str, harness: str) -> Path:
         return Path(found[f"harbor-features::{task}[{harness}-1]"]["trial_dir"])

@@ -29,6 +29,7 @@ ANSWER = "s3cret-answer-81f2"
 GUARDED_IMAGE = PYTHON_IMAGE + (
     f"RUN echo {ANSWER} > /answer.txt && chmod 600 /answer.txt\n"
     "RUN mkdir -p /usr/lib/python3/dist-packages\n"
+    "USER 1000\n"  # the agent's user is the image's: not root (a root agent: test_agent_user)
 )
 TRUSTING_TEST = textwrap.dedent(
     """\

@@ -40,7 +40,7 @@ from pytest_hemra.execute.gateway.wire import CallUsage as Usage
 from pytest_hemra.execute.gateway.wire import Wire, wire_of
 from pytest_hemra.resolve.datasets import bundled_dir, load_task, task_dirs
 from pytest_hemra.resolve.spec import HarnessSpec
-from pytest_hemra.run.trial import script_for
+from pytest_hemra.run.turn import script_for
 
 COMMAND = "echo hi > hello.txt"
 SCRIPTS: dict[str, Script] = {

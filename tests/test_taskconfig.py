@@ -96,7 +96,7 @@ def test_schema_1_0_calls_it_version(make_task: TaskMaker) -> None:
             '[[environment.mcp_servers]]\nname = "m"\ntransport = "stdio"\n',
             "key 'environment.mcp_servers[0]': 'command' is required for transport 'stdio'",
         ),
-        ('[environment]\nskills_dir = "/skills"\n', "key 'environment.skills_dir': a skills"),
+        ('[environment]\nskills_dir = "skills"\n', "key 'environment.skills_dir': string should"),
         (
             '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["https://pypi.org"]\n',
             "key 'environment.allowed_hosts': 'https://pypi.org' is not a host",

@@ -1,10 +1,10 @@
 """Whose user the agent runs as, and its home.
 
-`[sandbox] agent_user = "non-root"` (the default): HEMRA's `agent` (uid 1000, home
-/home/agent), unless the task's `[agent] user` names another user that is not root (a task
-asking for root gets uid 1000 all the same). `"task"`: as Harbor runs it, the task's
-`[agent] user`, else the image's USER, else root. A user named by name is looked up in the
-sandbox (its uid, gid and home), as root, before the agent's turn.
+`[sandbox] agent_user = "task"` (the default): as Harbor runs a task, its `[agent] user`, else
+the image's USER, else root. `"non-root"`: HEMRA's `agent` (uid 1000, home /home/agent),
+unless the task's `[agent] user` names another user that is not root (a task asking for root
+gets uid 1000 all the same). A user named by name is looked up in the sandbox (its uid, gid and
+home), as root, before the agent's turn.
 """
 
 from __future__ import annotations

@@ -67,6 +67,20 @@ class Plan:
                     " file uses no {mcp_servers_json} or {mcp_servers_toml}); it runs without"
                     f" those of {len(with_mcp)} task(s): {shown}"
                 )
+        with_skills = [
+            task.name
+            for dataset in self.datasets
+            for task in dataset.tasks
+            if task.config.environment.skills_dir
+        ]
+        for harness in self.harnesses if with_skills else ():
+            spec = harness.spec
+            if spec.skills_dir is None and spec.provider is not None and not spec.uses_solution:
+                shown = ", ".join(with_skills[:3]) + (", ..." if len(with_skills) > 3 else "")
+                found.append(
+                    f"{harness.path}: harness {harness.name!r} loads no skills (no skills_dir"
+                    f" in its file); it runs without those of {len(with_skills)} task(s): {shown}"
+                )
         return found
 
     def record(self) -> dict[str, Any]:

@@ -51,6 +51,7 @@ ADDED_HARNESS_KEYS = (
     "edit_format",
     "agent",
     "output_file",
+    "skills_dir",
 )  # harness keys left out of digests while unset
 
 
@@ -147,10 +148,10 @@ class SandboxSettings(Strict):
     agent_timeout_sec: float = Field(default=900.0, gt=0, allow_inf_nan=False)
     verifier_timeout_sec: float = Field(default=120.0, gt=0, allow_inf_nan=False)
     pids: int = Field(default=1024, gt=0)
-    # whose user the agent runs as: "non-root" (HEMRA's uid 1000 unless the task's [agent] user
-    # names another non-root user), "task" (as Harbor: [agent] user, else the image's USER,
-    # root in most images)
-    agent_user: Literal["non-root", "task"] = "non-root"
+    # whose user the agent runs as: "task" (as Harbor: [agent] user, else the image's USER,
+    # else root), "non-root" (HEMRA's uid 1000 unless the task's [agent] user names another
+    # user that is not root: a run that never runs an agent as root)
+    agent_user: Literal["task", "non-root"] = "task"
     max_cpus: float = Field(default=8.0, ge=0.01, allow_inf_nan=False)
     max_memory_mb: int = Field(default=16384, ge=6)
     max_pids: int = Field(default=4096, gt=0)
@@ -304,6 +305,9 @@ class HarnessSpec(Strict):
     edit_format: Literal["whole"] | None = None
     # harbor kind: the Harbor agent that runs (`harbor run -a AGENT`), e.g. "oracle"
     agent: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][\w.:@/-]*$")
+    # where the agent loads skills from (placeholders allowed): a task's `skills_dir` is
+    # copied there before its turn
+    skills_dir: str | None = None
 
     _env = field_validator("env")(_check_env_names)
 
@@ -313,6 +317,13 @@ class HarnessSpec(Strict):
         for arg in argv:
             _check_placeholders(arg)
         return argv
+
+    @field_validator("skills_dir")
+    @classmethod
+    def _known_placeholders_in_path(cls, path: str | None) -> str | None:
+        if path is not None:
+            _check_placeholders(path)
+        return path
 
     @field_validator("environment", "files")
     @classmethod

@@ -217,7 +217,7 @@ class TaskEnvironment(Harbor):
     allowed_hosts: list[str] | None = None
     mcp_servers: list[McpServer] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
-    skills_dir: str | None = None
+    skills_dir: str | None = Field(default=None, pattern=r"^/")  # in the image
     healthcheck: Healthcheck | None = None
     workdir: str | None = Field(default=None, pattern=r"^/")
 
@@ -262,13 +262,6 @@ class TaskEnvironment(Harbor):
         names = [server.name for server in value]
         if len(set(names)) != len(names):
             raise ValueError("two MCP servers share a name")
-        return value
-
-    @field_validator("skills_dir")
-    @classmethod
-    def _no_skills(cls, value: str | None) -> str | None:
-        if value is not None:
-            raise ValueError(f"a skills folder for the agent: {NOT_YET}")
         return value
 
     _hosts = field_validator("allowed_hosts")(_check_hosts)
