@@ -123,7 +123,9 @@ def test_a_tasks_skills_are_copied_where_the_harness_loads_them(
         'harnesses = ["skilled", "unskilled"]\nmodel = "hemra/scripted"\ndatasets = ["ds"]\n'
     )
     result = pytester.runpytest("--hemra-run", str(run_file))
-    result.stdout.fnmatch_lines(["*harness 'unskilled' loads no skills*: skilled*"])
+    result.stdout.fnmatch_lines(
+        ["*harness 'unskilled' is not handed skills (no skills_dir*: skilled*"]
+    )
     found = trials(tmp_path)
     assert found["ds::skilled[skilled-1]"]["reward"] == 1.0
     assert found["ds::skilled[unskilled-1]"]["reward"] == 0.0

@@ -10,7 +10,7 @@ import fnmatch
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,37 +51,37 @@ class Plan:
     @property
     def warnings(self) -> list[str]:
         """What the run goes ahead with but says: task keys HEMRA does not know, and harnesses
-        that cannot be handed the MCP servers a task names, by name."""
+        that cannot be handed the MCP servers or skills a task has, by name."""
         found = [w for dataset in self.datasets for task in dataset.tasks for w in task.warnings]
-        with_mcp = [
-            task.name
-            for dataset in self.datasets
-            for task in dataset.tasks
-            if task.config.environment.mcp_servers
-        ]
-        for harness in self.harnesses if with_mcp else ():
-            if not takes_mcp_servers(harness.spec):
-                shown = ", ".join(with_mcp[:3]) + (", ..." if len(with_mcp) > 3 else "")
-                found.append(
-                    f"{harness.path}: harness {harness.name!r} is not handed MCP servers (its"
-                    " file uses no {mcp_servers_json} or {mcp_servers_toml}); it runs without"
-                    f" those of {len(with_mcp)} task(s): {shown}"
-                )
-        with_skills = [
-            task.name
-            for dataset in self.datasets
-            for task in dataset.tasks
-            if task.config.environment.skills_dir
-        ]
-        for harness in self.harnesses if with_skills else ():
-            spec = harness.spec
-            if spec.skills_dir is None and spec.provider is not None and not spec.uses_solution:
-                shown = ", ".join(with_skills[:3]) + (", ..." if len(with_skills) > 3 else "")
-                found.append(
-                    f"{harness.path}: harness {harness.name!r} loads no skills (no skills_dir"
-                    f" in its file); it runs without those of {len(with_skills)} task(s): {shown}"
-                )
+        found += self._left_without(
+            "MCP servers",
+            lambda task: bool(task.config.environment.mcp_servers),
+            takes_mcp_servers,
+            "its file uses no {mcp_servers_json} or {mcp_servers_toml}",
+        )
+        found += self._left_without(
+            "skills",
+            lambda task: task.config.environment.skills_dir is not None,
+            loads_skills,
+            "no skills_dir in its file",
+        )
         return found
+
+    def _left_without(
+        self,
+        what: str,
+        has: Callable[[Task], bool],
+        serves: Callable[[HarnessSpec], bool],
+        why: str,
+    ) -> list[str]:
+        tasks = [task.name for dataset in self.datasets for task in dataset.tasks if has(task)]
+        shown = ", ".join(tasks[:3]) + (", ..." if len(tasks) > 3 else "")
+        return [
+            f"{harness.path}: harness {harness.name!r} is not handed {what} ({why}); it runs"
+            f" without those of {len(tasks)} task(s): {shown}"
+            for harness in self.harnesses
+            if tasks and not serves(harness.spec)
+        ]
 
     def record(self) -> dict[str, Any]:
         """The resolved spec with digests, as stored with the run."""
@@ -170,6 +170,12 @@ def resolve_plan(run_file: Path | None, overrides: Overrides, cwd: Path) -> Plan
         for attempt in range(1, spec.attempts + 1)
     )
     return Plan(spec, source, base_dir, harnesses, datasets, trials, judges)
+
+
+def loads_skills(spec: HarnessSpec) -> bool:
+    """Whether a harness loads a task's skills (its `skills_dir`), or needs none (no model, or
+    the solution)."""
+    return spec.skills_dir is not None or spec.provider is None or spec.uses_solution
 
 
 def takes_mcp_servers(spec: HarnessSpec) -> bool:
