@@ -112,3 +112,36 @@ def test_a_verifier_that_failed_for_lack_of_a_network_is_classed_and_flagged(
     result.stdout.fnmatch_lines(
         ["! oracle: 1 trial(s) failed in a verifier that tried to reach the network*(offline)*"]
     )
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_artifacts_an_agent_plants_are_bounded_and_never_follow_links(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
+    """A cheating agent fills a declared artifact folder with a link to a root-only file, a link
+    out of the folder and a huge sparse file: the trial folder gets neither the linked content
+    nor the huge file (named in the manifest as skipped), and the trial ends normally."""
+    secret = "root-only-secret-5b1e"
+    make_task(
+        "planted",
+        dockerfile=f"FROM debian:bookworm-slim\nWORKDIR /app\nRUN echo {secret} > /secret.txt"
+        " && chmod 600 /secret.txt\nUSER 1000\n",
+        task_toml='artifacts = ["/app/out"]\n',
+        solve="mkdir -p /app/out && ln -s /secret.txt /app/out/secret && ln -s / /app/out/root"
+        " && truncate -s 20G /app/out/huge && echo hi > /app/out.txt && echo ok > /app/out/ok",
+    )
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
+    pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(passed=1)
+    (row,) = rows(tmp_path / ".hemra" / "hemra.db").values()
+    artifacts = Path(row["trial_dir"]) / "artifacts"
+    copied = sorted(
+        p.relative_to(artifacts).as_posix() for p in artifacts.rglob("*") if p.is_file()
+    )
+    assert copied == ["app/out/ok", "manifest.json"]
+    (entry,) = json.loads((artifacts / "manifest.json").read_text())
+    assert entry["skipped"] == {"huge": 20 << 30}
+    folder = Path(row["trial_dir"])
+    assert not any(
+        secret in p.read_text(errors="replace") for p in folder.rglob("*") if p.is_file()
+    )

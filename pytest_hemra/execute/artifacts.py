@@ -32,7 +32,8 @@ def collect(
         files = {
             name: content
             for name, content in tree.items()
-            if not any(fnmatch.fnmatch(name, pattern) for pattern in artifact.exclude)
+            if name not in tree.skipped  # over the cap: named in the manifest, never copied
+            and not any(fnmatch.fnmatch(name, pattern) for pattern in artifact.exclude)
         }
         if entry == CONVENTION and not files:
             continue
