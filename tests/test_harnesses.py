@@ -31,7 +31,13 @@ NO_OWN_NUMBERS = {"claude-code-acp"}  # ACP carries no usage
 SENTINEL = "sk-sentinel-7e21d4a9c0"
 
 
-def test_real_agents_solve_every_offline_task_counted_to_the_token(
+# Two of hemra-offline's six tasks keep the suite's time down (each real agent's trial costs
+# seconds): a test verifier, and several files edited at once (aider's reply holds them whole).
+# Every task is solved by every real agent when the example runs as its header says.
+REAL_AGENT_TASKS = ("fix-test", "multi-file-refactor")
+
+
+def test_real_agents_solve_offline_tasks_counted_to_the_token(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
     store_path = tmp_path / "s.db"
@@ -40,13 +46,17 @@ def test_real_agents_solve_every_offline_task_counted_to_the_token(
         str(REPO / "examples" / "offline-harnesses.toml"),
         "--hemra-store",
         str(store_path),
+        "-k",
+        " or ".join(REAL_AGENT_TASKS),
     )
     dataset = bundled_dir("datasets") / "hemra-offline"
-    tasks = len(list(dataset.glob("*/task.toml")))
+    tasks = len(REAL_AGENT_TASKS)
     result.assert_outcomes(passed=len(WIRE_OF) * tasks)
     store = Store(store_path)
     (run,) = store.runs()
-    for trial in store.trials(run.id):
+    ran = [t for t in store.trials(run.id) if t.task in REAL_AGENT_TASKS]
+    assert len(ran) == len(WIRE_OF) * tasks  # the others are recorded as not run (-k)
+    for trial in ran:
         per_call = scripted_usage(WIRE_OF[trial.harness]).total_tokens
         calls = 1 if trial.harness in EDIT_FORMAT else 2  # else a tool call, then a final message
         assert trial.tokens == calls * per_call, trial.item_id
@@ -76,7 +86,7 @@ def test_real_agents_solve_every_offline_task_counted_to_the_token(
             continue
         # the solution's one command, and mini-swe-agent's finish_command after it
         assert len(tools) == (2 if trial.harness == "mini-swe-agent" else 1), tools
-    result.stdout.fnmatch_lines([f"{name}*6/6*6*" for name in WIRE_OF])
+    result.stdout.fnmatch_lines([f"{name}*2/2*2*" for name in WIRE_OF])
 
 
 @pytest.mark.parametrize("name", ["pi", "aider"])  # from npm, from PyPI
