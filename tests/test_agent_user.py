@@ -10,6 +10,9 @@ from typing import Any
 import pytest
 
 from conftest import BASE_IMAGE, TaskMaker
+from pytest_hemra.core.outcome import Outcome
+from pytest_hemra.core.records import TrialRecord
+from pytest_hemra.report.fairness import dataset_flags
 
 # the solution builds a tiny Debian package and installs it: only root can (dpkg's database)
 INSTALL = """set -e
@@ -54,11 +57,38 @@ def test_a_root_task_installs_a_package_only_when_the_agent_runs_as_the_tasks_us
     run_file.write_text(
         f'harnesses = ["oracle"]\ndatasets = ["ds"]\n[sandbox]\nagent_user = "{mode}"\n'
     )
-    pytester.runpytest("--hemra-run", str(run_file))
+    result = pytester.runpytest("--hemra-run", str(run_file))
     (row,) = trials(tmp_path).values()
     assert row["reward"] == expected, row["error"]
     user = "0:0 (root, image)" if mode == "task" else "1000:1000 (hemra)"
-    assert row["result"]["agent_user"] == user
+    assert row["result"]["agent_user"] == row["agent_user"] == user  # result.json and store
+    shown = pytester.run("hemra", "show", row["id"], "--store", str(tmp_path / ".hemra/hemra.db"))
+    assert f"agent user {user}" in shown.stdout.str()
+    flagged = "*! agents ran as root in 1 of 1 trial(s)*"
+    if mode == "task":  # the report says the agent ran as root
+        result.stdout.fnmatch_lines([flagged])
+    else:
+        result.stdout.no_fnmatch_line(flagged)
+
+
+def test_agents_of_one_task_run_as_different_users_are_flagged() -> None:
+    def trial(harness: str, task: str, user: str) -> TrialRecord:
+        return TrialRecord(
+            id=f"r.{harness}{task}", run_id="r", seq=0, item_id=f"ds::{task}[{harness}-1]",
+            dataset="ds", task=task, harness=harness, attempt=1, status="finished",
+            outcome=Outcome.PASS, reward=1.0, rewards={}, error=None, duration=1.0,
+            trial_dir=None, agent_user=user,
+        )  # fmt: skip
+
+    root, hemra = "0:0 (root, image)", "1000:1000 (hemra)"
+    same = [trial("a", "t1", root), trial("b", "t1", root), trial("a", "t2", hemra)]
+    assert [f.kind for f in dataset_flags(same, ["a", "b"], None)] == ["task_set", "agent_root"]
+    mixed = [*same, trial("b", "t2", root)]
+    flags = {f.kind: f.message for f in dataset_flags(mixed, ["a", "b"], None)}
+    assert "on 1 task(s) (e.g. t2: a as 1000:1000, b as 0:0)" in flags["agent_user_differs"]
+    assert flags["agent_root"].startswith("agents ran as root in 3 of 4 trial(s)")
+    neither = [trial("a", "t1", hemra), trial("b", "t1", hemra)]
+    assert dataset_flags(neither, ["a", "b"], None) == []
 
 
 @pytest.mark.usefixtures("docker_test")

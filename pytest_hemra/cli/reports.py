@@ -85,7 +85,8 @@ def show_command(args: argparse.Namespace) -> int:
         f" cache read {detail.cache_read_tokens}, cache write {detail.cache_write_tokens});"
         f" {detail.calls} calls; cost {cost}",
         "  phases " + ", ".join(f"{k} {v:.2f}s" for k, v in detail.phases.items()),
-        f"  worker {detail.worker or '-'}, job {detail.job_state or '-'}",
+        f"  worker {detail.worker or '-'}, job {detail.job_state or '-'}"
+        + (f", agent user {trial.agent_user}" if trial.agent_user else ""),
     ]
     if trial.error:
         lines.append(f"  error: {trial.error}")

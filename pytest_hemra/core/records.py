@@ -109,6 +109,7 @@ class TrialRecord:
     judges: dict[str, float | None] = field(default_factory=dict)  # judge name -> score
     error_class: str | None = None  # the SWE track's class (success, partial, overfit...)
     engine: str | None = None  # the Docker engine of `[[sandbox.engines]]` it was placed on
+    agent_user: str | None = None  # whose user its agent ran as ("0:0 (root, image)")
 
     @property
     def is_finished(self) -> bool:

@@ -21,7 +21,7 @@ from pytest_hemra.core.usage import Usage, disagrees
 class Flag:
     kind: str  # task_set, unfinished, other_models, self_report, unknown_price, stopped,
     #            too_few_tasks, timeouts, not_metered, not_isolated, upstream_refused,
-    #            tampered, verifier_offline
+    #            tampered, verifier_offline, agent_user_differs, agent_root
     harness: str | None
     message: str
 
@@ -85,6 +85,30 @@ def dataset_flags(
             flags.append(Flag("stopped", harness, f"{len(stopped)} trial(s) stopped by {reasons}"))
         flags += _tampered(harness, mine)
         flags += _verifier_offline(harness, mine)
+    return flags + _agent_users(counted)
+
+
+def _agent_users(trials: Sequence[TrialRecord]) -> list[Flag]:
+    """Who the agents ran as (`[sandbox] agent_user`, execute/identity.py): `agent_user_differs`
+    when one task's agents ran as different users (one could install packages, another not),
+    `agent_root` naming how many ran as root (the task's user or its image's, as Harbor)."""
+    ran = [t for t in trials if t.agent_user]
+    users: dict[str, dict[str, str]] = defaultdict(dict)  # task -> harness -> user
+    for trial in ran:
+        users[trial.task][trial.harness] = (trial.agent_user or "").split(" ")[0]
+    flags = []
+    differs = sorted(task for task, seen in users.items() if len(set(seen.values())) > 1)
+    if differs:
+        first = ", ".join(f"{h} as {u}" for h, u in sorted(users[differs[0]].items()))
+        message = f"the agents ran as different users on {len(differs)} task(s) (e.g. {differs[0]}:"
+        message += f" {first}): what one could do as its user another could not"
+        flags.append(Flag("agent_user_differs", None, message))
+    root = [t for t in ran if (t.agent_user or "").startswith("0:")]
+    if root:
+        message = f"agents ran as root in {len(root)} of {len(ran)} trial(s) (the task's user or"
+        message += ' its image\'s, as Harbor runs them; [sandbox] agent_user = "non-root" runs'
+        message += " every agent as uid 1000)"
+        flags.append(Flag("agent_root", None, message))
     return flags
 
 

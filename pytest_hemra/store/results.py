@@ -146,7 +146,7 @@ class ResultStore(StoreBase):
                 " trial_dir = ?, calls = ?, input_tokens = ?, output_tokens = ?,"
                 " cache_read_tokens = ?, cache_write_tokens = ?, cost = ?, cost_known = ?,"
                 " models = ?, other_model_tokens = ?, stopped_by = ?, own_report = ?, judges = ?,"
-                " error_class = ? WHERE id = ?",
+                " error_class = ?, agent_user = ? WHERE id = ?",
                 [
                     status,
                     result["outcome"],
@@ -171,6 +171,7 @@ class ResultStore(StoreBase):
                     json.dumps(result.get("own_report")),
                     json.dumps({j["judge"]: j["score"] for j in result.get("judgments") or []}),
                     result.get("error_class"),
+                    result.get("agent_user"),
                     trial,
                 ],
             )

@@ -13,7 +13,7 @@ from pytest_hemra.core.records import (
     TrialRecord,
 )
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 OLDEST_MIGRATED = 2  # stores from schema 2 on are brought forward when opened
 EMPTY_USAGE: dict[str, Any] = {
     "calls": 0,
@@ -78,6 +78,7 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
             "judges": str,
             "error_class": str,
             "engine": str,
+            "agent_user": str,
         },
         "id",
     ),
@@ -224,7 +225,7 @@ TRIAL_COLUMNS = (
     " + coalesce(cache_read_tokens, 0) + coalesce(cache_write_tokens, 0),"
     " CASE WHEN cost_known = 0 THEN NULL ELSE coalesce(cost, 0) END, models,"
     " coalesce(other_model_tokens, 0), stopped_by, own_report, replaces, coalesce(retries, 0),"
-    " exit_code, judges, error_class, engine"
+    " exit_code, judges, error_class, engine, agent_user"
 )
 
 
@@ -281,6 +282,7 @@ def trial_record(row: Sequence[Any]) -> TrialRecord:
         judges=json_column(row[24]) or {},
         error_class=row[25],
         engine=row[26],
+        agent_user=row[27],
     )
 
 
