@@ -258,3 +258,46 @@ def test_an_allowlist_task_reaches_its_hosts_through_the_proxy_and_nothing_else(
         if p.is_file() and p.suffix in (".json", ".txt", ".patch")
     )
     assert "hemra-egress-" not in text  # the credential is in no trial file
+
+
+@pytest.mark.usefixtures("docker_test")
+@pytest.mark.parametrize("agent_internet", ["true", "false"])
+def test_a_verifiers_own_allowlist_reaches_its_hosts_through_the_proxy_and_nothing_else(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    monkeypatch: pytest.MonkeyPatch,
+    agent_internet: str,
+) -> None:
+    """`[verifier] allowed_hosts`: whether the agent had the internet (the sandbox leaves its
+    run's network for `hemra-gateway`) or not, the verifier reaches its host through the proxy
+    under a pass of its own, and nothing else."""
+    gateway_host = DockerProvider().gateway_host()
+    assert gateway_host is not None
+    task = make_task(
+        "verifier-allowlist",
+        dockerfile=PYTHON_IMAGE,
+        task_toml=f"[environment]\nallow_internet = {agent_internet}\n"
+        '[verifier]\ntimeout_sec = 60\nallowed_hosts = ["127.0.0.1"]\n'
+        '[verifier.env]\nPROBE_PORT = "${HEMRA_PROBE_PORT}"\n'
+        'PROBE_GATEWAY = "${HEMRA_PROBE_GATEWAY}"\n',
+        test='python3 /tests/probe.py "$PROBE_PORT" "$PROBE_GATEWAY" > /logs/verifier/probe.json'
+        "; echo 1 > /logs/verifier/reward.txt",
+    )
+    (task / "tests" / "probe.py").write_text(PROBE)
+    with host_server() as (port, served):
+        monkeypatch.setenv("HEMRA_PROBE_PORT", str(port))
+        monkeypatch.setenv("HEMRA_PROBE_GATEWAY", gateway_host)
+        run_file = tmp_path / "run.toml"
+        run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
+        pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(passed=1)
+    probes = json.loads(next(tmp_path.rglob("verifier/probe.json")).read_text())
+    assert probes["proxy_set"], probes
+    assert probes["allowed"] == 200 and probes["tunnel"] == 200, probes
+    assert probes["gateway host"] == 403 and probes["localhost"] == 403, probes
+    assert probes["direct"] not in (200, 403, 407), probes  # no route but the proxy
+    assert probes["no credential"] == 407 and probes["wrong credential"] == 407, probes
+    assert sorted(served) == ["/allowed", "/tunnel"]
+    egress = json.loads(next(tmp_path.rglob("verifier/egress.json")).read_text())
+    assert egress["allowed_hosts"] == ["127.0.0.1"] and egress["allowed"] == {"127.0.0.1": 2}
+    assert not list(tmp_path.rglob("agent/egress.json"))  # the agent had no pass: no network

@@ -434,6 +434,13 @@ class TaskConfig(Harbor):
         return tuple(policy.allowed_hosts or ())
 
     @property
+    def uses_proxy(self) -> bool:
+        """Whether a phase reaches hosts through the egress proxy: the agent's, or a verifier's
+        (the task's or a step's) with its own allowlist."""
+        verifiers = [self.verifier, *(step.verifier for step in self.steps)]
+        return bool(self.agent_hosts) or any(v.network_mode == "allowlist" for v in verifiers)
+
+    @property
     def artifact_paths(self) -> list[str]:
         return [(e if isinstance(e, str) else e.source).rstrip("/") for e in self.artifacts]
 

@@ -171,7 +171,7 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
         name=f"hemra-{context.trial_id.replace('.', '-')}",
         mounts=installed.mounts if installed else (),
         gateway_port=gateway_port(context),
-        proxy_port=proxy_port(context) if task.config.agent_hosts else None,
+        proxy_port=proxy_port(context) if task.config.uses_proxy else None,
     )
     sandboxes = ExitStack()
     with progress.phase("start"):

@@ -19,6 +19,7 @@ from pytest_hemra.execute.context import (
     Progress,
     TrialContext,
 )
+from pytest_hemra.execute.gateway.egress import proxy_env
 from pytest_hemra.execute.gateway.ledger import CallPolicy
 from pytest_hemra.execute.gateway.scripted import (
     NO_EDITS,
@@ -143,21 +144,6 @@ def model_access(context: TrialContext, progress: Progress) -> Iterator[dict[str
         if calls:
             trajectory = build_trajectory(context.trial_dir / "calls", calls)
             (context.trial_dir / "trajectory.json").write_text(json.dumps(trajectory, indent=1))
-
-
-def proxy_env(proxy_url: str, gateway_host: str) -> dict[str, str]:
-    """An allowlist task's agent: every HTTP(S) client pointed at the egress proxy (both
-    spellings: curl reads only the lower-case `http_proxy`), the gateway itself reached
-    directly."""
-    if not proxy_url:
-        return {}
-    proxies = {name: proxy_url for name in ("HTTP_PROXY", "HTTPS_PROXY")}
-    return {
-        **proxies,
-        **{name.lower(): url for name, url in proxies.items()},
-        "NO_PROXY": gateway_host,
-        "no_proxy": gateway_host,
-    }
 
 
 def script_for(task: Task, harness: HarnessSpec) -> Script:

@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from pytest_hemra.core.errors import InfraError, VerifierError
 from pytest_hemra.core.reward import parse_reward
 from pytest_hemra.execute.context import Progress, TrialContext
+from pytest_hemra.execute.gateway.egress import proxy_env
 from pytest_hemra.execute.gateway.ledger import TrialUsage
 from pytest_hemra.execute.sandbox import ROOT_USER, Sandbox, SandboxRequest
 from pytest_hemra.resolve.judges import Judgment
@@ -70,21 +71,52 @@ def verify_step(
         )
     finally:
         _run_root(sandbox, EMPTY_ROOM, step_dir / "verifier" / "clear.txt")
-        if verifier_network(context, settings) == "none":
-            sandbox.reconnect_network()
+        sandbox.reconnect_network()
     return parse_reward(logs)
 
 
 def verifier_network(context: TrialContext, settings: TaskVerifier) -> str:
     """The verifier's network: the task's (or step's) `[verifier] network_mode` when it sets
-    one ("no-network": none, "public": the sandbox's), else the run's `[verifier] network`.
-    A verifier's own allowlist is not given the egress proxy yet: its network is cut (the
-    stricter reading: it reaches none of the hosts rather than more than them)."""
-    if settings.network_mode in ("no-network", "allowlist"):
+    one ("no-network": none, "public": the sandbox's, "allowlist": its hosts through the egress
+    proxy), else the run's `[verifier] network`."""
+    if settings.network_mode == "no-network":
         return "none"
+    if settings.network_mode == "allowlist":
+        return "none" if context.gateway is None else "allowlist"
     if settings.network_mode == "public":
         return "bridge"
     return context.spec.verifier.network
+
+
+def cut_network(context: TrialContext, sandbox: Sandbox, settings: TaskVerifier) -> bool:
+    """The verifier's network set (`verifier_network`): cut, kept, or, for its own allowlist,
+    only `hemra-gateway` (no route out but the egress proxy). True for an allowlist the proxy
+    serves; a sandbox without HEMRA's network (a pool's engine) has its network cut instead,
+    the stricter reading (none of the hosts rather than more)."""
+    network = verifier_network(context, settings)
+    if network == "allowlist" and sandbox.only_gateway_network():
+        return True
+    if network != "bridge":
+        sandbox.disconnect_network()
+    return False
+
+
+@contextmanager
+def verifier_egress(
+    context: TrialContext, settings: TaskVerifier, folder: Path, proxied: bool
+) -> Iterator[dict[str, str]]:
+    """A verifier with its own allowlist: the proxy's variables for test.sh, its pass ended
+    after it (what it reached and was refused kept in `folder/egress.json`); else nothing."""
+    gateway = context.gateway
+    if gateway is None or not proxied:
+        yield {}
+        return
+    grant = gateway.egress.open(context.trial_id, tuple(settings.allowed_hosts or ()))
+    try:
+        yield proxy_env(gateway.egress.proxy_url(grant, context.gateway_host), context.gateway_host)
+    finally:
+        gateway.egress.close(grant)
+        grant.write(folder / "egress.json")
 
 
 def is_separate(context: TrialContext) -> bool:
@@ -181,24 +213,25 @@ def _run_test_sh(
     verifier's network set, the tests in (root's, unreadable to others), then test.sh as
     root; what it wrote to /logs/verifier is returned (and kept in `folder`)."""
     settings = context.spec.verifier
-    if verifier_network(context, task_settings) == "none":
-        sandbox.disconnect_network()
+    proxied = cut_network(context, sandbox, task_settings)
     sandbox.import_tree(iter([_tests_archive(tests)]), "/")
     runner = dict(os.environ)
-    result = sandbox.exec(
-        ["bash", f"{TESTS_DIR}/test.sh"],
-        user=ROOT_USER,
-        env={
-            "HOME": "/root",
-            **{name: runner_env(name) for name in settings.env},
-            **context.task_env(),
-            **render_env(task_settings.env, runner),
-        },
-        timeout=task_settings.timeout_sec,
-        stdout=folder / "stdout.txt",
-        stderr=folder / "stderr.txt",
-        workdir=context.workdir,
-    )
+    with verifier_egress(context, task_settings, folder, proxied) as proxy:
+        result = sandbox.exec(
+            ["bash", f"{TESTS_DIR}/test.sh"],
+            user=ROOT_USER,
+            env={
+                "HOME": "/root",
+                **{name: runner_env(name) for name in settings.env},
+                **context.task_env(),
+                **render_env(task_settings.env, runner),
+                **proxy,
+            },
+            timeout=task_settings.timeout_sec,
+            stdout=folder / "stdout.txt",
+            stderr=folder / "stderr.txt",
+            workdir=context.workdir,
+        )
     logs = sandbox.read_tree(VERIFIER_LOGS)
     for name, content in logs.items():
         if "/" not in name:
@@ -258,8 +291,8 @@ def verify_swe(
     HEMRA's report file; `before` and `after` are /app around the agent's turn (swe.py)."""
     hemra = context.task.config.hemra
     folder = context.trial_dir
-    if verifier_network(context, context.task.config.verifier) == "none":
-        sandbox.disconnect_network()
+    if verifier_network(context, context.task.config.verifier) != "bridge":
+        sandbox.disconnect_network()  # no proxy here: an allowlist reaches none of its hosts
     result = swe.score(
         sandbox,
         context.task.path,
@@ -287,8 +320,8 @@ def verify_open(
     """The open-ended track: structural checks, then the frozen rubric prompt (openended.py)."""
     hemra, task = context.task.config.hemra, context.task
     folder = context.trial_dir
-    if verifier_network(context, context.task.config.verifier) == "none":
-        sandbox.disconnect_network()
+    if verifier_network(context, context.task.config.verifier) != "bridge":
+        sandbox.disconnect_network()  # no proxy here: an allowlist reaches none of its hosts
     structure = openended.check_structure(sandbox, hemra, files, folder / "verifier")
     shown = {
         name: files[name.lstrip("/")][: openended.MAX_FILE_BYTES].decode(errors="replace")

@@ -73,6 +73,21 @@ class EgressPass:
         path.write_text(json.dumps(self.summary(), indent=1) + "\n")
 
 
+def proxy_env(proxy_url: str, gateway_host: str) -> dict[str, str]:
+    """An allowlist phase's sandbox (the agent's, a verifier's): every HTTP(S) client pointed
+    at the egress proxy (both spellings: curl reads only the lower-case `http_proxy`), the
+    gateway itself reached directly."""
+    if not proxy_url:
+        return {}
+    proxies = {name: proxy_url for name in ("HTTP_PROXY", "HTTPS_PROXY")}
+    return {
+        **proxies,
+        **{name.lower(): url for name, url in proxies.items()},
+        "NO_PROXY": gateway_host,
+        "no_proxy": gateway_host,
+    }
+
+
 class Refused(Exception):
     """A destination the phase may not reach (403), with the reason kept for the trial."""
 

@@ -153,8 +153,13 @@ class Sandbox(Protocol):
 
     def disconnect_network(self) -> None: ...
 
+    def only_gateway_network(self) -> bool:
+        """Only HEMRA's network without a route out, where the egress proxy is reached (a
+        verifier's allowlist); False where there is none (the caller cuts the network)."""
+
     def reconnect_network(self) -> None:
-        """Give back the networks `disconnect_network` took (the next step of a task)."""
+        """Give back the networks `disconnect_network` (or `only_gateway_network`) took (the
+        next step of a task)."""
 
 
 class SandboxProvider(Protocol):

@@ -87,6 +87,7 @@ class DockerSandbox:
         *,
         runs_services: bool = False,
         kept: tuple[str, ...] = (),
+        gateway_network: str | None = None,
     ) -> None:
         # without: PID 1 is `sleep infinity` (the image has no ENTRYPOINT), and every other
         # process in it is one HEMRA exec'd, or a child of one
@@ -96,6 +97,8 @@ class DockerSandbox:
         self.api = client.api
         self._taken: list[str] = []  # networks disconnected for a verifier
         self._kept = kept  # networks a verifier keeps: its task's services, no way out
+        self._gateway_network = gateway_network  # HEMRA's, with no way out (None: a pool's)
+        self._joined: list[str] = []  # networks joined for a verifier (its allowlist)
 
     @property
     def image_user(self) -> str:
@@ -410,7 +413,24 @@ class DockerSandbox:
                 self.client.networks.get(network).disconnect(self.container, force=True)
                 self._taken.append(network)
 
+    def only_gateway_network(self) -> bool:
+        """Off every network but HEMRA's `hemra-gateway`, which has no route out (the gateway's
+        and its egress proxy's ports on its host address are all it reaches): a verifier with
+        its own allowlist. False where the sandbox has no such network (a pool's engine)."""
+        if self._gateway_network is None:
+            return False
+        self.container.reload()
+        networks = set(self.container.attrs["NetworkSettings"]["Networks"]) - set(self._kept)
+        if networks == {self._gateway_network}:
+            return True
+        self.disconnect_network()
+        self.client.networks.get(self._gateway_network).connect(self.container)
+        self._joined.append(self._gateway_network)
+        return True
+
     def reconnect_network(self) -> None:
+        while self._joined:
+            self.client.networks.get(self._joined.pop()).disconnect(self.container, force=True)
         while self._taken:
             self.client.networks.get(self._taken.pop()).connect(self.container)
 

@@ -404,7 +404,13 @@ class DockerProvider:
                 self._join_services(container, request)
                 container.start()
             kept = (request.services_network,) if request.services_network else ()
-            yield DockerSandbox(self.client, container, runs_services=bool(entrypoint), kept=kept)
+            yield DockerSandbox(
+                self.client,
+                container,
+                runs_services=bool(entrypoint),
+                kept=kept,
+                gateway_network=GATEWAY_NETWORK if self.own_networks and run_id else None,
+            )
         except DOCKER_ERRORS as error:
             raise InfraError(f"docker: sandbox failed ({error})") from error
         finally:
@@ -427,8 +433,11 @@ class DockerProvider:
                 name = run_network(run_id)
                 lock = engine_lock(self.engine, f"connect {name}", NETWORK_LOCK_SECS)
                 network = self._network(name, internal=False, labels={"hemra.run": run_id})
-            for port in (request.gateway_port, request.proxy_port):
-                admitted = (_bridge_of(network), host or "", port or 0)
+            admits = [(network, request.gateway_port), (network, request.proxy_port)]
+            if network is not gateway:  # a verifier's allowlist moves it to hemra-gateway
+                admits.append((gateway, request.proxy_port))
+            for on, port in admits:
+                admitted = (_bridge_of(on), host or "", port or 0)
                 if port is not None and host and admitted not in self._admitted:
                     firewall.admit(*admitted)
                     self._admitted.add(admitted)
