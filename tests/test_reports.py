@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from scipy.stats import t as student_t
 
 from pytest_hemra.core.records import PlannedTrial
 from pytest_hemra.report.comparison import compare_runs, render_comparison
@@ -110,6 +111,36 @@ def test_statistics_in_the_table_are_paired_and_clustered(unfair: Store) -> None
     assert rows["base"].tokens.median == 150
 
 
+def test_pass_at_k_is_over_the_tasks_with_every_attempt_scored(tmp_path: Path) -> None:
+    # one task fails its three attempts; the other passes two and loses the third to an infra
+    # error: averaged per k, pass@1 read 0.5 (both tasks) and pass@3 0.0 (the first only)
+    store = Store(tmp_path / "s.db")
+    tasks = ["fails", "infra"]
+    recorded = spec(["agent"])
+    recorded["spec"]["attempts"] = 3
+    recorded["datasets"]["ds"]["tasks"] = tasks
+    plan = [PlannedTrial("ds", t, "agent", a) for t in tasks for a in (1, 2, 3)]
+    store.record_plan("r", "r", recorded, store.path.parent, plan)
+    for trial in store.trials("r"):
+        if trial.task == "fails":
+            store.finish_trial(trial.id, result(0.0))
+        elif trial.attempt < 3:
+            store.finish_trial(trial.id, result(1.0))
+        else:
+            store.finish_trial(trial.id, {**result(0.0), "outcome": "infra_error", "reward": None})
+    report = build_report(store, "r")
+    (row,) = report.datasets[0].harnesses
+    assert row.pass_at_k == {1: 0.0, 2: 0.0, 3: 0.0}
+    assert row.pass_hat_k == {1: 0.0, 2: 0.0, 3: 0.0}
+    assert (row.pass_k_tasks, row.pass_k_left_out) == (1, 1)
+    assert "pass@k tasks" in render(report, "text") and "1 (1 left out)" in render(report, "text")
+    (exported,) = csv.DictReader(io.StringIO(render(report, "csv")))
+    assert (exported["pass_k_tasks"], exported["pass_k_left_out"]) == ("1", "1")
+    assert json.loads(exported["pass_at_k"]) == {"1": 0.0, "2": 0.0, "3": 0.0}
+    (harness,) = json.loads(render(report, "json"))["datasets"][0]["harnesses"]
+    assert (harness["pass_k_tasks"], harness["pass_k_left_out"]) == (1, 1)
+
+
 def test_every_format_holds_the_same_numbers(unfair: Store, tmp_path: Path) -> None:
     report = build_report(unfair, "unfair")
     data = json.loads(render(report, "json"))
@@ -146,13 +177,14 @@ def test_two_runs_compared_flag_a_regression(tmp_path: Path) -> None:
     comparison = compare_runs(store, "before", "after")
     ((name, change),) = comparison.regressions
     assert name == "ds" and change.change.diff == pytest.approx(-7 / 8)
-    # exact sign-flip over 8 tasks: the 7 changed all one way, either way, the 8th either way
-    assert change.change.p_value == pytest.approx(4 / 2**8)
+    # paired t over 8 tasks, 7 changed by -1 and 1 by 0: mean -7/8, sd sqrt(1/8), t = -7
+    assert change.change.p_value == pytest.approx(2 * student_t.sf(7, df=7))
+    assert change.change.high < 0 and change.change.is_significant
     text = render_comparison(comparison)
     assert "REGRESSION" in text and "! different timeouts: 600 before, 900 after" in text
     gates = [parse_gate("regression")]
     reasons = tripped(gates, store.trials("after"), build_report(store, "after"), comparison)
-    assert reasons == ["agent on ds: -0.875 vs run before (p=0.016)"]
+    assert reasons == ["agent on ds: -0.875 vs run before (p=0.000)"]
     assert tripped(gates, store.trials("before"), build_report(store, "before"), None) == []
 
 

@@ -2,8 +2,9 @@
 
 The regression check after a harness upgrade (`hemra report RUN_A RUN_B`): per dataset both
 runs evaluated, the paired difference of each shared harness's mean reward on the tasks both
-runs scored, with its CI and permutation p-value, and flags for what makes the two runs
-unlike (dataset content, task sets, timeouts, the model, harness versions).
+runs scored, with its CI and p-value (one paired t-test, `stats.paired_difference`), and flags
+for what makes the two runs unlike (dataset content, task sets, timeouts, the model, harness
+versions).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tabulate import tabulate
 from pytest_hemra.core.stored import StoredPlan
 from pytest_hemra.report.fairness import Flag
 from pytest_hemra.report.stats import Comparison, Estimate, mean_ci, paired_difference
-from pytest_hemra.report.tables import SIGNIFICANCE, by_task
+from pytest_hemra.report.tables import by_task
 from pytest_hemra.store import Store
 
 
@@ -30,7 +31,7 @@ class HarnessChange:
 
     @property
     def is_regression(self) -> bool:
-        return self.change.diff < 0 and self.change.p_value < SIGNIFICANCE
+        return self.change.diff < 0 and self.change.is_significant
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ def headers(dataset: DatasetReport) -> list[str]:
         "p",
         *(f"pass@{k}" for k in ks),
         *(f"pass^{k}" for k in ks if k > 1),
+        *(["pass@k tasks"] if ks else []),
         *(f"judge {name}" for name in judges),
         "tokens",
         "tokens/trial",
@@ -69,6 +70,7 @@ def cells(dataset: DatasetReport, row: HarnessSummary) -> list[Any]:
         "" if versus is None else f"{versus.p_value:.3f}",
         *(_number(row.pass_at_k.get(k)) for k in ks),
         *(_number(row.pass_hat_k.get(k)) for k in ks if k > 1),
+        *([_pass_k_tasks(row)] if ks else []),
         *(_estimate(row.judges.get(name)) for name in judges),
         int(row.tokens.total or 0),
         _number(row.tokens.median, digits=0),
@@ -79,6 +81,12 @@ def cells(dataset: DatasetReport, row: HarnessSummary) -> list[Any]:
         ", ".join(f"{name} {count}" for name, count in row.outcomes.items()),
         ", ".join(f"{name} {count}" for name, count in row.classes.items()),
     ]
+
+
+def _pass_k_tasks(row: HarnessSummary) -> str:
+    """The tasks every pass@k and pass^k of the row averages over, and those left out."""
+    left_out = f" ({row.pass_k_left_out} left out)" if row.pass_k_left_out else ""
+    return f"{row.pass_k_tasks}{left_out}"
 
 
 def table(dataset: DatasetReport) -> tuple[list[str], list[list[str]]]:
@@ -131,6 +139,7 @@ def render_csv(report: RunReport) -> str:
             "tasks", "mean_reward", "reward_low", "reward_high", "pass_rate", "diff",
             "diff_low", "diff_high", "p_value", "shared_tasks", "tokens_total",
             "tokens_median", "cost_total", "cost_median", "duration_median", "outcomes",
+            "pass_at_k", "pass_hat_k", "pass_k_tasks", "pass_k_left_out",
         ]
     )  # fmt: skip
     for dataset in report.datasets:
@@ -146,6 +155,8 @@ def render_csv(report: RunReport) -> str:
                     _field(row.tokens, "total"), _field(row.tokens, "median"),
                     _field(row.cost, "total"), _field(row.cost, "median"),
                     _field(row.duration, "median"), json.dumps(row.outcomes),
+                    json.dumps(row.pass_at_k), json.dumps(row.pass_hat_k), row.pass_k_tasks,
+                    row.pass_k_left_out,
                 ]
             )  # fmt: skip
     return out.getvalue()

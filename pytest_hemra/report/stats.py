@@ -10,6 +10,10 @@ attempts together (Miller 2024, "Adding Error Bars to Evals").
 The statistic throughout is the **mean of task means**: every task weighs the same however many
 of its attempts finished. With the same number of attempts per task it equals the mean over all
 trials. A task with no rewards did not run and is left out.
+
+Two harnesses are compared by a **paired t-test on task means** (`paired_difference`): its
+p-value and its interval come from the same t statistic, so they never disagree. Rewards must
+be finite: NaN and infinities are refused with a ValueError naming the task.
 """
 
 from __future__ import annotations
@@ -22,11 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+from scipy.special import stdtr, stdtrit
 
 Floats = npt.NDArray[np.float64]
-
-EXACT_PERMUTATION_TASKS = 16
-"""Up to this many shared tasks the sign-flip test enumerates all 2**n sign vectors."""
 
 CHUNK_ELEMENTS = 1 << 18
 """Resampling draws at most this many indices at once, so memory stays bounded for huge runs."""
@@ -45,7 +47,11 @@ class Estimate:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Harness a minus harness b on the tasks both ran, with an interval and a p-value."""
+    """Harness a minus harness b on the tasks both ran, with an interval and a p-value.
+
+    Both come from one paired t-test, so they give one verdict: the interval [low, high]
+    excludes 0 exactly when p < 1 - confidence (`is_significant`).
+    """
 
     diff: float
     low: float
@@ -54,6 +60,22 @@ class Comparison:
     n_tasks: int
     only_a: int
     only_b: int
+    sd: float = 0.0  # of the tasks' differences (ddof=1); 0 for one task or tasks all alike
+    confidence: float = 0.95
+
+    @property
+    def is_significant(self) -> bool:
+        return self.p_value < round(1 - self.confidence, 12)
+
+
+@dataclass(frozen=True)
+class PassAtK:
+    """pass@k and pass^k for k = 1 up to the largest k, every k over the same tasks."""
+
+    pass_at_k: dict[int, float | None]
+    pass_hat_k: dict[int, float | None]
+    tasks: int  # tasks with at least the largest k attempts scored: every k averages over them
+    left_out: int  # tasks with some attempts scored, but fewer than the largest k
 
 
 @dataclass(frozen=True)
@@ -122,20 +144,24 @@ def paired_difference(
     b_by_task: Mapping[str, Sequence[float]],
     *,
     confidence: float = 0.95,
-    resamples: int = 2000,
-    seed: int = 0,
 ) -> Comparison:
     """Harness a minus harness b: the mean over shared tasks of (a's task mean - b's).
 
     Only the tasks both harnesses ran count; `only_a` and `only_b` say how many were left out.
-    The interval is a percentile bootstrap over shared tasks, each task keeping its pair.
-    The p-value is two-sided, from a paired permutation test that flips the sign of each
-    task's difference: exact over all 2**n sign vectors up to 16 tasks, otherwise from
-    `resamples` random sign vectors with the +1 correction, (1 + hits) / (1 + resamples),
-    so it is never 0. Deterministic for a given seed.
-    Raises ValueError when no task was run by both.
+    A paired t-test on the tasks' differences (Student's t, n - 1 degrees of freedom) gives
+    both the two-sided p-value and the interval, mean +- t * sd / sqrt(n), so the interval
+    excludes 0 exactly when p < 1 - confidence. The interval is clipped to the differences
+    rewards can make (+-1 for rewards in [0, 1]).
+
+    When every shared task differs by the same amount (one task, or no spread: the t statistic
+    is undefined), the exact sign-flip test is used instead: p = 2 / 2**n (1 for no
+    difference), and its inversion for the interval: that one value when 2 / 2**n is below the
+    level, else every difference rewards can make.
+    Raises ValueError when no task was run by both, or a reward is not finite.
     """
-    _check_resampling(confidence, resamples)
+    _check_confidence(confidence)
+    _check_finite(a_by_task, "harness a")
+    _check_finite(b_by_task, "harness b")
     ran_a = {task for task, rewards in a_by_task.items() if rewards}
     ran_b = {task for task, rewards in b_by_task.items() if rewards}
     shared = sorted(ran_a & ran_b)
@@ -144,16 +170,19 @@ def paired_difference(
     diffs = np.array(
         [_mean(a_by_task[task]) - _mean(b_by_task[task]) for task in shared], dtype=np.float64
     )
-    rng = np.random.default_rng(seed)
-    low, high = _percentile_interval(_bootstrap_means(diffs, resamples, rng), confidence)
+    rewards = [r for task in shared for r in (*a_by_task[task], *b_by_task[task])]
+    widest = max(1.0, *rewards) - min(0.0, *rewards)
+    low, high, p_value, sd = _paired_t(diffs, confidence, widest)
     return Comparison(
         diff=float(diffs.mean()),
         low=low,
         high=high,
-        p_value=_sign_flip_p_value(diffs, resamples, rng),
+        p_value=p_value,
         n_tasks=len(shared),
         only_a=len(ran_a - ran_b),
         only_b=len(ran_b - ran_a),
+        sd=sd,
+        confidence=confidence,
     )
 
 
@@ -195,11 +224,35 @@ def mean_pass_hat_k(by_task_passes: Mapping[str, Sequence[bool]], k: int) -> flo
     return _mean_over_tasks(pass_hat_k, by_task_passes, k)
 
 
+def pass_k_over_one_task_set(
+    by_task_passes: Mapping[str, Sequence[bool]], largest_k: int
+) -> PassAtK:
+    """pass@k and pass^k for k = 1..largest_k, every k over the same tasks: those with at least
+    `largest_k` attempts scored. A task with fewer is left out of every k (and counted in
+    `left_out`), so pass@1 and pass@k never describe different tasks.
+    """
+    if largest_k < 1:
+        raise ValueError(f"pass@k: k must be at least 1, got k={largest_k}")
+    ran = {task: passes for task, passes in by_task_passes.items() if passes}
+    kept = {task: passes for task, passes in ran.items() if len(passes) >= largest_k}
+    ks = range(1, largest_k + 1)
+    return PassAtK(
+        pass_at_k={k: mean_pass_at_k(kept, k) for k in ks},
+        pass_hat_k={k: mean_pass_hat_k(kept, k) for k in ks},
+        tasks=len(kept),
+        left_out=len(ran) - len(kept),
+    )
+
+
 def summary(values: Sequence[float]) -> Spread:
     """Count, median and total; median and total are None when there are no values.
 
     None rather than 0 for the total, so "nothing recorded" never reads as "free".
+    Raises ValueError for a value that is not finite.
     """
+    for value in values:
+        if not math.isfinite(value):
+            raise ValueError(f"summary: {value!r} is not a finite number")
     if not values:
         return Spread(count=0, median=None, total=None)
     return Spread(
@@ -211,8 +264,19 @@ def _mean(rewards: Sequence[float]) -> float:
     return math.fsum(rewards) / len(rewards)
 
 
+def _check_finite(by_task: Mapping[str, Sequence[float]], whose: str) -> None:
+    for task, rewards in by_task.items():
+        for reward in rewards:
+            if not math.isfinite(reward):
+                raise ValueError(
+                    f"{whose}: task {task!r} has reward {reward!r}: rewards must be finite"
+                    " numbers (NaN and infinities are refused)"
+                )
+
+
 def _task_means(by_task: Mapping[str, Sequence[float]]) -> tuple[Floats, int]:
     """Each task's mean reward in task order, and the number of trials behind them."""
+    _check_finite(by_task, "rewards")
     ran = [rewards for _, rewards in sorted(by_task.items()) if rewards]
     if not ran:
         raise ValueError("no task has a reward: nothing to estimate")
@@ -257,38 +321,24 @@ def _percentile_interval(draws: Floats, confidence: float) -> tuple[float, float
     return float(low), float(high)
 
 
-def _sign_flip_p_value(diffs: Floats, resamples: int, rng: np.random.Generator) -> float:
-    """Two-sided p-value of sum(diffs) under sign flips of each task's difference."""
-    n = len(diffs)
-    observed = abs(float(diffs.sum()))
-    # sums that tie the observed one in exact arithmetic may differ from it in the last bits
-    threshold = observed - 1e-9 * max(float(np.abs(diffs).sum()), 1.0)
-    if n <= EXACT_PERMUTATION_TASKS:
-        bits = (np.arange(2**n)[:, None] >> np.arange(n)) & 1
-        flipped = np.abs((2.0 * bits - 1.0) @ diffs)
-        return float(np.mean(flipped >= threshold))
-    hits = np.count_nonzero(_random_sign_flip_sums(diffs, resamples, rng) >= threshold)
-    return (1 + int(hits)) / (1 + resamples)
-
-
-def _random_sign_flip_sums(diffs: Floats, resamples: int, rng: np.random.Generator) -> Floats:
-    """|sum of diffs| under `resamples` random sign vectors.
-
-    With few distinct magnitudes, how many tasks of each magnitude keep their sign is drawn
-    instead (binomial), as `_bootstrap_means` draws counts instead of indices.
-    """
-    n = len(diffs)
-    magnitudes, counts = np.unique(np.abs(diffs), return_counts=True)
-    if len(magnitudes) <= math.isqrt(n):
-        kept = rng.binomial(counts, 0.5, size=(resamples, len(counts)))
-        return np.asarray(np.abs((2 * kept - counts) @ magnitudes), dtype=np.float64)
-    rows = max(1, CHUNK_ELEMENTS // n)
-    sums = np.empty(resamples, dtype=np.float64)
-    for start in range(0, resamples, rows):
-        stop = min(start + rows, resamples)
-        bits = rng.integers(0, 2, size=(stop - start, n), dtype=np.int8)
-        sums[start:stop] = np.abs((2.0 * bits - 1.0) @ diffs)
-    return sums
+def _paired_t(diffs: Floats, confidence: float, widest: float) -> tuple[float, float, float, float]:
+    """(low, high, p, sd) of the paired t-test on `diffs`, the interval clipped to +-widest."""
+    n, mean = len(diffs), float(diffs.mean())
+    scale = max(1.0, float(np.abs(diffs).max()))
+    # task means of equal rewards can differ in their last bits (2/3 - 1/3 != 1/3)
+    if float(diffs.max() - diffs.min()) <= 1e-12 * scale:
+        every = 2.0 ** (1 - n)  # the sign-flip p-value of any shift but the observed one
+        mean = 0.0 if abs(mean) <= 1e-12 * scale else mean
+        p_value = 1.0 if mean == 0 else every
+        if every < round(1 - confidence, 12):
+            return mean, mean, p_value, 0.0
+        return -widest, widest, p_value, 0.0
+    sd = float(diffs.std(ddof=1))
+    standard_error = sd / math.sqrt(n)
+    t = mean / standard_error
+    p_value = float(2 * stdtr(n - 1, -abs(t)))
+    margin = float(stdtrit(n - 1, 0.5 + confidence / 2)) * standard_error
+    return max(mean - margin, -widest), min(mean + margin, widest), p_value, sd
 
 
 def _mean_over_tasks(

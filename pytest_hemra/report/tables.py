@@ -28,15 +28,13 @@ from pytest_hemra.report.stats import (
     Estimate,
     Spread,
     mean_ci,
-    mean_pass_at_k,
-    mean_pass_hat_k,
     paired_difference,
+    pass_k_over_one_task_set,
     summary,
 )
 from pytest_hemra.store import Store
 
-SIGNIFICANCE = 0.05
-# the fewest tasks on which a two-sided sign-flip test can reach p < 0.05 (2 / 2**6)
+# the fewest tasks on which tasks that all moved alike reach p < 0.05 (2 / 2**6, `stats`)
 MIN_SIGNIFICANT_TASKS = 6
 
 
@@ -52,8 +50,10 @@ class HarnessSummary:
     reward: Estimate | None  # mean reward, 95% CI clustered by task
     pass_rate: Estimate | None
     versus: Comparison | None  # paired difference from the baseline's reward
-    pass_at_k: dict[int, float | None]
+    pass_at_k: dict[int, float | None]  # k = 1..attempts, every k over the same tasks:
     pass_hat_k: dict[int, float | None]
+    pass_k_tasks: int  # those with every attempt scored
+    pass_k_left_out: int  # tasks with some attempts scored, but not all: in no pass@k
     tokens: Spread
     cost: Spread | None  # None: some trial's cost is unknown
     duration: Spread
@@ -64,7 +64,7 @@ class HarnessSummary:
 
     @property
     def is_significant(self) -> bool:
-        return self.versus is not None and self.versus.p_value < SIGNIFICANCE
+        return self.versus is not None and self.versus.is_significant
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,10 @@ class RunReport:
 
 
 def by_task(trials: Sequence[TrialRecord]) -> dict[str, list[float]]:
-    """Scored trials' rewards, grouped by task (attempts of a task stay together)."""
+    """Scored trials' rewards, grouped by task (attempts of a task stay together).
+
+    A scored trial without a reward (a Harbor agent that timed out or crashed before its
+    verifier ran) counts as 0, as a failure would; docs/reports.md says so."""
     grouped: dict[str, list[float]] = defaultdict(list)
     for trial in trials:
         if trial.outcome in Outcome.SCORED:
@@ -122,6 +125,7 @@ def summarize(
             if score is not None:
                 judges[name][trial.task].append(score)
     bools = {task: [p == 1.0 for p in values] for task, values in passes.items()}
+    pass_k = pass_k_over_one_task_set(bools, attempts)
     return HarnessSummary(
         harness=harness,
         is_baseline=baseline is None,
@@ -133,8 +137,10 @@ def summarize(
         reward=mean_ci(rewards) if rewards else None,
         pass_rate=mean_ci(passes) if passes else None,
         versus=versus_baseline(rewards, baseline),
-        pass_at_k={k: mean_pass_at_k(bools, k) for k in range(1, attempts + 1)},
-        pass_hat_k={k: mean_pass_hat_k(bools, k) for k in range(1, attempts + 1)},
+        pass_at_k=pass_k.pass_at_k,
+        pass_hat_k=pass_k.pass_hat_k,
+        pass_k_tasks=pass_k.tasks,
+        pass_k_left_out=pass_k.left_out,
         tokens=summary([float(t.tokens) for t in finished]),
         cost=None
         if any(t.cost is None for t in finished)
@@ -198,17 +204,17 @@ def too_few_tasks(row: HarnessSummary) -> Flag | None:
     versus = row.versus
     if versus is None or versus.n_tasks == 0 or versus.diff == 0:
         return None
-    if versus.p_value < SIGNIFICANCE:
+    if versus.is_significant:
         return None
-    half_width = max(abs(versus.high - versus.diff), abs(versus.diff - versus.low))
-    if half_width == 0:  # every shared task moved alike: only more tasks can show it is real
-        needed = ""
-    else:
+    if versus.sd == 0:  # every shared task moved alike: that many tasks moving alike would tell
+        more = MIN_SIGNIFICANT_TASKS
+    else:  # the t-interval's half-width shrinks as 1 / sqrt(tasks)
+        half_width = max(abs(versus.high - versus.diff), abs(versus.diff - versus.low))
         more = max(
             math.ceil(versus.n_tasks * (half_width / abs(versus.diff)) ** 2),
             MIN_SIGNIFICANT_TASKS,
         )
-        needed = f"; about {more} tasks would resolve a difference this size"
+    needed = f"; about {more} tasks would resolve a difference this size"
     return Flag(
         "too_few_tasks",
         row.harness,
