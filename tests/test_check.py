@@ -49,6 +49,20 @@ def test_check_names_broken_trivial_and_offline_verifier_tasks_and_exits_1(
     make_task("broken", solve="echo bye > /app/out.txt")
     make_task("trivial", test="echo 1 > /logs/verifier/reward.txt")
     make_task("needs-network", test=NEEDS_NETWORK)
+    # a multi-step task whose second step's verifier needs the network
+    steps = make_task(
+        "step-needs-network",
+        test=None,
+        solve=None,
+        instruction=None,
+        task_toml='[[steps]]\nname = "one"\n[[steps]]\nname = "two"\n',
+    )
+    for name, test in (("one", "echo 1 > /logs/verifier/reward.txt"), ("two", NEEDS_NETWORK)):
+        (steps / "steps" / name / "tests").mkdir(parents=True)
+        (steps / "steps" / name / "instruction.md").write_text(f"Step {name}.")
+        (steps / "steps" / name / "tests" / "test.sh").write_text(test + "\n")
+        (steps / "steps" / name / "solution").mkdir()
+        (steps / "steps" / name / "solution" / "solve.sh").write_text("true\n")
     store_path = tmp_path / "s.db"
     dataset = str(tmp_path / "datasets" / "ds")
     checked = hemra("check", dataset, "-n", "2", "--store", str(store_path), "--format", "json")
@@ -61,8 +75,9 @@ def test_check_names_broken_trivial_and_offline_verifier_tasks_and_exits_1(
         "broken": ["broken"],
         "trivial": ["trivial"],
         "needs-network": ["broken", "verifier_offline"],
+        "step-needs-network": ["broken", "verifier_offline"],
     }
-    assert found["counts"] == {"broken": 2, "verifier_offline": 1, "trivial": 1, "healthy": 1}
+    assert found["counts"] == {"broken": 3, "verifier_offline": 2, "trivial": 1, "healthy": 1}
     tasks = {task["task"]: task for task in found["tasks"]}
     assert tasks["broken"]["notes"] == ["oracle fail (reward 0)"]
     assert tasks["needs-network"]["notes"][0] == (
@@ -77,14 +92,16 @@ def test_check_names_broken_trivial_and_offline_verifier_tasks_and_exits_1(
     store = Store(store_path)
     (run,) = store.runs()
     assert found["run_id"] == run.id and run.plan.harness_names == ("oracle", "nop")
-    assert len(store.trials(run.id)) == 8
+    assert len(store.trials(run.id)) == 10
+    classes = {t.task: t.error_class for t in store.trials(run.id) if t.harness == "oracle"}
+    assert classes["step-needs-network"] == classes["needs-network"] == "verifier_offline"
     assert main(["show", tasks["broken"]["trial"], "--store", str(store_path)]) == 0
     assert "ds::broken[oracle-1]" in capsys.readouterr().out
 
     text = render_health(check_health(store, run.id, "ds"))
     assert f"(run {run.id})" in text
     assert "needs-network: its verifier ran with its network cut and says" in text
-    assert "4 tasks: 2 broken, 1 verifier_offline, 1 trivial, 1 healthy" in text
+    assert "5 tasks: 3 broken, 2 verifier_offline, 1 trivial, 1 healthy" in text
 
 
 @pytest.mark.usefixtures("docker_test")

@@ -226,15 +226,20 @@ def describe(evidence: Evidence) -> str:
 
 
 def is_verifier_cut(run_network: str, task_toml: Mapping[str, Any]) -> bool:
-    """Whether the task's verifier ran without a network, as `score.verification` decides: the
-    task's `[verifier] network_mode` when it sets one, else the run's `[verifier] network`."""
-    verifier = task_toml.get("verifier")
-    mode = verifier.get("network_mode") if isinstance(verifier, dict) else None
-    if mode == "no-network":
-        return True
-    if mode == "public":
-        return False
-    return run_network == "none"
+    """Whether a verifier of the task (its own, or a step's) ran without a network, as
+    `score.verification` decides: its `[verifier] network_mode` when it sets one (an allowlist
+    reaches its hosts), else the run's `[verifier] network`."""
+    steps = task_toml.get("steps")
+    tables = [task_toml, *(steps if isinstance(steps, list) else [])]
+    for table in tables:
+        found = table.get("verifier") if isinstance(table, dict) else None
+        verifier = found if isinstance(found, dict) else {}
+        mode = verifier.get("network_mode") or (
+            "allowlist" if verifier.get("allowed_hosts") else None
+        )
+        if mode == "no-network" or (mode is None and run_network == "none"):
+            return True
+    return False
 
 
 def _with_build(health: TaskHealth, built: float | None, slow_build_secs: float) -> TaskHealth:
@@ -270,12 +275,13 @@ def _evidence(store: Store, trial: TrialRecord) -> Evidence:
 
 
 def _verifier_output(trial_dir: str | None) -> str:
-    """The end of the verifier's stdout and stderr, as the trial folder keeps them."""
+    """The end of each verifier's stdout and stderr (the task's, and each step's of a
+    multi-step task), as the trial folder keeps them."""
     if not trial_dir:
         return ""
     parts = []
-    for name in ("stdout.txt", "stderr.txt"):
-        path = Path(trial_dir) / "verifier" / name
+    folders = [Path(trial_dir) / "verifier", *sorted(Path(trial_dir).glob("steps/*/verifier"))]
+    for path in (folder / name for folder in folders for name in ("stdout.txt", "stderr.txt")):
         try:
             with path.open("rb") as file:
                 file.seek(max(path.stat().st_size - OUTPUT_TAIL_BYTES, 0))

@@ -186,7 +186,14 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
         with progress.phase("healthcheck"):
             healthy(context, sandbox, environment.healthcheck, "[environment] healthcheck")
         if task.config.steps:
-            return run_steps(context, sandbox, progress, installed, request)
+            try:
+                reward, rewards = run_steps(context, sandbox, progress, installed, request)
+            except VerifierError:
+                _note_offline(context, progress)
+                raise
+            if not is_pass(reward):
+                _note_offline(context, progress)
+            return reward, rewards
         with progress.phase("setup"):
             put_instruction(context, sandbox, task.path, task.instruction)
             before = sandbox.read_start_tree(context.workdir)
@@ -221,20 +228,29 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
 
 
 def _note_offline(context: TrialContext, progress: Progress) -> None:
-    """A verifier that failed with its network cut and printed a network error (a lookup, an
-    unreachable address) is classed `verifier_offline`: reports flag it, as it may have failed
-    for lack of a network rather than for the agent's work."""
-    if verifier_network(context, context.task.config.verifier) != "none":
-        return
-    folder = context.trial_dir / "verifier"
-    for name in ("stderr.txt", "stdout.txt"):
-        path = folder / name
-        if path.is_file():
-            with path.open("rb") as handle:
-                handle.seek(max(path.stat().st_size - OUTPUT_TAIL_BYTES, 0))
-                if network_error(handle.read().decode(errors="replace")):
-                    progress.error_class = VERIFIER_OFFLINE
-                    return
+    """A verifier (the task's, or a step's) that failed with its network cut and printed a
+    network error (a lookup, an unreachable address) classes the trial `verifier_offline`:
+    reports flag it, as it may have failed for lack of a network rather than for the agent's
+    work."""
+    config = context.task.config
+    verifiers = [(config.verifier, context.trial_dir / "verifier")]
+    if config.steps:
+        steps = context.trial_dir / "steps"
+        verifiers = [
+            (step.verifier, steps / f"{index + 1:02d}-{step.name}" / "verifier")
+            for index, step in enumerate(config.steps)
+        ]
+    for settings, folder in verifiers:
+        if verifier_network(context, settings) != "none":
+            continue
+        for name in ("stderr.txt", "stdout.txt"):
+            path = folder / name
+            if path.is_file():
+                with path.open("rb") as handle:
+                    handle.seek(max(path.stat().st_size - OUTPUT_TAIL_BYTES, 0))
+                    if network_error(handle.read().decode(errors="replace")):
+                        progress.error_class = VERIFIER_OFFLINE
+                        return
 
 
 def _services(context: TrialContext, request: SandboxRequest) -> AbstractContextManager[str | None]:
