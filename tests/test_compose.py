@@ -104,6 +104,28 @@ def test_a_service_that_never_gets_healthy_is_an_infra_error_naming_it_and_nothi
     assert left_of_run(docker_client, store) == ([], [])
 
 
+@pytest.mark.usefixtures("docker_test")
+def test_a_dependency_not_required_that_never_gets_healthy_is_logged_and_the_trial_goes_on(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker, docker_client: Any
+) -> None:
+    folder = make_task("optional", dockerfile=None)
+    shutil.copytree(BUNDLED / "environment", folder / "environment")
+    optional = "{condition: service_healthy, required: false, restart: true}"
+    (folder / "environment" / "docker-compose.yaml").write_text(
+        UNHEALTHY.replace("{condition: service_healthy}", optional)
+    )
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
+    store = tmp_path / "hemra.db"
+    pytester.runpytest("--hemra-run", str(run_file), "--hemra-store", str(store))
+
+    outcome, reward, error, trial_dir = trials(store)["oracle"]
+    assert (outcome, reward) == ("pass", 1.0), error
+    logged = (Path(trial_dir) / "services" / "depends_on.log").read_text()
+    assert logged.startswith("not required, went on: ") and "service 'api'" in logged
+    assert left_of_run(docker_client, store) == ([], [])
+
+
 @pytest.mark.parametrize(
     ("compose", "expected"),
     [

@@ -106,6 +106,10 @@ class Healthcheck(Strict):
 
 
 class Dependency(Strict):
+    """A `depends_on` entry. `required: false`: a condition not met is logged and the trial
+    goes on (Compose warns and starts the dependent). `restart` is accepted and has nothing
+    to do: HEMRA never restarts a service within a trial (and `restart:` policies are refused)."""
+
     condition: Condition = "service_started"
     required: bool = True
     restart: bool = False
@@ -169,8 +173,8 @@ class Service(Strict):
     _argvs = field_validator("command", "entrypoint", mode="before")(_argv)
     _depends = field_validator("depends_on", mode="before")(_dependencies)
 
-    def needed(self) -> dict[str, Condition]:
-        return {name: dependency.condition for name, dependency in self.depends_on.items()}
+    def needed(self) -> dict[str, Dependency]:
+        return self.depends_on
 
 
 class Main(Strict):
@@ -186,8 +190,8 @@ class Main(Strict):
     _checked_env = field_validator("environment")(_environment)
     _depends = field_validator("depends_on", mode="before")(_dependencies)
 
-    def needed(self) -> dict[str, Condition]:
-        return {name: dependency.condition for name, dependency in self.depends_on.items()}
+    def needed(self) -> dict[str, Dependency]:
+        return self.depends_on
 
 
 class Compose(Strict):

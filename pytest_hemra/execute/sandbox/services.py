@@ -41,7 +41,7 @@ from pytest_hemra.execute.sandbox.docker import (
     run_network,
 )
 from pytest_hemra.execute.sandbox.images import base_images, engine_lock
-from pytest_hemra.resolve.compose import Build, Compose, Service
+from pytest_hemra.resolve.compose import Build, Compose, Dependency, Service
 from pytest_hemra.resolve.datasets import Task, tree_digest
 from pytest_hemra.resolve.taskconfig import render_env
 
@@ -153,11 +153,11 @@ def running(
                 bridge = _guard(provider, network, request.gateway_port)
             for service_name in compose.order():
                 service = compose.services[service_name]
-                _wait_for(containers, service.needed(), compose, service_name)
+                _wait_for(containers, service.needed(), compose, service_name, logs)
                 containers[service_name] = _start(
                     provider, task, request, network, service_name, service, labels
                 )
-            _wait_for(containers, compose.main.needed(), compose, "main")
+            _wait_for(containers, compose.main.needed(), compose, "main", logs)
         except DOCKER_ERRORS as error:
             raise InfraError(
                 f"{compose.path}: docker failed starting services ({error})"
@@ -266,17 +266,29 @@ def _docker_healthcheck(service: Service) -> dict[str, Any]:
 
 
 def _wait_for(
-    containers: Mapping[str, Any], needed: Mapping[str, str], compose: Compose, whose: str
+    containers: Mapping[str, Any],
+    needed: Mapping[str, Dependency],
+    compose: Compose,
+    whose: str,
+    logs: Path,
 ) -> None:
     """Each of `needed`'s conditions met, in order, each with its deadline; else InfraError
-    naming the service."""
-    for name, condition in needed.items():
-        container = containers[name]
+    naming the service, or, for a dependency with `required: false`, a line in
+    `logs/depends_on.log` and on to the next."""
+    for name, dependency in needed.items():
+        container, condition = containers[name], dependency.condition
         where = f"{compose.path}: service {name!r} ({whose} depends on it, {condition})"
-        if condition == "service_healthy":
-            _wait_healthy(container, compose.services[name], where)
-        elif condition == "service_completed_successfully":
-            _wait_completed(container, where)
+        try:
+            if condition == "service_healthy":
+                _wait_healthy(container, compose.services[name], where)
+            elif condition == "service_completed_successfully":
+                _wait_completed(container, where)
+        except InfraError as error:
+            if dependency.required:
+                raise
+            logs.mkdir(parents=True, exist_ok=True)
+            with (logs / "depends_on.log").open("a") as log:
+                log.write(f"not required, went on: {error}\n")
 
 
 def _wait_healthy(container: Any, service: Service, where: str) -> None:
