@@ -1,6 +1,12 @@
-"""A real aiohttp model API for tests and benchmarks: answers like Anthropic and OpenAI, and
-misbehaves on request (`x-test-mode`: reset mid-stream, 429, 500, slow first byte; a revoked
-key: 401; echo the key); any other path answers 200 and is recorded in `seen`."""
+"""A real aiohttp model API for tests and benchmarks: answers like Anthropic (Messages) and
+OpenAI (Chat Completions, Responses), streamed or not, and misbehaves on request (`x-test-mode`:
+reset mid-stream, 429, 500, slow first byte; a revoked key: 401; echo the key); any other path
+answers 200 and is recorded in `seen`.
+
+Chat streams follow OpenAI: usage only when the request asks (`stream_options.include_usage`),
+then `"usage": null` on every chunk and one usage-only chunk before `[DONE]`. A bulk stream
+(`x-test-event-bytes`, `x-test-stream-bytes`) writes many events of one size per write, as a
+fast upstream's bytes arrive at a proxy: what the benchmark measures the gateway with."""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import asyncio
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -18,6 +24,10 @@ from aiohttp import web
 
 USAGE = {"input_tokens": 11, "output_tokens": 7, "cache_read": 3, "cache_write": 2}
 MODEL = "claude-sonnet-4-5-20250929"
+CHAT_MODEL = "gpt-4.1"
+# what the chat and Responses wires report: 20 input of which 5 cached, 4 output
+OPENAI_USAGE = {"input": 20, "cached": 5, "output": 4}
+BULK_WRITE_BYTES = 64 * 1024  # a bulk stream's events are written this many bytes at a time
 REVOKED_KEY = "sk-revoked"  # an x-api-key starting so is answered 401, as a revoked key is
 
 
@@ -56,13 +66,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(float(request.headers.get("x-test-delay", "0.3")))
     if mode == "echo-key":
         return await echo_key(request, body)
+    if "x-test-event-bytes" in request.headers:
+        return await bulk_stream(request, anthropic_delta)
     model = body.get("model", MODEL)
-    usage = {
-        "input_tokens": USAGE["input_tokens"],
-        "output_tokens": USAGE["output_tokens"],
-        "cache_read_input_tokens": USAGE["cache_read"],
-        "cache_creation_input_tokens": USAGE["cache_write"],
-    }
     if not body.get("stream"):
         return web.json_response(
             {
@@ -73,53 +79,19 @@ async def messages(request: web.Request) -> web.StreamResponse:
                 "content": [{"type": "text", "text": "hello"}],
                 "stop_reason": "end_turn",
                 "stop_sequence": None,
-                "usage": usage,
+                "usage": _anthropic_usage(),
             }
         )
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
-    start_usage = {**usage, "output_tokens": 1}
-    await response.write(
-        _sse(
-            "message_start",
-            {
-                "type": "message_start",
-                "message": {
-                    "id": "msg_1",
-                    "type": "message",
-                    "role": "assistant",
-                    "model": model,
-                    "content": [],
-                    "stop_reason": None,
-                    "stop_sequence": None,
-                    "usage": start_usage,
-                },
-            },
-        )
-    )
-    await response.write(
-        _sse(
-            "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "text", "text": ""},
-            },
-        )
-    )
+    await response.write(_sse("message_start", _message_start(model)))
+    block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}}
+    block["content_block"]["text"] = ""  # type: ignore[index]
+    await response.write(_sse("content_block_start", block))
     chunks = int(request.headers.get("x-test-chunks", "3"))
     piece = "x" * int(request.headers.get("x-test-chunk-bytes", "5"))
     for index in range(chunks):
-        await response.write(
-            _sse(
-                "content_block_delta",
-                {
-                    "type": "content_block_delta",
-                    "index": 0,
-                    "delta": {"type": "text_delta", "text": piece},
-                },
-            )
-        )
+        await response.write(anthropic_delta(piece))
         if mode == "reset" and index == 0:
             assert request.transport is not None
             request.transport.abort()
@@ -127,17 +99,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
         if mode == "drip":
             await asyncio.sleep(0.2)
     await response.write(_sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
-    await response.write(
-        _sse(
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                "usage": {"output_tokens": USAGE["output_tokens"]},
-            },
-        )
-    )
-    await response.write(_sse("message_stop", {"type": "message_stop"}))
+    await response.write(_anthropic_end())
     await response.write_eof()
     return response
 
@@ -170,31 +132,216 @@ async def anything(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
+def _padded(make: Callable[[str], bytes], size: int) -> bytes:
+    """An event of exactly `size` bytes (or as small as it can be), its text padded with x."""
+    bare = make("")
+    return make("x" * max(0, size - len(bare)))
+
+
+def anthropic_delta(text: str) -> bytes:
+    payload = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta"}}
+    payload["delta"]["text"] = text  # type: ignore[index]
+    return _sse("content_block_delta", payload)
+
+
+async def bulk_stream(
+    request: web.Request, make_event: Callable[[str], bytes]
+) -> web.StreamResponse:
+    """Many events of `x-test-event-bytes` each, `x-test-stream-bytes` in all, written
+    BULK_WRITE_BYTES at a time between the wire's usage-bearing first and last events."""
+    event = _padded(make_event, int(request.headers["x-test-event-bytes"]))
+    total = int(request.headers.get("x-test-stream-bytes", "1000000"))
+    batch = event * max(1, BULK_WRITE_BYTES // len(event))
+    chat = make_event is chat_delta
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    if not chat:
+        await response.write(_sse("message_start", _message_start(MODEL)))
+    sent = 0
+    while sent < total:
+        await response.write(batch)
+        sent += len(batch)
+    if chat:
+        await response.write(_chat_data(_chat_chunk([], CHAT_MODEL, _chat_usage())) + DONE)
+    else:
+        await response.write(_anthropic_end())
+    await response.write_eof()
+    return response
+
+
+def _anthropic_usage() -> dict[str, int]:
+    return {
+        "input_tokens": USAGE["input_tokens"],
+        "output_tokens": USAGE["output_tokens"],
+        "cache_read_input_tokens": USAGE["cache_read"],
+        "cache_creation_input_tokens": USAGE["cache_write"],
+    }
+
+
+def _message_start(model: str) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {**_anthropic_usage(), "output_tokens": 1},
+    }
+    return {"type": "message_start", "message": message}
+
+
+def _anthropic_end() -> bytes:
+    delta = {
+        "type": "message_delta",
+        "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+        "usage": {"output_tokens": USAGE["output_tokens"]},
+    }
+    return _sse("message_delta", delta) + _sse("message_stop", {"type": "message_stop"})
+
+
+# ---- OpenAI Chat Completions -------------------------------------------------------------------
+
+DONE = b"data: [DONE]\n\n"
+
+
+def _chat_usage() -> dict[str, Any]:
+    return {
+        "prompt_tokens": OPENAI_USAGE["input"],
+        "completion_tokens": OPENAI_USAGE["output"],
+        "total_tokens": OPENAI_USAGE["input"] + OPENAI_USAGE["output"],
+        "prompt_tokens_details": {"cached_tokens": OPENAI_USAGE["cached"]},
+    }
+
+
+def _chat_data(payload: dict[str, Any]) -> bytes:
+    """One chunk as OpenAI writes it: compact JSON, `data: ` and a blank line."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _chat_chunk(
+    choices: list[dict[str, Any]], model: str, usage: Any = ..., *, with_usage: bool = True
+) -> dict[str, Any]:
+    chunk = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": model,
+        "choices": choices,
+    }
+    if with_usage:
+        chunk["usage"] = None if usage is ... else usage
+    return chunk
+
+
+def chat_delta(text: str) -> bytes:
+    choice = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+    return _chat_data(_chat_chunk([choice], CHAT_MODEL, with_usage=False))
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
+    """Chat Completions; streamed as OpenAI streams (`x-test-mode`: `reset` cuts the stream after
+    its first delta, `no-usage` ignores `stream_options` as some compatible servers do,
+    `usage-on-finish` puts usage on the finishing chunk instead of a chunk of its own)."""
     state: Upstream = request.app["state"]
     body = await request.json()
     state.seen.append({"path": request.path, "headers": dict(request.headers), "body": body})
-    return web.json_response(
-        {
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "created": 1,
-            "model": "gpt-4.1",
-            "choices": [
-                {
-                    "index": 0,
-                    "finish_reason": "stop",
-                    "message": {"role": "assistant", "content": "hi"},
-                }
-            ],
-            "usage": {
-                "prompt_tokens": 20,
-                "completion_tokens": 4,
-                "total_tokens": 24,
-                "prompt_tokens_details": {"cached_tokens": 5},
-            },
-        }
+    model = body.get("model") or CHAT_MODEL
+    if not body.get("stream"):
+        message: dict[str, Any] = {"role": "assistant", "content": "hi"}
+        choice = {"index": 0, "finish_reason": "stop", "message": message}
+        return web.json_response(
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": 1,
+                "model": model,
+                "choices": [choice],
+                "usage": _chat_usage(),
+            }
+        )
+    if "x-test-event-bytes" in request.headers:
+        return await bulk_stream(request, chat_delta)
+    mode = request.headers.get("x-test-mode", "")
+    options = body.get("stream_options") or {}
+    asked = options.get("include_usage") is True and mode != "no-usage"
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, usage: Any = ...) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return _chat_data(_chat_chunk([choice], model, usage, with_usage=asked))
+
+    await response.write(chunk({"role": "assistant", "content": ""}))
+    for index, word in enumerate(("hel", "lo")):
+        await response.write(chunk({"content": word}))
+        if mode == "reset" and index == 0:
+            assert request.transport is not None
+            request.transport.abort()
+            return response
+        if mode == "drip":
+            await asyncio.sleep(0.2)
+    if asked and mode == "usage-on-finish":
+        await response.write(chunk({}, "stop", _chat_usage()))
+    else:
+        await response.write(chunk({}, "stop"))
+        if asked:
+            await response.write(_chat_data(_chat_chunk([], model, _chat_usage())))
+    await response.write(DONE)
+    await response.write_eof()
+    return response
+
+
+# ---- OpenAI Responses --------------------------------------------------------------------------
+
+
+def _responses_usage() -> dict[str, Any]:
+    return {
+        "input_tokens": OPENAI_USAGE["input"],
+        "input_tokens_details": {"cached_tokens": OPENAI_USAGE["cached"]},
+        "output_tokens": OPENAI_USAGE["output"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": OPENAI_USAGE["input"] + OPENAI_USAGE["output"],
+    }
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """The Responses API; `x-test-mode: reset` cuts a stream after its first delta."""
+    state: Upstream = request.app["state"]
+    body = await request.json()
+    state.seen.append({"path": request.path, "headers": dict(request.headers), "body": body})
+    model = body.get("model") or CHAT_MODEL
+    text = {"type": "output_text", "text": "hello", "annotations": []}
+    item: dict[str, Any] = {"type": "message", "id": "msg_1", "role": "assistant"}
+    item |= {"status": "completed", "content": [text]}
+    done = {
+        "id": "resp_1",
+        "object": "response",
+        "status": "completed",
+        "model": model,
+        "output": [item],
+        "usage": _responses_usage(),
+    }
+    if not body.get("stream"):
+        return web.json_response(done)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    started = {**done, "status": "in_progress", "output": [], "usage": None}
+    created = {"type": "response.created", "response": started}
+    await response.write(_sse("response.created", created))
+    for index, piece in enumerate(("hel", "lo")):
+        delta = {"type": "response.output_text.delta", "item_id": "msg_1", "delta": piece}
+        await response.write(_sse("response.output_text.delta", delta))
+        if request.headers.get("x-test-mode") == "reset" and index == 0:
+            assert request.transport is not None
+            request.transport.abort()
+            return response
+    await response.write(
+        _sse("response.completed", {"type": "response.completed", "response": done})
     )
+    await response.write_eof()
+    return response
 
 
 async def models(request: web.Request) -> web.Response:
@@ -215,6 +362,7 @@ def running_upstream() -> Iterator[Upstream]:
         app["state"] = state
         app.router.add_post("/v1/messages", messages)
         app.router.add_post("/v1/chat/completions", chat)
+        app.router.add_post("/v1/responses", responses)
         app.router.add_get("/v1/models", models)
         app.router.add_route("*", "/{tail:.*}", anything)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
