@@ -421,3 +421,61 @@ def test_a_tcp_engine_behind_tls_is_reached_with_the_run_files_certificates(
         assert "down: " in capsys.readouterr().out
     finally:
         tls.close()
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_a_compose_tasks_services_run_on_the_engine_its_trial_is_placed_on(
+    pytester: pytest.Pytester, tmp_path: Path, extra_engines: list[ExtraEngine]
+) -> None:
+    """The bundled compose task over two engines that started empty and have no bridge: its
+    service image (built at resolve here) copied to each, its services beside each sandbox on
+    a network of the trial, nothing left on either engine."""
+    shutil.copytree(
+        REPO / "datasets" / "harbor-features" / "compose-service",
+        tmp_path / "datasets" / "ds" / "compose-service",
+    )
+    b, c = extra_engines
+    engines = "".join(
+        f'[[sandbox.engines]]\nname = "{name}"\naddress = "{engine.address}"\ncapacity = 1\n'
+        for name, engine in (("b", b), ("c", c))
+    )
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(f'harnesses = ["oracle"]\ndatasets = ["ds"]\nattempts = 2\n\n{engines}')
+    result = pytester.runpytest("--hemra-run", str(run_file), "-n", "2")
+
+    store = Store(tmp_path / ".hemra" / "hemra.db")
+    (run,) = store.runs()
+    trials = store.trials(run.id)
+    assert [t.outcome for t in trials] == ["pass"] * 2, [t.error for t in trials]
+    result.assert_outcomes(passed=2)
+    for trial in trials:
+        assert "GET /token" in (Path(trial.trial_dir or "") / "services" / "api.log").read_text()
+    assert {t.engine for t in trials} <= {"b", "c"}
+    for engine in (b, c):
+        client = docker.DockerClient(base_url=engine.address, timeout=30)
+        label = {"label": f"hemra.run={run.id}"}
+        assert client.containers.list(all=True, filters=label) == []
+        assert client.networks.list(filters=label) == []
+        client.close()
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_a_pool_run_warns_by_name_of_the_allowlists_its_engines_cannot_serve(
+    tmp_path: Path, make_task: TaskMaker
+) -> None:
+    from pytest_hemra.resolve.plan import resolve_plan
+
+    make_task("open")
+    make_task("agent-list", task_toml='[agent]\nallowed_hosts = ["pypi.org"]\n')
+    make_task("verifier-list", task_toml='[verifier]\nallowed_hosts = ["pypi.org"]\n')
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
+    assert not [w for w in resolve_plan(run_file, Overrides(), tmp_path).warnings if "pool" in w]
+    run_file.write_text(
+        run_file.read_text()
+        + f'[[sandbox.engines]]\nname = "main"\naddress = "{MAIN}"\ncapacity = 1\n'
+    )
+    (warning,) = [w for w in resolve_plan(run_file, Overrides(), tmp_path).warnings if "pool" in w]
+    assert warning.startswith(f"{run_file}: [sandbox] engines: a pool's engines reach no egress")
+    assert warning.endswith("of 2 task(s) are reached by none of their phases (the network is"
+                            " cut): agent-list, verifier-list")  # fmt: skip

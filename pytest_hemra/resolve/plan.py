@@ -65,7 +65,20 @@ class Plan:
             loads_skills,
             "no skills_dir in its file",
         )
-        return found
+        return found + self._unproxied()
+
+    def _unproxied(self) -> list[str]:
+        """A pool's engines keep Docker's default bridge, where no egress proxy is reached: a
+        phase with a host allowlist runs there with its network cut (none of its hosts)."""
+        tasks = [t.name for d in self.datasets for t in d.tasks if t.config.uses_proxy]
+        if not self.spec.sandbox.engines or not tasks:
+            return []
+        shown = ", ".join(tasks[:3]) + (", ..." if len(tasks) > 3 else "")
+        return [
+            f"{self.source}: [sandbox] engines: a pool's engines reach no egress proxy, so the"
+            f" allowed_hosts of {len(tasks)} task(s) are reached by none of their phases (the"
+            f" network is cut): {shown}"
+        ]
 
     def _left_without(
         self,

@@ -399,7 +399,9 @@ class DockerProvider:
             run_id = request.labels.get("hemra.run")
             if self.own_networks and run_id:
                 container = self._on_networks(request, options, run_id)
-            else:  # a sandbox outside any run (tests, benchmarks): Docker's default bridge
+            elif request.services_network and not request.network:  # a pool's, with services
+                container = self._on_services(request, options)
+            else:  # a pool's, or outside any run (tests, benchmarks): Docker's default bridge
                 container = self.client.containers.create(request.image, **options)
                 self._join_services(container, request)
                 container.start()
@@ -457,6 +459,23 @@ class DockerProvider:
                     raise
                 self._networks.clear()  # one was removed meanwhile: find (or make) them again
         raise AssertionError("unreachable")
+
+    def _on_services(self, request: SandboxRequest, options: dict[str, Any]) -> Any:
+        """A sandbox without internet on an engine without HEMRA's networks (a pool's): on its
+        trial's services network alone (internal: no way out), as `main`. It cannot join that
+        network later: a container created without a network has none to add to."""
+        name = request.services_network or ""
+        del options["network_mode"]
+        endpoint = self.client.api.create_endpoint_config(aliases=[MAIN])
+        container = self.client.containers.create(
+            request.image, network=name, networking_config={name: endpoint}, **options
+        )
+        try:
+            container.start()
+        except BaseException:
+            remove_container(container)
+            raise
+        return container
 
     def _join_services(self, container: Any, request: SandboxRequest) -> None:
         """A multi-container task's sandbox joins its trial's services network as `main`,
