@@ -161,3 +161,35 @@ def test_unsupported_compose_keys_are_refused_at_resolve_by_name_and_nothing_rec
     errors = [line for line in result.stderr.lines if line.startswith("ERROR:")]
     assert len(errors) == 1
     assert not (tmp_path / ".hemra").exists()
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_an_allowlist_tasks_services_are_reached_directly_not_through_the_proxy(
+    pytester: pytest.Pytester, tmp_path: Path, docker_client: Any
+) -> None:
+    """The bundled compose task with a host allowlist: HTTP clients honour the proxy variables,
+    and the services (on the trial's own network) are in NO_PROXY, as the gateway is."""
+    task = tmp_path / "datasets" / "ds" / "compose-service"
+    shutil.copytree(BUNDLED, task)
+    toml = task / "task.toml"
+    toml.write_text(
+        toml.read_text().replace("allow_internet = false", 'allowed_hosts = ["127.0.0.1"]')
+    )
+    # main with python3 (the api's image, whose layers are cached) and an HTTP client that
+    # honours HTTP_PROXY and NO_PROXY, as most do (bash's /dev/tcp would not)
+    api = (task / "environment" / "api" / "Dockerfile").read_text()
+    (task / "environment" / "Dockerfile").write_text(api.replace("/srv", "/app"))
+    (task / "solution" / "solve.sh").write_text(
+        "python3 -c \"import os, urllib.request; open('/app/token.txt', 'wb').write("
+        "urllib.request.urlopen(os.environ['TOKEN_URL'], timeout=10).read())\"\n"
+    )
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
+    store = tmp_path / "hemra.db"
+    pytester.runpytest("--hemra-run", str(run_file), "--hemra-store", str(store))
+
+    outcome, reward, error, trial_dir = trials(store)["oracle"]
+    assert (outcome, reward) == ("pass", 1.0), error
+    egress = (Path(trial_dir) / "agent" / "egress.json").read_text()
+    assert '"refused": {}' in egress  # the service was never asked of the proxy
+    assert left_of_run(docker_client, store) == ([], [])

@@ -62,6 +62,13 @@ class TrialContext:
         task's `[environment] workdir`, else /app."""
         return self.task.config.environment.workdir or WORKDIR
 
+    @property
+    def direct_hosts(self) -> list[str]:
+        """What an allowlist phase reaches without the egress proxy: the gateway, and a
+        multi-container task's services (the trial's own network)."""
+        compose = self.task.compose
+        return [self.gateway_host, *(sorted(compose.services) if compose else [])]
+
     def task_env(self) -> dict[str, str]:
         """The task's `[environment] env` (its templates filled from the runner's environment):
         what the agent, the verifier and the healthcheck all see; with a compose file's

@@ -218,7 +218,7 @@ def run_agent(
         "HEMRA_MODEL": values["model"],
         "HEMRA_BASE_URL": values["base_url"],
         "HEMRA_API_KEY": values["api_key"],
-        **proxy_env(values["proxy_url"], context.gateway_host),
+        **proxy_env(values["proxy_url"], context.direct_hosts),
         **({"PATH": installed.path} if installed else {}),
         **{name: runner_env(name) for name in spec.env},
         **{render(name, values): render(value, values) for name, value in spec.environment.items()},

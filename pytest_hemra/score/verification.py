@@ -113,7 +113,7 @@ def verifier_egress(
         return
     grant = gateway.egress.open(context.trial_id, tuple(settings.allowed_hosts or ()))
     try:
-        yield proxy_env(gateway.egress.proxy_url(grant, context.gateway_host), context.gateway_host)
+        yield proxy_env(gateway.egress.proxy_url(grant, context.gateway_host), context.direct_hosts)
     finally:
         gateway.egress.close(grant)
         grant.write(folder / "egress.json")

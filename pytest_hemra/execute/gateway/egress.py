@@ -22,6 +22,7 @@ import json
 import secrets
 import socket
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,18 +74,20 @@ class EgressPass:
         path.write_text(json.dumps(self.summary(), indent=1) + "\n")
 
 
-def proxy_env(proxy_url: str, gateway_host: str) -> dict[str, str]:
+def proxy_env(proxy_url: str, direct: Sequence[str]) -> dict[str, str]:
     """An allowlist phase's sandbox (the agent's, a verifier's): every HTTP(S) client pointed
     at the egress proxy (both spellings: curl reads only the lower-case `http_proxy`), the
-    gateway itself reached directly."""
+    `direct` hosts reached without it: the gateway, and a multi-container task's services
+    (on the trial's own network, as Compose has them)."""
     if not proxy_url:
         return {}
     proxies = {name: proxy_url for name in ("HTTP_PROXY", "HTTPS_PROXY")}
+    bypass = ",".join(dict.fromkeys(direct))
     return {
         **proxies,
         **{name.lower(): url for name, url in proxies.items()},
-        "NO_PROXY": gateway_host,
-        "no_proxy": gateway_host,
+        "NO_PROXY": bypass,
+        "no_proxy": bypass,
     }
 
 
