@@ -161,3 +161,17 @@ def test_image_builds_at_once_is_at_least_one(tmp_path: Path) -> None:
         load_run_spec(run_file, Overrides())
     run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
     assert load_run_spec(run_file, Overrides()).sandbox.image_builds == 2
+
+
+def test_an_image_user_that_is_not_a_user_refuses_the_run_naming_the_task(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
+    """The image's USER goes into the sandbox layer's LABEL line: anything but a user name or
+    uid (here one with a space: Docker keeps it, and no user is named so) is refused."""
+    make_task("odd-user", dockerfile=fresh_dockerfile('USER app" hemra.sandbox-layer="0'))
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
+    result = pytester.runpytest("--hemra-run", str(run_file))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: */ds/odd-user: image *: USER 'app hemra*' is not a user*"])
+    assert not (tmp_path / ".hemra").exists()

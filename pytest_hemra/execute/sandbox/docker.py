@@ -19,6 +19,7 @@ import hashlib
 import io
 import ipaddress
 import os
+import re
 import socket
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
@@ -71,6 +72,7 @@ RUN mkdir -p {WORKDIR} /logs/agent /logs/verifier {AGENT_HOME} /hemra \\
 WORKDIR {WORKDIR}
 LABEL hemra.sandbox-layer="{SANDBOX_LAYER_VERSION}" hemra.image-user="{{user}}"
 """
+IMAGE_USER = re.compile(r"[A-Za-z0-9_.-]*(:[A-Za-z0-9_.-]+)?")  # "" (root), name, uid:gid
 KEEP_ALIVE = ["sh", "-c", "sleep infinity"]  # handed to an image's ENTRYPOINT, as Harbor does
 
 
@@ -153,6 +155,11 @@ class DockerProvider:
                 with self._lock(layer_tag, task.config.environment.build_timeout_sec):
                     if not self._has_image(layer_tag):
                         user = self.client.images.get(base).attrs["Config"].get("User") or ""
+                        if not IMAGE_USER.fullmatch(user):  # it goes into a LABEL line as is
+                            raise InfraError(
+                                f"{task.path}: image {base}: USER {user!r} is not a user name"
+                                " or uid (name, uid, name:group, uid:gid)"
+                            )
                         dockerfile = SANDBOX_LAYER.format(image=base, user=user).encode()
                         self._build(task, tag=layer_tag, fileobj=io.BytesIO(dockerfile))
             from pytest_hemra.execute.sandbox import services  # which imports this module
