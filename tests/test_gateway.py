@@ -129,28 +129,6 @@ def test_upstream_errors_reach_the_harness_as_the_provider_sent_them(
     assert row.status == status and kind in (row.error or "")
 
 
-def test_reset_mid_stream_reaches_the_harness_and_is_recorded(
-    gateway: Gateway, store: Store
-) -> None:
-    access = gateway.open_trial("r.1", "r", keys={"anthropic": SENTINEL})
-    client = anthropic.Anthropic(
-        base_url=access.base_url("127.0.0.1"),
-        api_key=access.token,
-        max_retries=0,
-        default_headers={"x-test-mode": "reset"},
-    )
-    with (
-        pytest.raises(Exception, match="peer closed connection"),
-        client.messages.stream(
-            model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "hi"}]
-        ) as stream,
-    ):
-        "".join(stream.text_stream)
-    (row,) = calls_of(gateway, store, access.token)
-    assert row.status == 200 and "mid-response" in (row.error or "")
-    assert row.input_tokens == USAGE["input_tokens"]  # what message_start said before the reset
-
-
 def test_unreachable_upstream_is_a_502_in_the_provider_format(
     gateway: Gateway, store: Store
 ) -> None:

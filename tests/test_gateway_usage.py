@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pytest_hemra.execute.gateway.usage import MAX_LINE_BYTES, UsageReader, is_streaming
+from pytest_hemra.execute.gateway.usage import MAX_EVENT_BYTES, UsageReader, is_streaming
 from pytest_hemra.execute.gateway.wire import CallUsage as Usage
 from pytest_hemra.execute.gateway.wire import Wire
 
@@ -358,13 +358,13 @@ def test_an_oversize_line_is_skipped_without_memory_growing() -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 3 * MAX_LINE_BYTES
+    assert peak < 3 * MAX_EVENT_BYTES
     reader.feed(b"event: content_block_start" + rest)
     assert reader.result() == ANTHROPIC_STREAM_USAGE
 
 
 def test_an_oversize_usage_event_is_dropped_not_misread() -> None:
-    padding = " " * (MAX_LINE_BYTES + 10)
+    padding = " " * (MAX_EVENT_BYTES + 10)
     huge = f'{{"type": "message_delta",{padding}"usage": {{"output_tokens": 9999}}}}'
     body = ANTHROPIC_STREAM.replace(
         b"event: message_stop", b"data: " + huge.encode() + b"\n\nevent: message_stop"

@@ -625,10 +625,23 @@ def test_chat_usage_reads_back_with_cached_tokens_moved_out_of_input(
     server: str, stream: bool
 ) -> None:
     body = {"model": "m", "stream": stream, "messages": [USER], "tools": PI_CHAT_TOOLS}
+    if stream:  # as OpenAI, a stream carries usage when asked (the gateway always asks)
+        body["stream_options"] = {"include_usage": True}
     _, content_type, raw = post(server, "/solve/v1/chat/completions", body)
     expected = Usage(100, 50, 20, 0, "hemra/scripted")
     assert scripted_usage(Wire.CHAT) == expected
     assert usage_read(Wire.CHAT, body, content_type, raw) == [expected] * 2
+
+
+def test_a_chat_stream_carries_usage_only_when_asked_as_openais_does(server: str) -> None:
+    body = {"model": "m", "stream": True, "messages": [USER], "tools": PI_CHAT_TOOLS}
+    _, _, raw = post(server, "/solve/v1/chat/completions", body)
+    assert b"usage" not in raw and raw.endswith(b"data: [DONE]\n\n")
+    asked = {**body, "stream_options": {"include_usage": True}}
+    _, _, raw = post(server, "/solve/v1/chat/completions", asked)
+    chunks = [json.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: {")]
+    assert all(chunk["usage"] is None for chunk in chunks[:-1])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 120
 
 
 @pytest.mark.parametrize("stream", [False, True])

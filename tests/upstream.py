@@ -11,6 +11,7 @@ fast upstream's bytes arrive at a proxy: what the benchmark measures the gateway
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import socket
 import threading
@@ -67,7 +68,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
     if mode == "echo-key":
         return await echo_key(request, body)
     if "x-test-event-bytes" in request.headers:
-        return await bulk_stream(request, anthropic_delta)
+        head = _sse("message_start", _message_start(MODEL))
+        return await bulk_stream(request, anthropic_delta, head, _anthropic_end())
     model = body.get("model", MODEL)
     if not body.get("stream"):
         return web.json_response(
@@ -145,26 +147,22 @@ def anthropic_delta(text: str) -> bytes:
 
 
 async def bulk_stream(
-    request: web.Request, make_event: Callable[[str], bytes]
+    request: web.Request, make_event: Callable[[str], bytes], head: bytes, tail: bytes
 ) -> web.StreamResponse:
-    """Many events of `x-test-event-bytes` each, `x-test-stream-bytes` in all, written
-    BULK_WRITE_BYTES at a time between the wire's usage-bearing first and last events."""
+    """`head`, then many events of `x-test-event-bytes` each, `x-test-stream-bytes` in all,
+    written BULK_WRITE_BYTES at a time, then `tail` (the wire's usage-bearing events)."""
     event = _padded(make_event, int(request.headers["x-test-event-bytes"]))
     total = int(request.headers.get("x-test-stream-bytes", "1000000"))
     batch = event * max(1, BULK_WRITE_BYTES // len(event))
-    chat = make_event is chat_delta
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
-    if not chat:
-        await response.write(_sse("message_start", _message_start(MODEL)))
+    if head:
+        await response.write(head)
     sent = 0
     while sent < total:
         await response.write(batch)
         sent += len(batch)
-    if chat:
-        await response.write(_chat_data(_chat_chunk([], CHAT_MODEL, _chat_usage())) + DONE)
-    else:
-        await response.write(_anthropic_end())
+    await response.write(tail)
     await response.write_eof()
     return response
 
@@ -235,9 +233,9 @@ def _chat_chunk(
     return chunk
 
 
-def chat_delta(text: str) -> bytes:
+def chat_delta(text: str, *, with_usage: bool = False) -> bytes:
     choice = {"index": 0, "delta": {"content": text}, "finish_reason": None}
-    return _chat_data(_chat_chunk([choice], CHAT_MODEL, with_usage=False))
+    return _chat_data(_chat_chunk([choice], CHAT_MODEL, with_usage=with_usage))
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -261,11 +259,13 @@ async def chat(request: web.Request) -> web.StreamResponse:
                 "usage": _chat_usage(),
             }
         )
-    if "x-test-event-bytes" in request.headers:
-        return await bulk_stream(request, chat_delta)
     mode = request.headers.get("x-test-mode", "")
     options = body.get("stream_options") or {}
     asked = options.get("include_usage") is True and mode != "no-usage"
+    if "x-test-event-bytes" in request.headers:
+        usage = _chat_data(_chat_chunk([], model, _chat_usage())) if asked else b""
+        delta = functools.partial(chat_delta, with_usage=asked)
+        return await bulk_stream(request, delta, b"", usage + DONE)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
 

@@ -75,6 +75,8 @@ def show_command(args: argparse.Namespace) -> int:
     trial = detail.trial
     reward = "-" if trial.reward is None else f"{trial.reward:g}"
     cost = "unknown" if trial.cost is None else f"${trial.cost:.4f}"
+    if trial.usage_unknown:
+        cost += f" (usage unknown on {trial.usage_unknown} of {trial.calls} calls)"
     lines = [
         f"trial {trial.id}: {trial.item_id}",
         f"  status {trial.status}, outcome {trial.outcome or '-'}, reward {reward}"
@@ -101,8 +103,9 @@ def show_command(args: argparse.Namespace) -> int:
     calls = store.calls(trial=trial.id)
     if calls:
         rows = [
-            [c.role, c.model or c.model_requested or "", c.status, c.input_tokens,
-             c.output_tokens, f"{c.latency:.3f}s", c.error or ""]
+            [c.role, c.model or c.model_requested or "", c.status,
+             c.input_tokens if c.is_usage_known else "?",
+             c.output_tokens if c.is_usage_known else "?", f"{c.latency:.3f}s", c.error or ""]
             for c in calls
         ]  # fmt: skip
         table = tabulate(rows, headers=["role", "model", "status", "in", "out", "latency", ""])

@@ -34,7 +34,7 @@ class PlannedTrial:
 @dataclass(frozen=True, kw_only=True)
 class CallRow(Usage):
     """One model call through the gateway and its tokens; cost None means the model's price is
-    unknown. Stored in the `calls` table, a column per field."""
+    unknown, or its usage (`is_usage_known`). Stored in the `calls` table, a column per field."""
 
     run_id: str | None
     trial_id: str | None
@@ -55,6 +55,10 @@ class CallRow(Usage):
     refused: bool
     headers: dict[str, str]
     role: str = "agent"  # or "judge:<name>"
+    # False: the call reached an upstream but its usage could not be read (a stream cut, or
+    # abandoned by its client, before the final count): its tokens (0 here) and cost are
+    # stored NULL, unknown, never 0
+    is_usage_known: bool = True
 
 
 # a call's fields in the order the store's `calls` columns and the viewer's answers list them
@@ -110,6 +114,9 @@ class TrialRecord:
     error_class: str | None = None  # the SWE track's class (success, partial, overfit...)
     engine: str | None = None  # the Docker engine of `[[sandbox.engines]]` it was placed on
     agent_user: str | None = None  # whose user its agent ran as ("0:0 (root, image)")
+    calls: int = 0  # model calls through the gateway
+    usage_unknown: int = 0  # of them, calls whose usage could not be read (cost is then None)
+    is_priced: bool = True  # False: a call whose usage was read used a model without a price
 
     @property
     def is_finished(self) -> bool:

@@ -53,10 +53,10 @@ def build_trajectory(calls_dir: Path, calls: Sequence[CallRow]) -> dict[str, Any
                 "seq": seq,
                 "model": row.model or row.model_requested,
                 "status": row.status,
-                "input_tokens": row.input_tokens,
-                "output_tokens": row.output_tokens,
-                "cache_read_tokens": row.cache_read_tokens,
-                "cache_write_tokens": row.cache_write_tokens,
+                **{
+                    name: count if row.is_usage_known else None  # unknown, never 0
+                    for name, count in row.counts().items()
+                },
                 "cost": row.cost,
                 "latency": row.latency,
                 "refused": row.refused,

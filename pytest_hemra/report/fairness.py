@@ -21,7 +21,7 @@ from pytest_hemra.core.usage import Usage, disagrees
 class Flag:
     kind: str  # task_set, unfinished, other_models, self_report, unknown_price, stopped,
     #            too_few_tasks, timeouts, not_metered, not_isolated, upstream_refused,
-    #            tampered, verifier_offline, agent_user_differs, agent_root
+    #            tampered, verifier_offline, agent_user_differs, agent_root, usage_unknown
     harness: str | None
     message: str
 
@@ -61,8 +61,9 @@ def dataset_flags(
             message += " containers, without HEMRA's hardening, clean room or limits; trusted"
             message += " by the run's trust_unisolated)"
             flags.append(Flag("not_isolated", harness, message))
-        if any(t.status == "finished" and t.cost is None for t in mine):
-            models = sorted({m for t in mine if t.cost is None for m in t.models})
+        flags += _usage_unknown(harness, mine)
+        if any(t.status == "finished" and not t.is_priced for t in mine):
+            models = sorted({m for t in mine if not t.is_priced for m in t.models})
             flags.append(
                 Flag(
                     "unknown_price",
@@ -192,11 +193,27 @@ def _other_models(harness: str, mine: list[TrialRecord], model: str | None) -> l
     ]
 
 
+def _usage_unknown(harness: str, mine: list[TrialRecord]) -> list[Flag]:
+    """Calls the gateway could not read usage from (a stream cut or hung up on before its final
+    count, an answer without usage): their tokens and cost are unknown, not 0."""
+    unknown = sum(t.usage_unknown for t in mine)
+    if not unknown:
+        return []
+    calls = sum(t.calls for t in mine)
+    trials = sum(1 for t in mine if t.usage_unknown)
+    message = f"usage unknown on {unknown} of {calls} model calls ({unknown / max(calls, 1):.1%},"
+    message += f" in {trials} trial(s)): their tokens are not counted and its cost is unknown"
+    return [Flag("usage_unknown", harness, message)]
+
+
 def _self_reports(harness: str, mine: list[TrialRecord]) -> list[Flag]:
+    """A trial with calls of unknown usage is left out: the gateway's count there is short."""
     off = [
         t
         for t in mine
-        if t.own_report is not None and disagrees(Usage.of(t.own_report).total_tokens, t.tokens)
+        if t.own_report is not None
+        and not t.usage_unknown
+        and disagrees(Usage.of(t.own_report).total_tokens, t.tokens)
     ]
     if not off:
         return []

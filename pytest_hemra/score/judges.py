@@ -210,7 +210,7 @@ def with_usage(judgment: Judgment, usage: TrialUsage) -> Judgment:
         calls=usage.calls,
         input_tokens=usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens,
         output_tokens=usage.output_tokens,
-        cost=usage.cost,
+        cost=usage.known_cost,
     )
 
 

@@ -145,8 +145,8 @@ class ResultStore(StoreBase):
                 " exit_code = ?, error = ?, finished_at = ?, duration = ?, phases = ?,"
                 " trial_dir = ?, calls = ?, input_tokens = ?, output_tokens = ?,"
                 " cache_read_tokens = ?, cache_write_tokens = ?, cost = ?, cost_known = ?,"
-                " models = ?, other_model_tokens = ?, stopped_by = ?, own_report = ?, judges = ?,"
-                " error_class = ?, agent_user = ? WHERE id = ?",
+                " usage_unknown = ?, models = ?, other_model_tokens = ?, stopped_by = ?,"
+                " own_report = ?, judges = ?, error_class = ?, agent_user = ? WHERE id = ?",
                 [
                     status,
                     result["outcome"],
@@ -165,6 +165,7 @@ class ResultStore(StoreBase):
                     usage["cache_write_tokens"],
                     usage["cost"],
                     int(usage["cost"] is not None),
+                    usage.get("usage_unknown", 0),
                     json.dumps(usage["models"]),
                     usage.get("other_model_tokens", 0),
                     usage.get("stopped_by"),
@@ -295,6 +296,8 @@ class ResultStore(StoreBase):
             )
 
     def calls(self, trial: str | None = None, run_id: str | None = None) -> list[CallRow]:
+        """Calls in the order they were recorded; a call whose usage is unknown (NULL tokens)
+        reads `is_usage_known=False`, its counts 0 and its cost None."""
         where, args = ("trial_id = ?", [trial]) if trial else ("run_id = ?", [run_id])
         if trial is None and run_id is None:
             where, args = ("1", [])
@@ -303,18 +306,25 @@ class ResultStore(StoreBase):
             f" FROM calls WHERE {where} ORDER BY id",
             args,
         ).fetchall()
-        return [
-            CallRow(
-                **dict(zip(CALL_COLUMNS[:20], row[:20], strict=True)),
-                refused=bool(row[20]),
-                headers=json.loads(row[21]),
-                role=row[22],
+        found = []
+        for row in rows:
+            columns = dict(zip(CALL_COLUMNS[:20], row[:20], strict=True))
+            is_usage_known = columns["input_tokens"] is not None
+            columns.update({name: columns[name] or 0 for name in TOKEN_FIELDS})
+            found.append(
+                CallRow(
+                    **columns,
+                    refused=bool(row[20]),
+                    headers=json.loads(row[21]),
+                    role=row[22],
+                    is_usage_known=is_usage_known,
+                )
             )
-            for row in rows
-        ]
+        return found
 
     def run_cost(self, run_id: str) -> float:
-        """What a run's calls have cost so far (calls of unknown price count as 0)."""
+        """What a run's calls have cost so far (calls of unknown price or usage count as 0: the
+        run budget holds back a call's reservation when its usage could not be read)."""
         found = self.db.execute(
             "SELECT coalesce(sum(cost), 0) FROM calls WHERE run_id = ?", [run_id]
         ).fetchone()
@@ -322,6 +332,8 @@ class ResultStore(StoreBase):
 
 
 def _call_column(call: CallRow, name: str) -> Any:
+    if not call.is_usage_known and name in TOKEN_FIELDS:
+        return None  # unknown, never 0
     value = getattr(call, name)
     if name == "refused":
         return int(value)

@@ -13,7 +13,7 @@ from pytest_hemra.core.records import (
     TrialRecord,
 )
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 OLDEST_MIGRATED = 2  # stores from schema 2 on are brought forward when opened
 EMPTY_USAGE: dict[str, Any] = {
     "calls": 0,
@@ -22,6 +22,7 @@ EMPTY_USAGE: dict[str, Any] = {
     "cache_read_tokens": 0,
     "cache_write_tokens": 0,
     "cost": 0.0,
+    "usage_unknown": 0,
     "models": [],
 }
 
@@ -70,7 +71,8 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
             "cache_read_tokens": int,
             "cache_write_tokens": int,
             "cost": float,
-            "cost_known": int,
+            "cost_known": int,  # 0: a call whose usage was read has no price
+            "usage_unknown": int,  # calls whose usage could not be read: the cost is unknown
             "models": str,
             "other_model_tokens": int,
             "stopped_by": str,
@@ -223,9 +225,10 @@ TRIAL_COLUMNS = (
     " reward, rewards, error, duration, trial_dir,"
     " coalesce(input_tokens, 0) + coalesce(output_tokens, 0)"
     " + coalesce(cache_read_tokens, 0) + coalesce(cache_write_tokens, 0),"
-    " CASE WHEN cost_known = 0 THEN NULL ELSE coalesce(cost, 0) END, models,"
-    " coalesce(other_model_tokens, 0), stopped_by, own_report, replaces, coalesce(retries, 0),"
-    " exit_code, judges, error_class, engine, agent_user"
+    " CASE WHEN cost_known = 0 OR usage_unknown > 0 THEN NULL ELSE coalesce(cost, 0) END,"
+    " models, coalesce(other_model_tokens, 0), stopped_by, own_report, replaces,"
+    " coalesce(retries, 0), exit_code, judges, error_class, engine, agent_user,"
+    " coalesce(calls, 0), coalesce(usage_unknown, 0), coalesce(cost_known, 1)"
 )
 
 
@@ -283,6 +286,9 @@ def trial_record(row: Sequence[Any]) -> TrialRecord:
         error_class=row[25],
         engine=row[26],
         agent_user=row[27],
+        calls=row[28],
+        usage_unknown=row[29],
+        is_priced=bool(row[30]),
     )
 
 

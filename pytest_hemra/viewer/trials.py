@@ -9,6 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from pytest_hemra.core.records import CALL_COLUMNS
+from pytest_hemra.core.usage import TOKEN_FIELDS
 from pytest_hemra.store import Store
 from pytest_hemra.viewer.api import trial_json
 from pytest_hemra.viewer.context import viewer
@@ -55,9 +56,14 @@ def _trial(store: Store, trial_id: str) -> dict[str, Any]:
 
 
 def _calls(store: Store, trial_id: str) -> list[dict[str, Any]]:
+    """A trial's calls as stored: the tokens of a call whose usage is unknown are null."""
     store.trial(trial_id)
     return [
-        {name: getattr(call, name) for name in CALL_FIELDS} for call in store.calls(trial=trial_id)
+        {
+            name: None if name in TOKEN_FIELDS and not call.is_usage_known else getattr(call, name)
+            for name in CALL_FIELDS
+        }
+        for call in store.calls(trial=trial_id)
     ]
 
 

@@ -31,8 +31,20 @@ def json_object(body: bytes) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-ANTHROPIC_KINDS = {401: "authentication_error", 403: "permission_error"}
-OPENAI_KINDS = {401: "invalid_request_error", 403: "permission_denied"}
+ANTHROPIC_KINDS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+}
+OPENAI_KINDS = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "permission_denied",
+    404: "invalid_request_error",
+    413: "invalid_request_error",
+}
 
 
 def error_response(wire: Wire, status: int, message: str) -> web.Response:

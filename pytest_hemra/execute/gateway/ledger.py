@@ -38,7 +38,9 @@ class CallPolicy:
 
 @dataclass(frozen=True, kw_only=True)
 class TrialUsage(Usage):
-    """A trial's calls added up by the gateway; cost None once any call's price is unknown.
+    """A trial's calls added up by the gateway. `cost` sums the calls whose usage was read
+    (None once one of them has no price): what caps compare; `usage_unknown` counts the calls
+    whose usage could not be read, which make the trial's cost unknown (`known_cost`).
 
     Stored flat (`result.json`'s `usage`): the four token counts, then the fields below."""
 
@@ -47,6 +49,7 @@ class TrialUsage(Usage):
     unreachable: int = 0
     other_model_tokens: int = 0
     cost: float | None = 0.0
+    usage_unknown: int = 0
     models: list[str] = field(default_factory=list)
     stopped_by: str | None = None  # "token cap", "cost cap", "run budget"
 
@@ -60,7 +63,10 @@ class TrialUsage(Usage):
             + int((row.error or "").startswith("upstream unreachable")),
             other_model_tokens=self.other_model_tokens
             + (row.total_tokens if is_other_model else 0),
-            cost=None if self.cost is None or row.cost is None else self.cost + row.cost,
+            cost=None
+            if self.cost is None or (row.cost is None and row.is_usage_known)
+            else self.cost + (row.cost or 0.0),
+            usage_unknown=self.usage_unknown + int(not row.is_usage_known),
             models=[*self.models, row.model]
             if row.model and row.model not in self.models
             else self.models,
@@ -80,9 +86,16 @@ class TrialUsage(Usage):
             unreachable=self.unreachable + more.unreachable,
             other_model_tokens=self.other_model_tokens + more.other_model_tokens,
             cost=None if self.cost is None or more.cost is None else self.cost + more.cost,
+            usage_unknown=self.usage_unknown + more.usage_unknown,
             models=list(dict.fromkeys([*self.models, *more.models])),
             stopped_by=self.stopped_by or more.stopped_by,
         )
+
+    @property
+    def known_cost(self) -> float | None:
+        """What the calls cost, or None when it is unknown: a model without a price, or a call
+        whose usage could not be read."""
+        return None if self.usage_unknown else self.cost
 
     @property
     def is_unreachable(self) -> bool:

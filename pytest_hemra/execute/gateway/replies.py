@@ -2,7 +2,8 @@
 
 The sequences are the full ones the real CLIs accept (see shared/notes/harness-cli.md): Anthropic
 `message_start` ... `message_stop`; Responses `response.created` ... `response.completed` (with
-`output_item.added` before `.done`, which pi needs); Chat chunks, a usage chunk and `[DONE]`.
+`output_item.added` before `.done`, which pi needs); Chat chunks, a usage chunk when asked, and
+`[DONE]`.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ async def respond(
     elif wire is Wire.RESPONSES:
         events = _responses_events(reply)
     else:
-        events = _chat_events(reply)
+        options = body.get("stream_options")
+        asked = isinstance(options, dict) and options.get("include_usage") is True
+        events = _chat_events(reply, with_usage=asked)
     return await _stream(request, events)
 
 
@@ -286,9 +289,11 @@ def _chat_completion(reply: Reply) -> dict[str, Any]:
     }
 
 
-def _chat_events(reply: Reply) -> Iterator[bytes]:
-    """Tool name first with empty arguments, then the arguments, then the finish, then usage."""
-    head = {
+def _chat_events(reply: Reply, *, with_usage: bool) -> Iterator[bytes]:
+    """Tool name first with empty arguments, then the arguments, then the finish; usage as
+    OpenAI sends it, only when the request asks (`stream_options.include_usage`): `null` on
+    every chunk, then a chunk of its own (the gateway always asks)."""
+    head: dict[str, Any] = {
         "id": _new_id("chatcmpl-"),
         "object": "chat.completion.chunk",
         "created": int(time.time()),
@@ -297,7 +302,8 @@ def _chat_events(reply: Reply) -> Iterator[bytes]:
 
     def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
-        return _sse(None, {**head, "choices": [choice]})
+        usage = {"usage": None} if with_usage else {}
+        return _sse(None, {**head, "choices": [choice], **usage})
 
     if isinstance(reply, ToolCall):
         call = {"index": 0, **_chat_tool_call(reply, "")}
@@ -309,7 +315,8 @@ def _chat_events(reply: Reply) -> Iterator[bytes]:
         yield chunk({"role": "assistant", "content": ""})
         yield chunk({"content": reply.text})
         yield chunk({}, "stop")
-    yield _sse(None, {**head, "choices": [], "usage": _chat_usage()})
+    if with_usage:
+        yield _sse(None, {**head, "choices": [], "usage": _chat_usage()})
     yield b"data: [DONE]\n\n"
 
 

@@ -3,12 +3,13 @@ the access it is handed (the token and a base URL per listening host)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pytest_hemra.core.records import CallRow
-from pytest_hemra.execute.gateway.ledger import CallPolicy, RunBudget, TrialUsage
+from pytest_hemra.execute.gateway.ledger import CallPolicy, RunBudget, TrialUsage, same_model
 from pytest_hemra.execute.gateway.scripted import Script
+from pytest_hemra.execute.gateway.wire import Wire
 
 
 @dataclass
@@ -28,6 +29,22 @@ class TrialRoute:
     seq: int = 0
     rows: list[CallRow] = field(default_factory=list)
     role: str = "agent"  # or "judge:<name>": counted apart from the harness's calls
+
+    def refusal(self, wire: Wire, requested: str | None) -> str | None:
+        """Why the run's rules refuse a call of this trial, if they do; a cap it reached is
+        noted in its totals. Caps count the calls whose usage was read."""
+        policy, totals = self.policy, self.totals
+        if wire is Wire.OTHER:
+            return None
+        if policy.max_tokens is not None and totals.total_tokens >= policy.max_tokens:
+            self.totals = replace(totals, stopped_by="token cap")
+            return f"the trial's token cap ({policy.max_tokens}) is reached"
+        if policy.max_cost_usd is not None and (totals.cost or 0.0) >= policy.max_cost_usd:
+            self.totals = replace(totals, stopped_by="cost cap")
+            return f"the trial's cost cap (${policy.max_cost_usd:g}) is reached"
+        if policy.refuse_other_models and policy.model and not same_model(requested, policy.model):
+            return f"model {requested!r} is not this run's model {policy.model!r}"
+        return None
 
 
 @dataclass(frozen=True)

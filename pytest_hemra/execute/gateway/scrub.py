@@ -48,11 +48,15 @@ class KeyScrubber:
         return data
 
     def _possible_start(self, data: bytes) -> int:
-        """The length of the longest end of `data` that some key starts with."""
+        """The length of the longest end of `data` that some key starts with: only where a
+        key's first byte sits near the end is it compared (a byte search, not a loop)."""
         longest = 0
         for key in self.keys:
-            for size in range(min(len(key) - 1, len(data)), longest, -1):
-                if key.startswith(data[len(data) - size :]):
-                    longest = size
+            first = key[:1]
+            at = data.find(first, max(0, len(data) - len(key) + 1))
+            while at >= 0 and len(data) - at > longest:
+                if key.startswith(data[at:]):
+                    longest = len(data) - at
                     break
+                at = data.find(first, at + 1)
         return longest

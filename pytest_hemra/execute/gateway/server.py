@@ -6,7 +6,11 @@ in memory only), forwards the request, streams the answer back chunk by chunk as
 the token usage on the way past, and records one row per call as it completes. Calls with an
 unknown, ended or other trial's token are refused with 401, and calls that are not model calls
 (`wire.ALLOWED_CALLS`: files, batches and the rest) with 403, both before the request's body is
-read, and recorded as refused. The real key is scrubbed out of everything the upstream answers.
+read, and bodies over 64 MiB with 413: every refusal in the provider's own error format and
+recorded as a refused call, as is a request outside any trial's base URL. The real key is
+scrubbed out of everything the upstream answers (`relay`). A streamed Chat Completions call is
+made to carry usage (`chatusage`); a call whose usage could not be read is recorded with unknown
+tokens and cost, and a client that hangs up as the client's doing (`calls`).
 
 It runs on its own event loop in a background thread: the rest of HEMRA stays synchronous.
 """
@@ -20,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -29,44 +33,31 @@ from aiohttp import web
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.core.records import CallRow
 from pytest_hemra.execute.gateway.bodies import (
-    KEPT_BODY_BYTES,
     error_format,
     error_response,
     json_object,
     keep_bodies,
 )
+from pytest_hemra.execute.gateway.calls import CLIENT_GONE, Call, call_row
+from pytest_hemra.execute.gateway.chatusage import with_usage_asked
 from pytest_hemra.execute.gateway.egress import EgressProxy
 from pytest_hemra.execute.gateway.headers import (
-    DROPPED_RESPONSE,
     presented_key,
     redacted_headers,
     upstream_headers,
 )
 from pytest_hemra.execute.gateway.ledger import CallPolicy, RunBudget, TrialUsage, same_model
-from pytest_hemra.execute.gateway.prices import cost_of
+from pytest_hemra.execute.gateway.relay import Relay
 from pytest_hemra.execute.gateway.replies import respond
 from pytest_hemra.execute.gateway.routes import TrialAccess, TrialRoute
 from pytest_hemra.execute.gateway.scripted import Script
 from pytest_hemra.execute.gateway.scrub import KeyScrubber
-from pytest_hemra.execute.gateway.usage import UsageReader, is_streaming
 from pytest_hemra.execute.gateway.wire import CallUsage, Wire, allowed_wire, route_call, wire_of
 from pytest_hemra.resolve.upstreams import SCRIPTED, SCRIPTED_MODEL, ModelApi
 
-ERROR_TEXT_BYTES = 2048
 CLOSE_WAIT_SECS = 10.0
 STREAM_BUFFER_BYTES = 64 * 1024  # per upstream response: what one stream may hold in memory
-
-
-@dataclass
-class _Call:
-    started: float = field(default_factory=time.perf_counter)
-    at: float = field(default_factory=time.time)
-    ttfb: float | None = None
-    response_bytes: int = 0
-    status: int = 0
-    error: str | None = None
-    error_text: bytes = b""
-    kept: bytearray | None = None  # the response body, kept for the trial folder (capped)
+MAX_REQUEST_BYTES = 64 * 1024 * 1024  # a larger request body is refused (413), unread
 
 
 class Gateway:
@@ -191,8 +182,9 @@ class Gateway:
             auto_decompress=False,
             read_bufsize=STREAM_BUFFER_BYTES,
         )
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.router.add_route("*", "/t/{token}/{tail:.*}", self._handle)
+        app.router.add_route("*", "/{tail:.*}", self._stray)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         self._runners.append(runner)
@@ -209,7 +201,7 @@ class Gateway:
             bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             port = port or bound
             self.base_urls[host] = f"http://{host}:{bound}"
-        scripted = web.Application(client_max_size=64 * 1024 * 1024)
+        scripted = web.Application(client_max_size=MAX_REQUEST_BYTES)
         scripted.router.add_route("POST", "/s/{token}/{tail:.*}", self._scripted)
         scripted_runner = web.AppRunner(scripted, access_log=None, handle_signals=False)
         await scripted_runner.setup()
@@ -228,9 +220,10 @@ class Gateway:
             await self._session.close()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        """Token first, then the allowlist, and only then the body: a call refused for either is
-        answered without reading what it sent (a 60 MB upload with a bad token costs nothing)."""
-        call = _Call()
+        """Token first, then the allowlist and the body's declared size, and only then the body:
+        a call refused for any of them is answered without reading what it sent (a 60 MB upload
+        with a bad token costs nothing)."""
+        call = Call()
         token = request.match_info["token"]
         tail = request.match_info["tail"]
         allowed = allowed_wire(request.method, tail)
@@ -242,40 +235,54 @@ class Gateway:
             or not route.is_open
             or (presented is not None and not hmac.compare_digest(presented, token))
         ):
-            call.status = 401
             why = "unknown" if route is None else "ended" if not route.is_open else "mismatched"
-            self._submit(
-                route,
-                call,
-                request,
-                wire,
-                None,
-                None,
-                b"",
-                None,
-                refused=True,
-                error=f"refused: {why} trial token",
-            )
-            return error_response(
-                error_format(wire, request.headers), 401, "invalid or expired HEMRA trial token"
-            )
+            message = "invalid or expired HEMRA trial token"
+            return self._refuse(route, call, request, wire, 401, f"{why} trial token", message)
         if allowed is None:
-            call.status = 403
             reason = f"{request.method} /{tail} is not a model call the gateway forwards"
-            self._submit(
-                route, call, request, wire, None, None, b"", None, refused=True, error=reason
-            )
-            return error_response(
-                error_format(wire, request.headers), 403, f"HEMRA refused the call: {reason}"
-            )
+            return self._refuse(route, call, request, wire, 403, reason)
+        size = request.content_length
+        if size is not None and size > MAX_REQUEST_BYTES:
+            return self._refuse(route, call, request, wire, 413, _too_large(size))
         route.inflight += 1
         if route.calls_dir is not None:
             call.kept = bytearray()
         try:
-            body = await request.read()
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                return self._refuse(route, call, request, wire, 413, _too_large(None))
+            except ConnectionError as error:  # the client hung up while sending
+                call.status, call.error = 400, f"{CLIENT_GONE} (sending its request): {error}"
+                self._submit(route, call, request, wire, None, None, b"", None)
+                return web.Response(status=400)
             return await self._forward(request, route, wire, tail, body, call)
         finally:
             route.inflight -= 1
+
+    async def _stray(self, request: web.Request) -> web.StreamResponse:
+        """A request outside every trial's base URL (`/t/<token>/`): refused, and recorded
+        without a trial."""
+        wire = allowed_wire(request.method, request.match_info["tail"]) or Wire.OTHER
+        message = "not a HEMRA trial URL: use the base URL the trial was given (/t/<token>/)"
+        return self._refuse(None, Call(), request, wire, 404, "no trial token in the path", message)
+
+    def _refuse(
+        self,
+        route: TrialRoute | None,
+        call: Call,
+        request: web.Request,
+        wire: Wire,
+        status: int,
+        reason: str,
+        message: str | None = None,
+    ) -> web.Response:
+        """A refusal in the provider's error format, recorded as a refused call."""
+        call.status = status
+        error = f"refused: {reason}"
+        self._submit(route, call, request, wire, None, None, b"", None, refused=True, error=error)
+        text = message or f"HEMRA refused the call: {reason}"
+        return error_response(error_format(wire, request.headers), status, text)
 
     async def _forward(
         self,
@@ -284,7 +291,7 @@ class Gateway:
         wire: Wire,
         tail: str,
         body: bytes,
-        call: _Call,
+        call: Call,
     ) -> web.StreamResponse:
         data = json_object(body) if wire is not Wire.OTHER else {}
         requested = data.get("model") if isinstance(data.get("model"), str) else None
@@ -293,11 +300,11 @@ class Gateway:
         routed_model = run_model if run_model.startswith(SCRIPTED_MODEL) else requested
         provider_name = route_call(wire, routed_model, route.provider)
         provider = self.providers.get(provider_name)
-        reader: UsageReader | None = None
+        relay: Relay | None = None
         reserved: float | None = None
         refused = False
         try:
-            refusal = self._refusal(route, wire, requested)
+            refusal = route.refusal(wire, requested)
             if refusal is None and route.budget is not None and wire is not Wire.OTHER:
                 reserved = route.budget.reserve(requested, data, len(body))
                 if reserved is None:
@@ -320,90 +327,29 @@ class Gateway:
             key = route.keys.get(provider.name)
             headers = upstream_headers(request.headers, provider, key, route.token)
             scrubber = KeyScrubber([*route.keys.values(), *([key] if key else [])])
+            asked = with_usage_asked(body, data) if wire is Wire.CHAT else None
             assert self._session is not None
-            response: web.StreamResponse | None = None
-            try:
-                async with self._session.request(
-                    request.method, url, headers=headers, data=body, allow_redirects=False
-                ) as upstream:
-                    call.status = upstream.status
-                    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-                    for name, value in upstream.headers.items():
-                        if name.lower() not in DROPPED_RESPONSE:
-                            response.headers.add(name, scrubber.text(value))
-                    reader = UsageReader(
-                        wire, is_streaming(wire, data, upstream.headers.get("Content-Type", ""))
-                    )
-                    await response.prepare(request)
-                    async for raw in upstream.content.iter_any():
-                        if call.ttfb is None:
-                            call.ttfb = time.perf_counter() - call.started
-                        call.response_bytes += len(raw)
-                        await self._pass_on(scrubber.feed(raw), call, reader, response)
-                    await self._pass_on(scrubber.flush(), call, reader, response)
-                    await response.write_eof()
-                    return response
-            except aiohttp.ClientConnectorError as error:
-                call.status, call.error = 502, f"upstream unreachable: {error}"
-                return error_response(
-                    error_format(wire, request.headers), 502, "upstream unreachable"
-                )
-            except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
-                call.error = f"upstream failed mid-response: {type(error).__name__}: {error}"
-                if response is None:
-                    call.status = 502
-                    return error_response(
-                        error_format(wire, request.headers), 502, "upstream failed"
-                    )
-                if request.transport is not None:
-                    request.transport.abort()  # the harness sees the reset, as from the provider
-                return response
+            relay = Relay(call, wire, scrubber)
+            return await relay.run(
+                self._session,
+                request,
+                url,
+                headers,
+                asked or body,
+                data,
+                is_usage_added=asked is not None,
+            )
         finally:
-            usage = reader.result() if reader is not None else None
+            usage = relay.usage() if relay is not None else None
             if call.error is None and call.status >= 400 and call.error_text:
                 call.error = call.error_text.decode(errors="replace")
             self._submit(
-                route,
-                call,
-                request,
-                wire,
-                provider_name,
-                requested,
-                body,
-                usage,
-                refused=refused,
+                route, call, request, wire, provider_name, requested, body, usage, refused=refused
             )
-            if reserved is not None and route.budget is not None:
+            # a call of unknown usage keeps its reservation: the budget never counts it as free
+            is_settled = not call.is_usage_unknown(wire, usage)
+            if reserved is not None and route.budget is not None and is_settled:
                 route.budget.release(reserved)
-
-    @staticmethod
-    async def _pass_on(
-        chunk: bytes, call: _Call, reader: UsageReader, response: web.StreamResponse
-    ) -> None:
-        """One scrubbed piece of the upstream's answer: read for usage, kept, sent on."""
-        if not chunk:
-            return
-        reader.feed(chunk)
-        if call.status >= 400 and len(call.error_text) < ERROR_TEXT_BYTES:
-            call.error_text += chunk[: ERROR_TEXT_BYTES - len(call.error_text)]
-        if call.kept is not None and len(call.kept) < KEPT_BODY_BYTES:
-            call.kept += chunk[: KEPT_BODY_BYTES - len(call.kept)]
-        await response.write(chunk)
-
-    def _refusal(self, route: TrialRoute, wire: Wire, requested: str | None) -> str | None:
-        """Why the run's rules refuse this call, if they do."""
-        policy, totals = route.policy, route.totals
-        if wire is Wire.OTHER:
-            return None
-        if policy.max_tokens is not None and totals.total_tokens >= policy.max_tokens:
-            route.totals = replace(totals, stopped_by="token cap")
-            return f"the trial's token cap ({policy.max_tokens}) is reached"
-        if policy.max_cost_usd is not None and (totals.cost or 0.0) >= policy.max_cost_usd:
-            route.totals = replace(totals, stopped_by="cost cap")
-            return f"the trial's cost cap (${policy.max_cost_usd:g}) is reached"
-        if policy.refuse_other_models and policy.model and not same_model(requested, policy.model):
-            return f"model {requested!r} is not this run's model {policy.model!r}"
-        return None
 
     async def _scripted(self, request: web.Request) -> web.StreamResponse:
         route = self._routes.get(request.match_info["token"])
@@ -415,7 +361,7 @@ class Gateway:
     def _submit(
         self,
         route: TrialRoute | None,
-        call: _Call,
+        call: Call,
         request: web.Request,
         wire: Wire,
         provider: str | None,
@@ -426,29 +372,22 @@ class Gateway:
         refused: bool = False,
         error: str | None = None,
     ) -> None:
-        usage = usage or CallUsage()
         if route is not None and route.calls_dir is not None:
             route.seq += 1
             self._writer.submit(keep_bodies, route.calls_dir, route.seq, body, call.kept)
-        record = CallRow(
+        record = call_row(
+            call,
+            usage=usage,
+            wire=wire,
             run_id=route.run_id if route else None,
             trial_id=route.trial_id if route else None,
-            at=call.at,
             provider=provider,
-            wire=wire.value,
             method=request.method,
             path="/" + request.match_info["tail"],
-            model_requested=requested,
-            model=usage.model,
-            status=call.status,
-            **usage.tokens.counts(),
-            cost=cost_of(usage).usd if usage.total_tokens else 0.0,
-            latency=time.perf_counter() - call.started,
-            ttfb=call.ttfb,
+            requested=requested,
             request_bytes=len(body),
-            response_bytes=call.response_bytes,
-            error=error or call.error,
             refused=refused,
+            error=error,
             headers=redacted_headers(request.headers, route.token if route else ""),
             role=route.role if route else "agent",
         )
@@ -459,3 +398,8 @@ class Gateway:
             is_other = bool(expected) and not same_model(used, expected or "")
             route.totals = route.totals.with_call(record, is_other)
         self._writer.submit(self._record, record)
+
+
+def _too_large(size: int | None) -> str:
+    told = f" ({size} bytes)" if size is not None else ""
+    return f"the request body{told} is over the gateway's {MAX_REQUEST_BYTES >> 20} MiB limit"

@@ -1,24 +1,37 @@
 """Token usage read from a model response as it streams through the gateway.
 
-The gateway forwards every chunk untouched and feeds a copy to a `UsageReader`, which keeps only
-what it needs: memory stays bounded whatever the response size, and only the few SSE events that
-can carry usage are JSON-decoded (a content delta never is).
+The gateway forwards every chunk and feeds a copy to a `UsageReader`, which keeps only what it
+needs: memory stays bounded whatever the response size. A stream is never read line by line:
+each chunk gets one C-level byte search for the field name every usage object holds
+(`USAGE_MARKERS`), and only the SSE event around a hit is cut out and JSON-decoded. A content
+delta is never decoded, and in a JSON string the name is followed by an escaped quote, so text
+that mentions it does not match.
+
+Usage counts only once it is final: Anthropic's `message_delta`, Responses' closing
+`response.*` event, a Chat usage chunk (or a whole JSON body). A stream cut before that has no
+usage (`result()` is None): the call's tokens are unknown, never the partial counts of
+`message_start`.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
+from pytest_hemra.execute.gateway.sse import event_data, event_start, last_boundary, next_boundary
 from pytest_hemra.execute.gateway.wire import CallUsage, Wire
 
-MAX_LINE_BYTES = 1 << 20  # an SSE line (or event's data) longer than this is skipped
+MAX_EVENT_BYTES = 1 << 20  # an SSE event longer than this is skipped, never held whole
 MAX_BODY_BYTES = 32 << 20  # a plain JSON body longer than this is given up on
-BILLED_WIRES = frozenset({Wire.ANTHROPIC, Wire.RESPONSES, Wire.CHAT})
 FINAL_RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
-# `"usage": {` and not `"usage": null`: OpenAI streams repeat a null usage on every event or chunk
-CARRIES_USAGE = re.compile(rb'"usage"\s*:\s*\{')
+# a name every usage object of the wire holds, with the quote that closes it as a JSON key
+USAGE_MARKERS = {
+    Wire.ANTHROPIC: b'output_tokens"',
+    Wire.RESPONSES: b'output_tokens"',
+    Wire.CHAT: b'prompt_tokens"',
+}
+DONE = b"[DONE]"
+BILLED_WIRES = frozenset(USAGE_MARKERS)
 
 
 class UsageReader:
@@ -27,57 +40,82 @@ class UsageReader:
     def __init__(self, wire: Wire, streaming: bool) -> None:
         self._wire = wire
         self._streaming = streaming
-        self._is_billed = wire in BILLED_WIRES
+        self._marker = USAGE_MARKERS.get(wire)
         self._body = bytearray()  # plain JSON, up to MAX_BODY_BYTES
         self._is_too_big = False
-        self._line = bytearray()  # the unfinished SSE line
-        self._is_skipping_line = False
-        self._event_data: list[bytes] = []
-        self._event_size = 0
-        self._is_event_broken = False
+        self._pending = bytearray()  # the unfinished SSE event (or, skipping, its last bytes)
+        self._is_skipping = False  # the unfinished event is past MAX_EVENT_BYTES: dropped
+        self._is_pending_marked = False  # the unfinished event holds the marker
         self._is_done = False  # `data: [DONE]` seen
         self._tokens = _Tokens()
 
     def feed(self, chunk: bytes) -> None:
         """Take the next chunk as forwarded; chunk boundaries may fall anywhere."""
-        if not self._is_billed or not chunk:
+        if self._marker is None or not chunk or self._is_done:
             return
         if not self._streaming:
             self._feed_body(chunk)
             return
-        start = 0
-        while not self._is_done:
-            end = chunk.find(b"\n", start)
-            if end < 0:
-                self._keep_partial_line(chunk, start)
+        pending = self._pending
+        if self._is_skipping or self._may_hold_usage(chunk):
+            self._feed_events(chunk)
+            return
+        # the common chunk: nothing to read in it, only where its unfinished event starts
+        end = last_boundary(chunk)
+        if end < 0:
+            pending += chunk
+        else:
+            pending[:] = memoryview(chunk)[end:]
+        if len(pending) > MAX_EVENT_BYTES:
+            self._is_skipping = True
+            del pending[:-2]
+
+    def _may_hold_usage(self, chunk: bytes) -> bool:
+        """Whether the marker is in `chunk` or straddles its start; or, for a Chat stream whose
+        usage was read, whether `[DONE]` might be."""
+        assert self._marker is not None
+        if self._is_pending_marked or (self._wire is Wire.CHAT and self._tokens.is_final):
+            return True
+        if chunk.find(self._marker) >= 0:
+            return True
+        reach = len(self._marker) - 1
+        return bool(self._pending) and self._marker in self._pending[-reach:] + chunk[:reach]
+
+    def _feed_events(self, chunk: bytes) -> None:
+        """The unfinished event and `chunk` joined, and every complete event in them read."""
+        pending = self._pending
+        searched = max(0, len(pending) - 2)  # a blank line may straddle the old end
+        pending += chunk
+        if self._is_skipping:
+            first = next_boundary(pending, 0, len(pending))
+            if first < 0:
+                del pending[:-2]
                 return
-            if self._is_skipping_line:
-                self._is_skipping_line = False
-                self._is_event_broken = True
-            elif self._line:
-                if len(self._line) + end - start > MAX_LINE_BYTES:
-                    self._is_event_broken = True
-                else:
-                    self._line += chunk[start:end]
-                    self._read_line(bytes(self._line))
-                self._line.clear()
-            elif end - start > MAX_LINE_BYTES:
-                self._is_event_broken = True
-            else:
-                self._read_line(chunk[start:end])
-            start = end + 1
+            del pending[:first]
+            self._is_skipping = False
+            searched = 0
+        end = last_boundary(pending, searched)
+        if end > 0:
+            self._read_events(pending, end)
+            del pending[:end]
+        if len(pending) > MAX_EVENT_BYTES:
+            self._is_skipping = True
+            del pending[:-2]
+        marker = self._marker
+        assert marker is not None
+        self._is_pending_marked = not self._is_skipping and marker in pending
 
     def result(self) -> CallUsage | None:
-        """The usage found, once the last chunk is fed; None if there was none (or none billed)."""
-        if not self._is_billed:
+        """The final usage, once the last chunk is fed; None if there was none (or none billed,
+        or the response ended before its final count)."""
+        if self._marker is None:
             return None
         if not self._streaming:
             return self._body_usage()
-        if not self._is_done:
-            if self._line and not self._is_skipping_line:
-                self._read_line(bytes(self._line))
-            self._line.clear()
-            self._end_event()
+        if not self._is_done and not self._is_skipping and self._pending:
+            self._pending += b"\n\n"  # a stream cut before its last blank line
+            self._read_events(self._pending, len(self._pending))
+        self._pending.clear()
         return self._tokens.usage()
 
     def _feed_body(self, chunk: bytes) -> None:
@@ -96,7 +134,7 @@ class UsageReader:
         if body is None:
             return None
         if self._wire is Wire.ANTHROPIC:
-            self._tokens.add_anthropic(body.get("usage"), is_delta=False)
+            self._tokens.add_anthropic(body.get("usage"), is_delta=False, is_final=True)
         elif self._wire is Wire.RESPONSES:
             self._tokens.set_openai(body.get("usage"), "input_tokens", "input_tokens_details")
         else:
@@ -104,55 +142,50 @@ class UsageReader:
         self._tokens.set_model(body.get("model"))
         return self._tokens.usage()
 
-    def _keep_partial_line(self, chunk: bytes, start: int) -> None:
-        if self._is_skipping_line:
-            return
-        if len(self._line) + len(chunk) - start > MAX_LINE_BYTES:
-            self._is_skipping_line = True
-            self._line.clear()
-        else:
-            self._line += chunk[start:]
+    def _read_events(self, buffer: bytearray, end: int) -> None:
+        """Read the usage-bearing events among the complete ones in `buffer[:end]`."""
+        assert self._marker is not None
+        position = 0
+        while True:
+            hit = buffer.find(self._marker, position, end)
+            if hit < 0:
+                break
+            start = event_start(buffer, hit)
+            if self._is_done_before(buffer, position, start):
+                return
+            stop = next_boundary(buffer, hit, end)
+            if stop - start <= MAX_EVENT_BYTES:
+                event = _decode(event_data(buffer[start:stop]))
+                if event is not None:
+                    self._read_event(event)
+            position = stop
+        self._is_done_before(buffer, position, end)
 
-    def _read_line(self, line: bytes) -> None:
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        if not line:
-            self._end_event()
-        elif line.startswith(b"data:"):
-            data = line[6:] if line.startswith(b"data: ") else line[5:]
-            self._event_size += len(data) + 1
-            if self._event_size > MAX_LINE_BYTES:
-                self._is_event_broken = True
-            if not self._is_event_broken:
-                self._event_data.append(data)
-        # `event:`, `id:`, `retry:` and `:` comments carry nothing usage needs: the JSON has `type`
-
-    def _end_event(self) -> None:
-        data = b"\n".join(self._event_data)
-        is_broken = self._is_event_broken
-        self._event_data.clear()
-        self._event_size = 0
-        self._is_event_broken = False
-        if is_broken or not data:
-            return
-        if data.strip() == b"[DONE]":
-            self._is_done = True
-            return
-        if not CARRIES_USAGE.search(data):
-            return
-        event = _decode(data)
-        if event is not None:
-            self._read_event(event)
+    def _is_done_before(self, buffer: bytearray, start: int, end: int) -> bool:
+        """Whether a Chat stream's `data: [DONE]` is among the events in `buffer[start:end]`:
+        what follows it is not read. Looked for only once usage was read (what comes after
+        `[DONE]` could only overwrite it): until then no chunk pays for the search."""
+        if self._wire is not Wire.CHAT or not self._tokens.is_final:
+            return False
+        at = buffer.find(DONE, start, end)
+        while at >= 0:
+            first = event_start(buffer, at)
+            stop = next_boundary(buffer, at, len(buffer))
+            if event_data(buffer[first : stop if stop > 0 else len(buffer)]).strip() == DONE:
+                self._is_done = True
+                return True
+            at = buffer.find(DONE, at + 1, end)
+        return False
 
     def _read_event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
         if self._wire is Wire.ANTHROPIC:
             if kind == "message_start":
                 message = _dict(event.get("message"))
-                self._tokens.add_anthropic(message.get("usage"), is_delta=False)
+                self._tokens.add_anthropic(message.get("usage"), is_delta=False, is_final=False)
                 self._tokens.set_model(message.get("model"))
             elif kind == "message_delta":
-                self._tokens.add_anthropic(event.get("usage"), is_delta=True)
+                self._tokens.add_anthropic(event.get("usage"), is_delta=True, is_final=True)
         elif self._wire is Wire.RESPONSES:
             if kind in FINAL_RESPONSE_EVENTS:
                 response = _dict(event.get("response"))
@@ -184,18 +217,19 @@ class _Tokens:
     """The counts found so far, in each provider's terms until `usage()` normalizes them."""
 
     def __init__(self) -> None:
-        self.is_found = False
+        self.is_final = False  # the response's final counts were read
         self.input = 0  # excluding cached input
         self.output = 0
         self.cache_read = 0
         self.cache_write = 0
         self.model: str | None = None
 
-    def add_anthropic(self, usage: object, *, is_delta: bool) -> None:
-        """Anthropic reports cached input apart; a `message_delta` overrides what it carries."""
+    def add_anthropic(self, usage: object, *, is_delta: bool, is_final: bool) -> None:
+        """Anthropic reports cached input apart; a `message_delta` overrides what it carries
+        and is the final count (`message_start`'s output is a placeholder)."""
         if not isinstance(usage, dict):
             return
-        self.is_found = True
+        self.is_final = self.is_final or is_final
         fields = {
             "input": "input_tokens",
             "output": "output_tokens",
@@ -211,7 +245,7 @@ class _Tokens:
         """OpenAI's input count includes `cached_tokens`: they move to cache reads here."""
         if not isinstance(usage, dict):
             return
-        self.is_found = True
+        self.is_final = True
         cached = _count(_dict(usage.get(details_key)).get("cached_tokens"))
         self.input = max(0, _count(usage.get(input_key)) - cached)
         self.cache_read = cached
@@ -224,7 +258,7 @@ class _Tokens:
             self.model = model
 
     def usage(self) -> CallUsage | None:
-        if not self.is_found:
+        if not self.is_final:
             return None
         return CallUsage(
             input_tokens=self.input,

@@ -1,0 +1,140 @@
+"""One call's trip upstream and back: the request sent, and the upstream's answer passed to the
+client a chunk at a time as it arrives, real keys scrubbed out, usage read, the usage the
+gateway asked for taken back out, a copy kept for the trial folder.
+
+Per chunk that is a few C-level byte searches and copies, never a Python loop over lines or
+events: streams of small events pass at close to the speed of the wire. Who ended a call early
+is told apart: a client that hangs up (`CLIENT_GONE`), an upstream that fails mid-response
+(`UPSTREAM_FAILED`, the client then sees the reset as it would from the provider), or one that
+cannot be reached."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from pytest_hemra.execute.gateway.bodies import KEPT_BODY_BYTES, error_format, error_response
+from pytest_hemra.execute.gateway.calls import CLIENT_GONE, UPSTREAM_FAILED, Call
+from pytest_hemra.execute.gateway.chatusage import AddedUsageFilter
+from pytest_hemra.execute.gateway.headers import DROPPED_RESPONSE
+from pytest_hemra.execute.gateway.scrub import KeyScrubber
+from pytest_hemra.execute.gateway.usage import UsageReader, is_streaming
+from pytest_hemra.execute.gateway.wire import CallUsage, Wire
+
+ERROR_TEXT_BYTES = 2048
+
+
+class ClientGone(Exception):
+    """The client hung up while the gateway was answering it."""
+
+
+class Relay:
+    def __init__(self, call: Call, wire: Wire, scrubber: KeyScrubber) -> None:
+        self._call = call
+        self._wire = wire
+        self._scrubber = scrubber
+        self._reader: UsageReader | None = None
+        self._added_usage: AddedUsageFilter | None = None
+        self._response: web.StreamResponse | None = None
+
+    def usage(self) -> CallUsage | None:
+        """The answer's final usage, if it was read (call once the relay is over)."""
+        return self._reader.result() if self._reader is not None else None
+
+    async def run(
+        self,
+        session: aiohttp.ClientSession,
+        request: web.Request,
+        url: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        data: dict[str, Any],
+        *,
+        is_usage_added: bool = False,
+    ) -> web.StreamResponse:
+        """Send `body` to `url` and answer `request` with what comes back. `data` is the
+        client's request as sent (its `stream` tells an SSE answer without a content type);
+        `is_usage_added`: the gateway asked for usage the client did not."""
+        call, wire = self._call, self._wire
+        try:
+            call.is_sent = True
+            async with session.request(
+                request.method, url, headers=headers, data=body, allow_redirects=False
+            ) as upstream:
+                call.status = call.upstream_status = upstream.status
+                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+                for name, value in upstream.headers.items():
+                    if name.lower() not in DROPPED_RESPONSE:
+                        response.headers.add(name, self._scrubber.text(value))
+                streaming = is_streaming(wire, data, upstream.headers.get("Content-Type", ""))
+                self._reader = UsageReader(wire, streaming)
+                if is_usage_added and streaming and upstream.status < 400:
+                    self._added_usage = AddedUsageFilter()
+                self._response = response
+                try:
+                    await response.prepare(request)
+                except ConnectionError as error:
+                    raise ClientGone from error
+                async for raw in upstream.content.iter_any():
+                    await self._pass_on(raw)
+                await self._close()
+                return response
+        except ClientGone as gone:
+            call.error = f"{CLIENT_GONE}: {gone.__cause__ or 'connection closed'}"
+            return self._response or web.Response(status=499)
+        except aiohttp.ClientConnectorError as error:
+            call.is_sent = False
+            call.status, call.error = 502, f"upstream unreachable: {error}"
+            return error_response(error_format(wire, request.headers), 502, "upstream unreachable")
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
+            call.error = f"{UPSTREAM_FAILED}: {type(error).__name__}: {error}"
+            if self._response is None:
+                call.status = 502
+                return error_response(error_format(wire, request.headers), 502, "upstream failed")
+            if request.transport is not None:
+                request.transport.abort()  # the harness sees the reset, as from the provider
+            return self._response
+
+    async def _pass_on(self, raw: bytes) -> None:
+        """One chunk of the upstream's answer, as it arrived."""
+        call = self._call
+        if call.ttfb is None:
+            call.ttfb = time.perf_counter() - call.started
+        call.response_bytes += len(raw)
+        chunk = self._scrubber.feed(raw)
+        assert self._reader is not None
+        self._reader.feed(chunk)
+        if self._added_usage is not None:
+            chunk = self._added_usage.feed(chunk)
+        await self._send(chunk)
+
+    async def _close(self) -> None:
+        """The upstream's answer is complete: what was held back, then the end."""
+        chunk = self._scrubber.flush()
+        assert self._reader is not None and self._response is not None
+        self._reader.feed(chunk)
+        if self._added_usage is not None:
+            chunk = self._added_usage.feed(chunk) + self._added_usage.flush()
+        await self._send(chunk)
+        try:
+            await self._response.write_eof()
+        except ConnectionError as error:
+            raise ClientGone from error
+
+    async def _send(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        call = self._call
+        if call.status >= 400 and len(call.error_text) < ERROR_TEXT_BYTES:
+            call.error_text += chunk[: ERROR_TEXT_BYTES - len(call.error_text)]
+        if call.kept is not None and len(call.kept) < KEPT_BODY_BYTES:
+            call.kept += chunk[: KEPT_BODY_BYTES - len(call.kept)]
+        assert self._response is not None
+        try:
+            await self._response.write(chunk)
+        except ConnectionError as error:
+            raise ClientGone from error
