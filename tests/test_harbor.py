@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,21 @@ def test_harbor_results_map_onto_outcomes(
     assert (found[0], found[1]) == (outcome, reward)
     if "exception_info" in changes:
         assert found[3] == f"Harbor: {changes['exception_info']['exception_type']}: boom"
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_a_harbor_reward_that_is_not_finite_is_a_verifier_error(bad: float) -> None:
+    # a malformed reward, as NaN in reward.txt is, whatever else happened: never a report's input
+    for changes in (
+        {"verifier_result": {"rewards": {"reward": bad}}},
+        {
+            "verifier_result": {"rewards": {"score": bad}},
+            "exception_info": _failure("AgentTimeoutError", "2026-01-01T00:00:05Z"),
+        },
+    ):
+        outcome, reward, _, error = classify(_result(**changes))
+        assert (outcome, reward) == ("verifier_error", None)
+        assert error == f"Harbor's verifier gave reward {bad!r}"
 
 
 def test_a_harbor_result_names_its_task_by_folder_and_times_its_phases() -> None:

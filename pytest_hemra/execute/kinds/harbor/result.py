@@ -16,6 +16,7 @@ are typed. How its exceptions map onto outcomes:
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
 from pathlib import Path
 
@@ -160,6 +161,8 @@ def classify(
     reward = rewards.get("reward")
     if reward is None and len(rewards) == 1:
         reward = next(iter(rewards.values()))
+    if reward is not None and not math.isfinite(reward):  # malformed, as reward.txt's NaN is
+        return Outcome.VERIFIER_ERROR, None, rewards, f"Harbor's verifier gave reward {reward!r}"
     failure = result.exception_info
     error = None
     if failure is not None:
