@@ -182,6 +182,26 @@ def test_a_client_that_hangs_up_is_recorded_as_the_clients(
     assert time.monotonic() - started < 1.5
 
 
+def test_a_client_that_hangs_up_while_sending_is_recorded_as_the_clients(
+    gateway: Gateway, store: Store, upstream: Upstream
+) -> None:
+    access = gateway.open_trial("r.1", "r", keys={"anthropic": KEY})
+    host, port = access.base_url("127.0.0.1").removeprefix("http://").split("/")[0].split(":")
+    request = (
+        f"POST /t/{access.token}/v1/messages HTTP/1.1\r\nHost: {host}\r\n"
+        f"Content-Length: 100000\r\nx-api-key: {access.token}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=10) as client:
+        client.sendall(request + b'{"model": ')
+        time.sleep(0.2)  # the gateway is reading the body when the client goes
+    gateway.close_trial(access.token)
+    (row,) = store.calls(run_id="r")
+    assert (row.status, row.refused) == (499, False)
+    assert (row.error or "").startswith("client hung up mid-request")
+    assert stored_usage(store) == [(0, 0, 0, 0, 0.0)]  # never forwarded: known to cost nothing
+    assert upstream.seen == []
+
+
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 @pytest.mark.parametrize(
     ("path", "kind"),

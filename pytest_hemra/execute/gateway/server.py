@@ -38,7 +38,7 @@ from pytest_hemra.execute.gateway.bodies import (
     json_object,
     keep_bodies,
 )
-from pytest_hemra.execute.gateway.calls import CLIENT_GONE, Call, call_row
+from pytest_hemra.execute.gateway.calls import Call, call_row
 from pytest_hemra.execute.gateway.chatusage import with_usage_asked
 from pytest_hemra.execute.gateway.egress import EgressProxy
 from pytest_hemra.execute.gateway.headers import (
@@ -253,9 +253,9 @@ class Gateway:
             except web.HTTPRequestEntityTooLarge:
                 return self._refuse(route, call, request, wire, 413, _too_large(None))
             except ConnectionError as error:  # the client hung up while sending
-                call.status, call.error = 400, f"{CLIENT_GONE} (sending its request): {error}"
+                call.status, call.error = 499, f"client hung up mid-request: {error}"
                 self._submit(route, call, request, wire, None, None, b"", None)
-                return web.Response(status=400)
+                return web.Response(status=499)
             return await self._forward(request, route, wire, tail, body, call)
         finally:
             route.inflight -= 1
