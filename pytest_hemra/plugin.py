@@ -198,7 +198,7 @@ class DatasetCollector(pytest.Collector):
     def collect(self) -> list[pytest.Item]:
         return [
             TrialItem.from_parent(
-                self, name=f"{t.task}[{t.harness}-{t.attempt}]", path=self.path / t.task, trial=t
+                self, name=f"{t.task}[{t.cell}-{t.attempt}]", path=self.path / t.task, trial=t
             )
             for t in self.trials
         ]
@@ -215,7 +215,8 @@ class TrialItem(pytest.Item):
         super().__init__(**kwargs)
         self.trial = trial
         self.record: TrialRecord | None = None
-        self.extra_keyword_matches.update({trial.task, trial.harness, trial.dataset})
+        models = {trial.model, trial.cell} if trial.model is not None else set()
+        self.extra_keyword_matches.update({trial.task, trial.harness, trial.dataset, *models})
 
     def setup(self) -> None:
         runner = _runner(self.config)
@@ -370,7 +371,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         return
     terminalreporter.write_sep("=", "HEMRA")
     report = hemra.report or build_report(hemra.runner.store, hemra.runner.run.id)
-    terminalreporter.write_line(render_text(report))
+    # a terminal: its width, the most important columns kept (a log file or CI: every column)
+    width = terminalreporter._tw.fullwidth if terminalreporter.isatty() else None
+    terminalreporter.write_line(render_text(report, width=width))
     if hemra.comparison is not None:
         terminalreporter.write_line("\n" + render_comparison(hemra.comparison))
     for reason in hemra.gate_reasons:

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from pytest_hemra.core.records import CallRow
-from pytest_hemra.execute.gateway.ledger import CallPolicy, RunBudget
+from pytest_hemra.execute.gateway.ledger import Budgets, CallPolicy, RunBudget
 from pytest_hemra.execute.gateway.scripted import (
     SCRIPTED_USAGE,
     ShellStep,
@@ -287,16 +287,24 @@ def test_trial_caps_stop_further_calls(
     assert totals.stopped_by == stopped_by and totals.calls == 2 and totals.refused == 1
 
 
-def test_run_budget_is_shared_through_the_store(gateway: Gateway, store: Store) -> None:
+@pytest.mark.parametrize("smaller", ["run budget", "cell budget"])
+def test_run_and_cell_budgets_are_shared_through_the_store(
+    gateway: Gateway, store: Store, smaller: str
+) -> None:
+    """The run's budget_usd and a cell's cell_budget_usd: a call must fit in both, and the one
+    it would pass is named (here both read the same spend; the other's limit is far above)."""
     reader = Store(store.path)
-    budget = RunBudget(2e-4, lambda: reader.run_cost("r"))
+    limits = {"run budget": 1.0, "cell budget": 1.0, smaller: 2e-4}
+    budget = Budgets([RunBudget(limit, lambda: reader.run_cost("r"), name)
+                      for name, limit in limits.items()])  # fmt: skip
     one = gateway.open_trial("r.1", "r", keys={"anthropic": SENTINEL}, budget=budget)
     two = gateway.open_trial("r.2", "r", keys={"anthropic": SENTINEL}, budget=budget)
     assert ask(one.base_url("127.0.0.1"), one.token, MODEL).status_code == 200
     gateway.close_trial(one.token)  # its cost is recorded
     late = ask(two.base_url("127.0.0.1"), two.token, MODEL)
-    assert late.status_code == 400 and "run budget" in late.json()["error"]["message"]
-    assert gateway.close_trial(two.token).stopped_by == "run budget"
+    assert late.status_code == 400 and smaller in late.json()["error"]["message"]
+    assert gateway.close_trial(two.token).stopped_by == smaller
+    assert all(b._reserved == 0 for b in budget.budgets)  # the refused call holds nothing
     assert reader.run_cost("r") == pytest.approx((11 * 3 + 7 * 15 + 3 * 0.3 + 2 * 3.75) / 1e6)
 
 

@@ -25,10 +25,16 @@ class PlannedTrial:
     task: str
     harness: str
     attempt: int
+    model: str | None = None  # a matrix run's cell model (None: the run's one model)
+
+    @property
+    def cell(self) -> str:
+        """The harness, or in a matrix run the `harness@model` pair."""
+        return self.harness if self.model is None else f"{self.harness}@{self.model}"
 
     @property
     def item_id(self) -> str:
-        return f"{self.dataset}::{self.task}[{self.harness}-{self.attempt}]"
+        return f"{self.dataset}::{self.task}[{self.cell}-{self.attempt}]"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,6 +123,12 @@ class TrialRecord:
     calls: int = 0  # model calls through the gateway
     usage_unknown: int = 0  # of them, calls whose usage could not be read (cost is then None)
     is_priced: bool = True  # False: a call whose usage was read used a model without a price
+    model: str | None = None  # a matrix run's cell model (None: the run's one model)
+
+    @property
+    def cell(self) -> str:
+        """The harness, or in a matrix run the `harness@model` pair."""
+        return self.harness if self.model is None else f"{self.harness}@{self.model}"
 
     @property
     def is_finished(self) -> bool:

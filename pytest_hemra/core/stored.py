@@ -105,8 +105,10 @@ class StoredPlan:
     schema_version: int | None = None
     source: str | None = None
     harness_names: tuple[str, ...] = ()  # the run's order; the baseline need not come first
-    baseline: str | None = None  # the run's baseline, else its first harness
+    baseline: str | None = None  # the run's baseline harness, else its first harness
     model: str | None = None
+    models: tuple[str, ...] = ()  # a matrix run's: every harness ran under each
+    baseline_model: str | None = None  # a matrix run's baseline model, else the first
     attempts: int | None = None
     timeout_secs: float | None = None
     harnesses: Mapping[str, StoredHarness] = field(default_factory=dict)
@@ -121,12 +123,16 @@ class StoredPlan:
         version = record.get("schema_version")
         attempts = settings.get("attempts")
         timeout = settings.get("timeout_secs")
+        models = tuple(str(m) for m in settings.get("models") or ())
+        baseline, baseline_model = _baselines(_text(settings.get("baseline")), names, models)
         return cls(
             schema_version=version if isinstance(version, int) else None,
             source=_text(record.get("source")),
             harness_names=names,
-            baseline=_text(settings.get("baseline")) or (names[0] if names else None),
+            baseline=baseline,
             model=_text(settings.get("model")),
+            models=models if len(models) > 1 else (),
+            baseline_model=baseline_model,
             attempts=attempts if isinstance(attempts, int) else None,
             timeout_secs=timeout if isinstance(timeout, int | float) else None,
             harnesses={
@@ -157,6 +163,22 @@ class StoredPlan:
     def unisolated(self) -> frozenset[str]:
         """The harnesses whose agents ran outside HEMRA's sandbox (trusted by the run)."""
         return frozenset(name for name, h in self.harnesses.items() if not h.isolated)
+
+
+def _baselines(
+    baseline: str | None, harnesses: tuple[str, ...], models: tuple[str, ...]
+) -> tuple[str | None, str | None]:
+    """The baseline harness and (a matrix run's) baseline model `baseline` names: a harness, a
+    model, or a `harness@model` pair (as `RunSpec.baseline_harness` / `baseline_model`)."""
+    harness, at, model = (baseline or "").partition("@")
+    if not harnesses:  # a partial plan (an old run, a test's): the baseline as written
+        return baseline, None
+    found_harness = harness if harness in harnesses else harnesses[0]
+    if len(models) < 2:
+        return found_harness, None
+    if at and harness in harnesses and model in models:
+        return found_harness, model
+    return found_harness, baseline if baseline in models else models[0]
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:

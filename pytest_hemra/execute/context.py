@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_hemra.core.outcome import Outcome
-from pytest_hemra.execute.gateway.ledger import RunBudget, TrialUsage
+from pytest_hemra.execute.gateway.ledger import Budgets, TrialUsage
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.sandbox import WORKDIR, SandboxPool, SandboxProvider
 from pytest_hemra.execute.selfreport import SelfReport
@@ -36,7 +36,7 @@ class TrialContext:
     trial_dir: Path
     gateway: Gateway | None = None
     gateway_host: str = "127.0.0.1"
-    budget: RunBudget | None = None
+    budget: Budgets | None = None  # the run's budget_usd and its cell's cell_budget_usd
     judges: tuple[Judge, ...] = ()
     pool: SandboxPool | None = None  # [[sandbox.engines]]: the trial is placed on one first
 

@@ -9,10 +9,12 @@ of it. `hemra run --dry-run` describes it all, building nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 from pytest_hemra.core.errors import CapabilityError, InfraError, SpecError
 from pytest_hemra.execute.builds import build_images, tasks_to_build
+from pytest_hemra.execute.gateway.prices import price_table
 from pytest_hemra.execute.installs import ensure_installed
 from pytest_hemra.execute.kinds import kind_of
 from pytest_hemra.execute.sandbox import SandboxProvider
@@ -20,6 +22,7 @@ from pytest_hemra.execute.sandbox.pool import EnginePool
 from pytest_hemra.resolve.harnesses import Harness
 from pytest_hemra.resolve.plan import Plan
 from pytest_hemra.resolve.spec import RunSpec
+from pytest_hemra.resolve.upstreams import SCRIPTED_MODEL
 
 ProviderFactory = Callable[[], SandboxProvider]
 
@@ -97,10 +100,16 @@ def describe(plan: Plan, provider: SandboxProvider | None) -> str:
             f"  {dataset.name}@{dataset.digest[:12]}: {len(dataset.tasks)} tasks ({dataset.path})"
         )
     tasks = sum(len(dataset.tasks) for dataset in plan.datasets)
+    cells = sorted({trial.cell for trial in plan.trials})
+    if spec.is_matrix:
+        shown = [f"{m} (baseline)" if m == spec.baseline_model else m for m in spec.models]
+        lines += ["", "models: " + ", ".join(shown)]
     lines += [
         "",
-        f"trials: {tasks} tasks x {len(plan.harnesses)} harnesses x {spec.attempts} attempts"
+        f"cells: {len(cells)} ({'harness x model' if spec.is_matrix else 'harnesses'})",
+        f"trials: {tasks} tasks x {len(cells)} cells x {spec.attempts} attempts"
         f" = {len(plan.trials)}",
+        cost_bound(plan),
     ]
     if plan.judges:
         lines.append("judges: " + ", ".join(j.name for j in plan.judges))
@@ -120,3 +129,42 @@ def describe(plan: Plan, provider: SandboxProvider | None) -> str:
         lines.append(f"images cached: {len(cached)}")
         lines += [f"  {image} (for {where})" for image, where in sorted(cached.items())]
     return "\n".join(lines)
+
+
+def cost_bound(plan: Plan) -> str:
+    """The most the run can spend, from its caps: each trial's `trial_max_cost_usd`, or its
+    `trial_max_tokens` at the cell model's dearest price per token (where the price is known),
+    each cell's `cell_budget_usd`, and the run's `budget_usd`."""
+    spec = plan.spec
+    table = price_table()
+    cells: dict[str, tuple[int, str | None, bool]] = {}
+    for trial in plan.trials:
+        count = cells.get(trial.cell, (0, None, False))[0]
+        harness = next(h for h in plan.harnesses if h.name == trial.harness)
+        model = trial.model or harness.spec.model or spec.model
+        cells[trial.cell] = (count + 1, model, harness.spec.provider is None)
+    total = 0.0
+    for count, model, calls_none in cells.values():
+        bounds = [0.0] if calls_none else []  # a harness that calls no model (oracle, nop)
+        if spec.gateway.trial_max_cost_usd is not None:
+            bounds.append(count * spec.gateway.trial_max_cost_usd)
+        price = table.price_of(model)
+        if spec.gateway.trial_max_tokens is not None and price is not None:
+            dearest = max(price.input, price.output, price.cache_read, price.cache_write)
+            bounds.append(count * spec.gateway.trial_max_tokens * dearest / 1_000_000)
+        if spec.cell_budget_usd is not None:
+            bounds.append(spec.cell_budget_usd)
+        if (model or "").startswith(SCRIPTED_MODEL):
+            bounds.append(0.0)  # the scripted model costs nothing
+        if not bounds:
+            total = math.inf
+            break
+        total += min(bounds)
+    if spec.budget_usd is not None:
+        total = min(total, spec.budget_usd)
+    if math.isinf(total):
+        return (
+            "cost: no upper bound (set budget_usd, cell_budget_usd, or [gateway]"
+            " trial_max_cost_usd or trial_max_tokens with a priced model)"
+        )
+    return f"cost: at most ${total:.2f} (from the caps)"

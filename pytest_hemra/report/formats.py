@@ -36,7 +36,7 @@ def headers(dataset: DatasetReport) -> list[str]:
     ks = range(1, dataset.attempts + 1) if dataset.attempts > 1 else ()
     judges = sorted({name for row in dataset.harnesses for name in row.judges})
     return [
-        "harness",
+        dataset.axis,
         "trials",
         "passes",
         "mean reward [95% CI]",
@@ -45,6 +45,7 @@ def headers(dataset: DatasetReport) -> list[str]:
         *(f"pass@{k}" for k in ks),
         *(f"pass^{k}" for k in ks if k > 1),
         *(["pass@k tasks"] if ks else []),
+        *(["attempts disagree"] if ks else []),
         *(f"judge {name}" for name in judges),
         "tokens",
         "tokens/trial",
@@ -71,6 +72,7 @@ def cells(dataset: DatasetReport, row: HarnessSummary) -> list[Any]:
         *(_number(row.pass_at_k.get(k)) for k in ks),
         *(_number(row.pass_hat_k.get(k)) for k in ks if k > 1),
         *([_pass_k_tasks(row)] if ks else []),
+        *([_share(row.disagree)] if ks else []),
         *(_estimate(row.judges.get(name)) for name in judges),
         int(row.tokens.total or 0),
         _number(row.tokens.median, digits=0),
@@ -96,26 +98,79 @@ def table(dataset: DatasetReport) -> tuple[list[str], list[list[str]]]:
     keep = [
         index
         for index, name in enumerate(names)
-        if name == "harness" or any(row[index] not in ("", "-") for row in rows)
+        if name == dataset.axis or any(row[index] not in ("", "-") for row in rows)
     ]
     return [names[i] for i in keep], [[row[i] for i in keep] for row in rows]
 
 
-def render_text(report: RunReport, tablefmt: str = "simple") -> str:
+# the columns a narrow terminal keeps, most important first; the rest are dropped from the
+# end of this list (and then any other column) until the table fits, and stay in `hemra report`
+# and the exports
+TERMINAL_COLUMNS = (
+    "harness", "model", "mean reward [95% CI]", "vs baseline [95% CI]", "p", "trials",
+    "passes", "cost/trial", "tokens/trial", "outcomes", "pass@1", "duration/trial",
+)  # fmt: skip
+
+
+def fit(names: list[str], rows: list[list[str]], width: int) -> tuple[list[str], list[list[str]]]:
+    """The table with columns dropped, least important first, until it is `width` wide."""
+    order = [n for n in names if n not in TERMINAL_COLUMNS]
+    order += [n for n in reversed(TERMINAL_COLUMNS) if n in names]
+    keep = list(names)
+    while len(keep) > 1 and _width(names, rows, keep) > width:
+        keep.remove(order.pop(0))
+    index = [names.index(n) for n in keep]
+    return keep, [[row[i] for i in index] for row in rows]
+
+
+def _width(names: list[str], rows: list[list[str]], keep: list[str]) -> int:
+    """How wide the table of `keep`'s columns prints (as `render_text` lays it out)."""
+    index = [names.index(n) for n in keep]
+    text = tabulate([[row[i] for i in index] for row in rows], headers=keep, disable_numparse=True)
+    return max(len(line) for line in text.splitlines())
+
+
+def title(dataset: DatasetReport) -> str:
+    """`name@digest (N tasks)`, and in a matrix run which table: `- model M` / `- harness H`."""
+    view = f" - {dataset.view}" if dataset.view else ""
+    return f"{dataset.name}@{dataset.digest[:12]} ({dataset.tasks} tasks){view}"
+
+
+def render_text(report: RunReport, tablefmt: str = "simple", width: int | None = None) -> str:
+    """The terminal summary: with `width`, each table's columns fit it (`fit`); the columns
+    left out are named once at the end."""
     sections = [f"HEMRA run {report.run_id} ({report.name}) - store {report.store}"]
+    dropped: dict[str, None] = {}
     for dataset in report.datasets:
         names, rows = table(dataset)
+        if width is not None:
+            kept, rows = fit(names, rows, width)
+            dropped.update(dict.fromkeys(n for n in names if n not in kept))
+            names = kept
         table_text = tabulate(rows, headers=names, tablefmt=tablefmt, disable_numparse=True)
-        title = f"{dataset.name}@{dataset.digest[:12]} ({dataset.tasks} tasks)"
         flags = "".join(f"\n{flag}" for flag in dataset.flags)
-        sections.append(f"\n{title}\n{table_text}{flags}")
+        variance = "".join(f"\n{line}" for line in variance_lines(dataset))
+        sections.append(f"\n{title(dataset)}\n{table_text}{flags}{variance}")
+    if dropped:
+        sections.append(
+            f"\n(left out to fit {width} columns: {', '.join(dropped)}; hemra report shows them)"
+        )
     return "\n".join(sections)
+
+
+def variance_lines(dataset: DatasetReport) -> list[str]:
+    """Where the variance comes from (`variance.py`), under a dataset's first table."""
+    if dataset.variance is None:
+        return []
+    from pytest_hemra.report.variance import render_variance  # type: ignore[import-untyped,unused-ignore]
+
+    return list(render_variance(dataset.variance))
 
 
 def render_markdown(report: RunReport) -> str:
     lines = [f"# HEMRA run {report.run_id} ({report.name})", ""]
     for dataset in report.datasets:
-        lines += [f"## {dataset.name}@{dataset.digest[:12]} ({dataset.tasks} tasks)", ""]
+        lines += [f"## {title(dataset)}", ""]
         names, rows = table(dataset)
         lines.append(tabulate(rows, headers=names, tablefmt="github", disable_numparse=True))
         lines += [
@@ -124,6 +179,7 @@ def render_markdown(report: RunReport) -> str:
                 f"- {flag.harness + ': ' if flag.harness else ''}{flag.message}"
                 for flag in dataset.flags
             ),
+            *variance_lines(dataset),
             "",
         ]
     return "\n".join(lines)
@@ -135,11 +191,12 @@ def render_csv(report: RunReport) -> str:
     writer = csv.writer(out)
     writer.writerow(
         [
-            "run", "dataset", "harness", "baseline", "planned", "finished", "scored", "passes",
-            "tasks", "mean_reward", "reward_low", "reward_high", "pass_rate", "diff",
+            "run", "dataset", "view", "axis", "harness", "baseline", "planned", "finished",
+            "scored", "passes", "tasks", "mean_reward", "reward_low", "reward_high", "pass_rate",
+            "diff",
             "diff_low", "diff_high", "p_value", "shared_tasks", "tokens_total",
             "tokens_median", "cost_total", "cost_median", "duration_median", "outcomes",
-            "pass_at_k", "pass_hat_k", "pass_k_tasks", "pass_k_left_out",
+            "pass_at_k", "pass_hat_k", "pass_k_tasks", "pass_k_left_out", "attempts_disagree",
         ]
     )  # fmt: skip
     for dataset in report.datasets:
@@ -147,7 +204,8 @@ def render_csv(report: RunReport) -> str:
             reward, versus = row.reward, row.versus
             writer.writerow(
                 [
-                    report.run_id, dataset.name, row.harness, int(row.is_baseline), row.planned,
+                    report.run_id, dataset.name, dataset.view, dataset.axis, row.harness,
+                    int(row.is_baseline), row.planned,
                     row.finished, row.scored, row.passes, row.tasks,
                     *(_field(reward, x) for x in ("mean", "low", "high")),
                     _field(row.pass_rate, "mean"),
@@ -156,7 +214,7 @@ def render_csv(report: RunReport) -> str:
                     _field(row.cost, "total"), _field(row.cost, "median"),
                     _field(row.duration, "median"), json.dumps(row.outcomes),
                     json.dumps(row.pass_at_k), json.dumps(row.pass_hat_k), row.pass_k_tasks,
-                    row.pass_k_left_out,
+                    row.pass_k_left_out, "" if row.disagree is None else f"{row.disagree:.6g}",
                 ]
             )  # fmt: skip
     return out.getvalue()
@@ -183,6 +241,8 @@ def render_html(report: RunReport) -> str:
             "headers": table(dataset)[0],
             "rows": table(dataset)[1],
             "chart": chart(dataset),
+            "title": title(dataset),
+            "variance": variance_lines(dataset),
         }
         for dataset in report.datasets
     ]
@@ -219,6 +279,10 @@ def _estimate(estimate: Estimate | None) -> str:
     if estimate.low == estimate.high:
         return f"{estimate.mean:.3f}"
     return f"{estimate.mean:.3f} [{estimate.low:.3f}, {estimate.high:.3f}]"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def _number(value: float | None, unit: str = "", digits: int = 3) -> str:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_hemra.core.errors import StoreError
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
+from pytest_hemra.core.stored import StoredPlan
 from pytest_hemra.core.usage import Usage
 from pytest_hemra.report.fairness import (
     Flag,
@@ -61,6 +62,9 @@ class HarnessSummary:
     own_tokens: int | None  # what the harness itself reported, where it reports
     judges: dict[str, Estimate | None] = field(default_factory=dict)
     classes: dict[str, int] = field(default_factory=dict)  # the SWE track's error classes
+    # of the tasks with two or more scored attempts, the share whose attempts disagree (some
+    # passed, some did not): None with fewer than two attempts on every task
+    disagree: float | None = None
 
     @property
     def is_significant(self) -> bool:
@@ -69,12 +73,19 @@ class HarnessSummary:
 
 @dataclass(frozen=True)
 class DatasetReport:
+    """One table of a dataset. A matrix run (several models) has one a model (its harnesses
+    against the baseline harness: `view` "model M") and one a harness run under several models
+    (its models against the baseline model: `view` "harness H", rows labelled by model)."""
+
     name: str
     digest: str
     tasks: int
     attempts: int
-    harnesses: list[HarnessSummary]
+    harnesses: list[HarnessSummary]  # the rows: harnesses, or models (`axis`)
     flags: list[Flag]
+    view: str = ""  # "" (one model), "model M" or "harness H"
+    axis: str = "harness"  # what the rows are: "harness" or "model"
+    variance: Any = None  # a matrix or multi-harness dataset's VarianceReport (its first table)
 
 
 @dataclass(frozen=True)
@@ -126,6 +137,8 @@ def summarize(
                 judges[name][trial.task].append(score)
     bools = {task: [p == 1.0 for p in values] for task, values in passes.items()}
     pass_k = pass_k_over_one_task_set(bools, attempts)
+    repeated = [values for values in bools.values() if len(values) > 1]
+    disagree = sum(len(set(v)) > 1 for v in repeated) / len(repeated) if repeated else None
     return HarnessSummary(
         harness=harness,
         is_baseline=baseline is None,
@@ -150,6 +163,7 @@ def summarize(
         own_tokens=sum(own) if own else None,
         judges={name: mean_ci(scores) for name, scores in sorted(judges.items())},
         classes=dict(sorted(Counter(t.error_class for t in finished if t.error_class).items())),
+        disagree=disagree,
     )
 
 
@@ -168,10 +182,7 @@ def build_report(store: Store, run_id: str) -> RunReport:
     plan = run.plan
     if plan.baseline is None:
         raise StoreError(f"{store.path}: run {run_id} was recorded without harnesses")
-    baseline, ordered = plan.baseline, plan.ordered_harnesses
-    groups: dict[tuple[str, str], list[TrialRecord]] = defaultdict(list)
-    for trial in store.trials(run_id):
-        groups[trial.dataset, trial.harness].append(trial)
+    trials = store.trials(run_id)
     judges = [(j.name, j.model) for j in plan.judges]
     calibrations = {
         j.name: store.latest_calibration(j.rubric_digest, j.model)
@@ -181,20 +192,73 @@ def build_report(store: Store, run_id: str) -> RunReport:
     judge_flags = calibration_flags(judges, calibrations)
     datasets = []
     for name, entry in plan.datasets.items():
-        mine = [t for h in ordered for t in groups[name, h]]
+        mine = [t for t in trials if t.dataset == name]
         attempts = max((t.attempt for t in mine), default=1)
-        base_rewards = by_task(groups[name, baseline])
-        rows = [
-            summarize(groups[name, h], h, attempts, None if h == baseline else base_rewards)
-            for h in ordered
+        tables = [
+            _table(plan, name, entry.digest or "", len(entry.tasks), attempts, view)
+            for view in _views(plan, mine)
         ]
-        flags = dataset_flags(mine, ordered, plan.model, plan.unmetered, plan.unisolated)
-        flags += [flag for row in rows if (flag := too_few_tasks(row)) is not None]
-        flags += judge_flags
-        datasets.append(
-            DatasetReport(name, entry.digest or "", len(entry.tasks), attempts, rows, flags)
-        )
-    return RunReport(run.id, run.name, str(store.path), run.status, baseline, plan.model, datasets)
+        for later in tables[1:]:  # what concerns the whole dataset is said once, under the first
+            later.flags[:] = [flag for flag in later.flags if flag.harness is not None]
+        tables[0].flags.extend(judge_flags)
+        datasets += tables
+    return RunReport(run.id, run.name, str(store.path), run.status, plan.baseline, plan.model,
+                     datasets)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class View:
+    """One table's trials (labelled by their row: `harness` holds a model in a model axis),
+    its rows in order (the baseline first) and the model its harnesses had to use."""
+
+    title: str
+    axis: str
+    trials: list[TrialRecord]
+    rows: list[str]
+    model: str | None
+
+
+def _views(plan: StoredPlan, trials: list[TrialRecord]) -> list[View]:
+    """One table, or in a matrix run one per model, then one per harness run under several."""
+    ordered = plan.ordered_harnesses
+    if not plan.models:
+        return [View("", "harness", trials, ordered, plan.model)]
+    views = []
+    for model in plan.models:
+        mine = [t for t in trials if t.model == model]
+        present = {t.harness for t in mine}
+        rows = [h for h in ordered if h in present]
+        if rows:
+            views.append(View(f"model {model}", "harness", mine, rows, model))
+    models = [plan.baseline_model or plan.models[0]]
+    models += [m for m in plan.models if m not in models]
+    for harness in ordered:
+        mine = [replace(t, harness=t.model or "") for t in trials if t.harness == harness]
+        present = {t.harness for t in mine}
+        rows = [m for m in models if m in present]
+        if len(rows) > 1:
+            views.append(View(f"harness {harness}", "model", mine, rows, None))
+    return views
+
+
+def _table(
+    plan: StoredPlan, name: str, digest: str, tasks: int, attempts: int, view: View
+) -> DatasetReport:
+    groups: dict[str, list[TrialRecord]] = defaultdict(list)
+    for trial in view.trials:
+        groups[trial.harness].append(trial)
+    baseline = view.rows[0] if view.rows else ""
+    base_rewards = by_task(groups[baseline])
+    rows = [
+        summarize(groups[h], h, attempts, None if h == baseline else base_rewards)
+        for h in view.rows
+    ]
+    mine = [t for h in view.rows for t in groups[h]]
+    unmetered = plan.unmetered if view.axis == "harness" else frozenset()
+    unisolated = plan.unisolated if view.axis == "harness" else frozenset()
+    flags = dataset_flags(mine, view.rows, view.model, unmetered, unisolated)
+    flags += [flag for row in rows if (flag := too_few_tasks(row)) is not None]
+    return DatasetReport(name, digest, tasks, attempts, rows, flags, view.title, view.axis)
 
 
 def too_few_tasks(row: HarnessSummary) -> Flag | None:

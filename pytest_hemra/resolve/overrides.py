@@ -17,6 +17,7 @@ class Overrides:
 
     harnesses: list[str] = field(default_factory=list)
     datasets: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
     attempts: int | None = None
     tasks: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)
@@ -37,6 +38,11 @@ class Overrides:
         ):
             if value:
                 merged[key] = list(value)
+        if self.models:  # one: the one-model form; several: every harness under each
+            merged.pop("model", None)
+            merged.pop("models", None)
+            merged.update({"model": self.models[0]} if len(self.models) == 1 else {})
+            merged.update({"models": list(self.models)} if len(self.models) > 1 else {})
         for key, scalar in (
             ("attempts", self.attempts),
             ("baseline", self.baseline),
@@ -98,6 +104,14 @@ OVERRIDE_FLAGS = (
         ("-d", "--dataset"),
         "NAME",
         "dataset name, name@version (registry), name@digest or path; replaces the run file's",
+    ),
+    OverrideFlag(
+        "models",
+        "--hemra-model",
+        ("-m", "--model"),
+        "NAME",
+        "model the harnesses run under, replaces the run file's model(s); repeated: every"
+        " harness under each (a harness x model matrix)",
     ),
     OverrideFlag(
         "attempts",

@@ -134,17 +134,16 @@ def resolve_plan(run_file: Path | None, overrides: Overrides, cwd: Path) -> Plan
     """Phase 1 from the files alone: the spec, harness files, judges, datasets and every trial.
     What needs the machine (the sandbox, installs) is `execute.provisioning.provision`."""
     spec = load_run_spec(run_file, overrides)
+    if len(spec.models) == 1:  # `models = ["x"]` is the one-model form
+        spec = spec.model_copy(update={"model": spec.models[0], "models": []})
     source = str(run_file) if run_file is not None else "command line"
     base_dir = run_file.resolve().parent if run_file is not None else cwd
-    if spec.baseline is not None and spec.baseline not in spec.harnesses:
-        raise SpecError(
-            f"{source}: key 'baseline': {spec.baseline!r} is not one of the run's harnesses "
-            f"({', '.join(spec.harnesses)})"
-        )
+    _check_baseline(spec, source)
     judges = resolve_judges(spec.judge, base_dir, source, spec.model)
     harnesses = tuple(
         resolve_harness(name, base_dir, source, spec.model) for name in spec.harnesses
     )
+    _check_pins(spec, harnesses, source)
     _check_trust(spec, harnesses, source)
     known_providers = configured_upstreams(spec.providers)
     _check_providers(known_providers, source)
@@ -176,13 +175,54 @@ def resolve_plan(run_file: Path | None, overrides: Overrides, cwd: Path) -> Plan
                             "solution/solve.sh, which this task lacks"
                         )
     trials = tuple(
-        PlannedTrial(dataset.name, task.name, harness.name, attempt)
+        PlannedTrial(dataset.name, task.name, harness.name, attempt, model)
         for dataset in datasets
         for task in dataset.tasks
         for harness in harnesses
+        for model in cell_models(spec, harness.spec)
         for attempt in range(1, spec.attempts + 1)
     )
     return Plan(spec, source, base_dir, harnesses, datasets, trials, judges)
+
+
+def cell_models(spec: RunSpec, harness: HarnessSpec) -> list[str | None]:
+    """The models a harness runs under: in a matrix run each of `models` (only its own when it
+    pins one); else None, the run's one model."""
+    if not spec.is_matrix:
+        return [None]
+    return [harness.model] if harness.model is not None else list(spec.models)
+
+
+def _check_baseline(spec: RunSpec, source: str) -> None:
+    """`baseline` names a harness, a `harness@model` pair of the run's, or in a matrix run a
+    model."""
+    baseline = spec.baseline
+    if baseline is None or baseline in spec.harnesses:
+        return
+    harness, at, model = baseline.partition("@")
+    models = spec.models if spec.is_matrix else [spec.model]
+    if (at and harness in spec.harnesses and model in models) or (
+        spec.is_matrix and baseline in spec.models
+    ):
+        return
+    expected = f"one of the run's harnesses ({', '.join(spec.harnesses)})"
+    if spec.is_matrix:
+        expected += f", models ({', '.join(spec.models)}) or a harness@model pair"
+    raise SpecError(f"{source}: key 'baseline': {baseline!r} is not {expected}")
+
+
+def _check_pins(spec: RunSpec, harnesses: tuple[Harness, ...], source: str) -> None:
+    """In a matrix run a harness that pins a model joins that model's cells: it must be one of
+    the run's models."""
+    if not spec.is_matrix:
+        return
+    for harness in harnesses:
+        pinned = harness.spec.model
+        if pinned is not None and pinned not in spec.models:
+            raise SpecError(
+                f"{harness.path}: key 'model': harness pins model {pinned!r}, which is not one"
+                f" of the run's models ({', '.join(spec.models)}; {source})"
+            )
 
 
 def loads_skills(spec: HarnessSpec) -> bool:
@@ -252,10 +292,11 @@ def harness_variables(harness: Harness, spec: RunSpec) -> list[str]:
     else the key variable of the provider it names (none when it calls the scripted model).
     Checked at resolve, and by every process before it claims one of the harness's trials."""
     names = list(harness.spec.env)
-    provider, model = harness.spec.provider, harness.spec.model or spec.model
+    provider = harness.spec.provider
+    models = [m or harness.spec.model or spec.model for m in cell_models(spec, harness.spec)]
     if harness.spec.key_env is not None:
         names.append(harness.spec.key_env)
-    elif provider is not None and not (model or "").startswith(SCRIPTED_MODEL):
+    elif provider is not None and any(not (m or "").startswith(SCRIPTED_MODEL) for m in models):
         upstream = configured_upstreams(spec.providers).get(provider)
         if upstream is not None and upstream.key_env is not None:
             names.append(upstream.key_env)

@@ -226,6 +226,7 @@ class RunSpec(Strict):
     attempts: int = Field(default=1, ge=1, le=1000)
     concurrency: int = Field(default=1, ge=1, le=1024)
     model: str | None = None
+    models: list[str] = Field(default_factory=list)  # several: every harness under each
     timeout_secs: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     max_infra_retries: int = Field(default=0, ge=0, le=100)
     tasks: list[str] = Field(default_factory=list)
@@ -237,6 +238,7 @@ class RunSpec(Strict):
     providers: dict[str, ProviderSettings] = Field(default_factory=dict)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     budget_usd: float | None = Field(default=None, gt=0)
+    cell_budget_usd: float | None = Field(default=None, gt=0)  # each harness (x model) cell's
     # harnesses the run trusts to run outside HEMRA's sandbox (a harbor harness): docs/security.md
     trust_unisolated: list[str] = Field(default_factory=list)
 
@@ -266,9 +268,40 @@ class RunSpec(Strict):
                 raise ValueError(f"expected task name patterns (globs without '/'), got {value!r}")
         return values
 
+    @field_validator("models")
+    @classmethod
+    def _model_names(cls, values: list[str], info: ValidationInfo) -> list[str]:
+        if values and info.data.get("model") is not None:
+            raise ValueError("expected 'model' (one) or 'models' (several), not both")
+        if len(set(values)) != len(values):
+            raise ValueError("expected each model once")
+        if any(not value.strip() for value in values):
+            raise ValueError("expected model names, got an empty one")
+        return values
+
+    @property
+    def is_matrix(self) -> bool:
+        """Several models: every harness runs under each (a cell is a harness x model pair)."""
+        return len(self.models) > 1
+
     @property
     def baseline_harness(self) -> str:
-        return self.baseline or self.harnesses[0]
+        """`baseline` when it names a harness (or a `harness@model` pair), else the first."""
+        name = (self.baseline or "").partition("@")[0]
+        return name if name in self.harnesses else self.harnesses[0]
+
+    @property
+    def baseline_model(self) -> str | None:
+        """A matrix's baseline model: `baseline` when it names a model (or a `harness@model`
+        pair: harness names hold no '@', model names may), else the first of `models`; the one
+        model otherwise."""
+        if not self.is_matrix:
+            return self.model
+        baseline = self.baseline or ""
+        harness, at, model = baseline.partition("@")
+        if at and harness in self.harnesses and model in self.models:
+            return model
+        return baseline if baseline in self.models else self.models[0]
 
 
 def _check_placeholders(text: str) -> None:

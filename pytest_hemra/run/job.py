@@ -15,8 +15,9 @@ a runner that has it, rather than running it into the upstream's 401 and a score
 from __future__ import annotations
 
 import contextlib
+import re
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from urllib.parse import urlsplit
 
 from pytest_hemra.core import registry
@@ -24,7 +25,7 @@ from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import UPSTREAM_REFUSED, TrialRecord
 from pytest_hemra.execute.context import TrialContext, TrialResult
-from pytest_hemra.execute.gateway.ledger import RunBudget
+from pytest_hemra.execute.gateway.ledger import Budgets, RunBudget
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.kinds import kind_of
 from pytest_hemra.execute.provisioning import ProviderFactory
@@ -79,6 +80,7 @@ class Runner:
     gateway: Gateway | None = None
     gateway_host: str = "127.0.0.1"
     budget: RunBudget | None = None
+    cell_budgets: dict[str, RunBudget] = field(default_factory=dict)  # cell -> its budget
 
     def started_gateway(self) -> Gateway:
         """This process's gateway, started on first use: loopback plus where sandboxes reach."""
@@ -95,6 +97,21 @@ class Runner:
                 reader, run_id = Store(self.store.path), self.run.id
                 self.budget = RunBudget(self.run.spec.budget_usd, lambda: reader.run_cost(run_id))
         return self.gateway
+
+    def _budgets(self, trial: TrialRecord) -> Budgets | None:
+        """The budgets a trial's calls must fit in: the run's `budget_usd` and its cell's
+        `cell_budget_usd` (a harness, or a harness x model pair), each read from the store."""
+        budgets = [self.budget] if self.budget is not None else []
+        limit = self.run.spec.cell_budget_usd
+        if limit is not None:
+            if trial.cell not in self.cell_budgets:
+                reader, run_id = Store(self.store.path), self.run.id
+                harness, model = trial.harness, trial.model
+                self.cell_budgets[trial.cell] = RunBudget(
+                    limit, lambda: reader.cell_cost(run_id, harness, model), "cell budget"
+                )
+            budgets.append(self.cell_budgets[trial.cell])
+        return Budgets(budgets) if budgets else None
 
     def work(self, trial: TrialRecord) -> str | None:
         """Claim the trial's job and, once leased, run the trial to a recorded result (read it
@@ -136,11 +153,15 @@ class Runner:
             trial_id=trial.id,
             task=task,
             harness=run.harnesses[trial.harness],
-            spec=run.spec,
+            spec=run.spec
+            if trial.model is None
+            else run.spec.model_copy(
+                update={"model": trial.model}
+            ),  # a matrix run's cell: its model is the one the harness must use
             provider=self.provider,
             gateway=self.started_gateway(),
             gateway_host=self.gateway_host,
-            budget=self.budget,
+            budget=self._budgets(trial),
             judges=run.judges,
             trial_dir=trial_dir,
             pool=self.provider if isinstance(self.provider, EnginePool) else None,
@@ -217,6 +238,8 @@ class Runner:
 
 
 def folder_name(trial: TrialRecord) -> str:
-    """`harness-attempt`; a row that ran a trial again (a retry, a resume) adds its seq."""
-    name = f"{trial.harness}-{trial.attempt}"
+    """`harness-attempt` (`harness@model-attempt` in a matrix run, the model's `/` and other
+    characters a path cannot hold as `_`); a row that ran a trial again (a retry, a resume)
+    adds its seq."""
+    name = re.sub(r"[^A-Za-z0-9._@-]", "_", f"{trial.cell}-{trial.attempt}")
     return f"{name}.{trial.seq}" if trial.replaces else name

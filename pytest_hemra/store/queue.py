@@ -53,7 +53,7 @@ class QueueStore(ResultStore):
             )
             tx.executemany(
                 "INSERT INTO trials (id, run_id, seq, plan_seq, item_id, dataset, task, harness,"
-                " attempt, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'planned')",
+                " attempt, model, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'planned')",
                 [
                     (
                         trial_id(run_id, seq),
@@ -65,6 +65,7 @@ class QueueStore(ResultStore):
                         t.task,
                         t.harness,
                         t.attempt,
+                        t.model,
                     )
                     for seq, t in enumerate(trials)
                 ],

@@ -322,6 +322,17 @@ class ResultStore(StoreBase):
             )
         return found
 
+    def cell_cost(self, run_id: str, harness: str, model: str | None) -> float:
+        """What one cell's calls have cost so far (a harness's; in a matrix run, a harness x
+        model pair's), as `run_cost` counts."""
+        found = self.db.execute(
+            "SELECT coalesce(sum(calls.cost), 0) FROM calls JOIN trials"
+            " ON calls.trial_id = trials.id WHERE trials.run_id = ? AND trials.harness = ?"
+            " AND trials.model IS ?",
+            [run_id, harness, model],
+        ).fetchone()
+        return float(found[0])
+
     def run_cost(self, run_id: str) -> float:
         """What a run's calls have cost so far (calls of unknown price or usage count as 0: the
         run budget holds back a call's reservation when its usage could not be read)."""

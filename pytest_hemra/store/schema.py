@@ -13,7 +13,7 @@ from pytest_hemra.core.records import (
     TrialRecord,
 )
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 OLDEST_MIGRATED = 2  # stores from schema 2 on are brought forward when opened
 EMPTY_USAGE: dict[str, Any] = {
     "calls": 0,
@@ -81,6 +81,7 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
             "error_class": str,
             "engine": str,
             "agent_user": str,
+            "model": str,  # a matrix run's cell model (NULL: the run's one model)
         },
         "id",
     ),
@@ -228,7 +229,7 @@ TRIAL_COLUMNS = (
     " CASE WHEN cost_known = 0 OR usage_unknown > 0 THEN NULL ELSE coalesce(cost, 0) END,"
     " models, coalesce(other_model_tokens, 0), stopped_by, own_report, replaces,"
     " coalesce(retries, 0), exit_code, judges, error_class, engine, agent_user,"
-    " coalesce(calls, 0), coalesce(usage_unknown, 0), coalesce(cost_known, 1)"
+    " coalesce(calls, 0), coalesce(usage_unknown, 0), coalesce(cost_known, 1), model"
 )
 
 
@@ -289,6 +290,7 @@ def trial_record(row: Sequence[Any]) -> TrialRecord:
         calls=row[28],
         usage_unknown=row[29],
         is_priced=bool(row[30]),
+        model=row[31],
     )
 
 

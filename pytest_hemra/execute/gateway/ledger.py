@@ -115,9 +115,14 @@ def same_model(requested: str | None, expected: str) -> bool:
 
 
 class RunBudget:
-    """The run's `budget_usd`, shared by every process through the store's recorded costs."""
+    """The run's `budget_usd` (or a cell's `cell_budget_usd`), shared by every process through
+    the store's recorded costs."""
 
-    def __init__(self, limit_usd: float, spent: Callable[[], float]) -> None:
+    def __init__(
+        self, limit_usd: float, spent: Callable[[], float], name: str = "run budget"
+    ) -> None:
+        self.name = name  # what a refused call's error names
+        self.refused_by = name
         self.limit_usd = limit_usd
         self._spent = spent
         self._reserved = 0.0
@@ -146,6 +151,33 @@ class RunBudget:
             value = self._spent()
             self._cached = (value, time.monotonic())
         return value
+
+
+class Budgets:
+    """Several budgets a call must fit in at once (the run's and its cell's): reserved in each,
+    or in none."""
+
+    def __init__(self, budgets: list[RunBudget]) -> None:
+        self.budgets = budgets
+        self.refused_by = budgets[0].name if budgets else ""
+
+    def reserve(
+        self, model: str | None, request: dict[str, Any], request_bytes: int
+    ) -> float | None:
+        taken: list[tuple[RunBudget, float]] = []
+        for budget in self.budgets:
+            amount = budget.reserve(model, request, request_bytes)
+            if amount is None:
+                self.refused_by = budget.name
+                for held, reserved in taken:
+                    held.release(reserved)
+                return None
+            taken.append((budget, amount))
+        return taken[0][1] if taken else 0.0
+
+    def release(self, amount: float) -> None:
+        for budget in self.budgets:
+            budget.release(amount)
 
 
 def worst_cost(model: str | None, request: dict[str, Any], request_bytes: int) -> float:

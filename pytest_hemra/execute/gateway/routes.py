@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pytest_hemra.core.records import CallRow
-from pytest_hemra.execute.gateway.ledger import CallPolicy, RunBudget, TrialUsage, same_model
+from pytest_hemra.execute.gateway.ledger import Budgets, CallPolicy, TrialUsage, same_model
 from pytest_hemra.execute.gateway.scripted import Script
 from pytest_hemra.execute.gateway.wire import Wire
 
@@ -21,7 +21,7 @@ class TrialRoute:
     keys: dict[str, str]
     script: Script | None
     policy: CallPolicy = field(default_factory=CallPolicy)
-    budget: RunBudget | None = None
+    budget: Budgets | None = None
     is_open: bool = True
     inflight: int = 0
     totals: TrialUsage = field(default_factory=TrialUsage)

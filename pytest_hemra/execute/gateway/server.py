@@ -46,7 +46,7 @@ from pytest_hemra.execute.gateway.headers import (
     redacted_headers,
     upstream_headers,
 )
-from pytest_hemra.execute.gateway.ledger import CallPolicy, RunBudget, TrialUsage, same_model
+from pytest_hemra.execute.gateway.ledger import Budgets, CallPolicy, TrialUsage, same_model
 from pytest_hemra.execute.gateway.relay import Relay
 from pytest_hemra.execute.gateway.replies import respond
 from pytest_hemra.execute.gateway.routes import TrialAccess, TrialRoute
@@ -129,7 +129,7 @@ class Gateway:
         keys: Mapping[str, str] | None = None,
         script: Script | None = None,
         policy: CallPolicy | None = None,
-        budget: RunBudget | None = None,
+        budget: Budgets | None = None,
         calls_dir: Path | None = None,
         role: str = "agent",
     ) -> TrialAccess:
@@ -308,7 +308,7 @@ class Gateway:
             if refusal is None and route.budget is not None and wire is not Wire.OTHER:
                 reserved = route.budget.reserve(requested, data, len(body))
                 if reserved is None:
-                    refusal = "run budget"
+                    refusal = route.budget.refused_by
                     route.totals = replace(route.totals, stopped_by=refusal)
             if refusal is not None:
                 refused = True
@@ -394,7 +394,9 @@ class Gateway:
         if route is not None:
             route.rows.append(record)
             expected = route.policy.model  # the model that answered counts, else the one asked
-            used = record.model or requested
+            used = record.model or requested  # (the scripted model answers under every name
+            if used and used.startswith(SCRIPTED_MODEL):  # asked of it: `models` of a matrix)
+                used = requested or used
             is_other = bool(expected) and not same_model(used, expected or "")
             route.totals = route.totals.with_call(record, is_other)
         self._writer.submit(self._record, record)

@@ -1,0 +1,150 @@
+"""The harness x model matrix: every harness under every model of `models`, a cell per pair,
+with its own items, gateway rule, tokens and tables."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import TaskMaker
+from pytest_hemra.core.errors import SpecError
+from pytest_hemra.execute.gateway.scripted import scripted_usage
+from pytest_hemra.execute.gateway.wire import Wire
+from pytest_hemra.report.formats import render_text
+from pytest_hemra.report.tables import build_report
+from pytest_hemra.resolve.plan import resolve_plan
+from pytest_hemra.resolve.spec import Overrides
+from pytest_hemra.store import Store
+
+MODELS = ("hemra/scripted-a", "hemra/scripted-b")
+# one chat call under the model it was given ({model}), which it also writes down; passes only
+# under scripted-b (it writes the task's answer there), so the two models differ
+CHATTY = '''kind = "program"
+provider = "openai"
+command = ["python3", "-c", """
+import json, os, urllib.request
+model = '{model}'
+body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]}).encode()
+request = urllib.request.Request('{base_url}/v1/chat/completions', body,
+    {"Authorization": "Bearer {api_key}", "Content-Type": "application/json"})
+urllib.request.urlopen(request, timeout=30).read()
+open('/app/model.txt', 'w').write(model)
+"""]
+'''
+TASKS = ("fix-test",)  # one task keeps the suite short: 12 trials
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_a_matrix_run_has_a_cell_per_harness_and_model_with_its_own_items_tokens_and_tables(
+    pytester: pytest.Pytester, tmp_path: Path, write_harness: Callable[..., Path]
+) -> None:
+    write_harness("chatty", CHATTY)
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(
+        'harnesses = ["oracle", "chatty"]\ndatasets = ["hemra-offline"]\n'
+        f"models = {json.dumps(list(MODELS))}\nattempts = 3\ntasks = {json.dumps(list(TASKS))}\n"
+        'baseline = "hemra/scripted-b"\n'
+    )
+    selected = pytester.runpytest("--hemra-run", str(run_file), "--collect-only", "-q",
+                                  "-k", "chatty and scripted-a")  # fmt: skip
+    selected.stdout.fnmatch_lines(["hemra-offline::fix-test[[]chatty@hemra/scripted-a-1[]]"])
+    assert "3/12 tests collected (9 deselected)" in selected.stdout.str()
+
+    store_path = tmp_path / "s.db"
+    result = pytester.runpytest(
+        "--hemra-run", str(run_file), "--hemra-store", str(store_path), "-n", "2"
+    )
+    result.assert_outcomes(passed=6, failed=6)  # oracle passes; chatty writes no answer
+    store = Store(store_path)
+    (run,) = store.runs()
+    trials = store.trials(run.id)
+    assert Counter(t.cell for t in trials) == {
+        f"{h}@{m}": len(TASKS) * 3 for h in ("oracle", "chatty") for m in MODELS
+    }
+    assert "hemra-offline::fix-test[chatty@hemra/scripted-b-2]" in {t.item_id for t in trials}
+    per_call = scripted_usage(Wire.CHAT).total_tokens
+    for trial in trials:
+        if trial.harness == "chatty":  # one call, under its cell's model, counted to the token
+            assert trial.tokens == per_call and trial.other_model_tokens == 0, trial.item_id
+            diff = (Path(trial.trial_dir or "") / "diff.patch").read_text()
+            assert f"+{trial.model}" in diff
+        else:
+            assert trial.tokens == 0
+
+    report = build_report(store, run.id)
+    views = [(d.view, d.axis, [r.harness for r in d.harnesses]) for d in report.datasets]
+    assert views == [
+        ("model hemra/scripted-a", "harness", ["oracle", "chatty"]),
+        ("model hemra/scripted-b", "harness", ["oracle", "chatty"]),
+        ("harness oracle", "model", ["hemra/scripted-b", "hemra/scripted-a"]),  # the baseline
+        ("harness chatty", "model", ["hemra/scripted-b", "hemra/scripted-a"]),
+    ]
+    within_model = report.datasets[0].harnesses[1]
+    assert within_model.versus is not None and within_model.versus.diff == -1.0
+    assert within_model.tokens.total == len(TASKS) * 3 * per_call  # this cell's alone
+    assert within_model.disagree == 0.0  # every task's three attempts agree
+    across_models = report.datasets[3].harnesses[1]
+    assert across_models.versus is not None and across_models.versus.diff == 0.0
+
+    text = result.stdout.str()  # both table shapes in the summary
+    assert "(1 tasks) - model hemra/scripted-a" in text and "(1 tasks) - harness chatty" in text
+    narrow = render_text(report, width=80)
+    assert max(len(line) for line in narrow.splitlines() if "|" not in line and "!" not in line
+               and "left out" not in line and "HEMRA run" not in line) <= 80  # fmt: skip
+    assert "mean reward [95% CI]" in narrow and "left out to fit 80 columns" in narrow
+    exported = json.loads(pytester.run(
+        "hemra", "report", run.id, "--store", str(store_path), "--format", "json"
+    ).stdout.str())  # fmt: skip
+    assert [d["view"] for d in exported["datasets"]] == [v[0] for v in views]
+
+
+@pytest.mark.parametrize(
+    ("run_toml", "harness_toml", "expected"),
+    [
+        ('models = ["a", "b", "a"]\n', None, r"key 'models': .*expected each model once"),
+        ('model = "a"\nmodels = ["a", "b"]\n', None, r"'model' \(one\) or 'models'"),
+        ('models = ["a", "b"]\nbaseline = "c"\n', None, r"key 'baseline': 'c' is not one of"),
+        ('models = ["a", "b"]\nbaseline = "h@c"\n', None, r"key 'baseline': 'h@c' is not"),
+        ('models = ["a", "b"]\n', 'model = "c"\n', r"pins model 'c', which is not one of"),
+    ],
+)
+def test_malformed_model_lists_are_refused_at_resolve_in_one_line(
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[..., Path],
+    run_toml: str,
+    harness_toml: str | None,
+    expected: str,
+) -> None:
+    make_task("one")
+    write_harness("h", 'kind = "program"\ncommand = ["true"]\n' + (harness_toml or ""))
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["h"]\ndatasets = ["ds"]\n' + run_toml)
+    with pytest.raises(SpecError, match=expected) as refused:
+        resolve_plan(run_file, Overrides(), tmp_path)
+    assert "\n" not in str(refused.value)
+    assert not (tmp_path / ".hemra").exists()
+
+
+def test_a_harness_pinned_to_one_model_joins_only_that_models_cells(
+    tmp_path: Path, make_task: TaskMaker, write_harness: Callable[..., Path]
+) -> None:
+    make_task("one")
+    write_harness("free", 'kind = "program"\ncommand = ["true"]\n')
+    write_harness("pinned", 'kind = "program"\ncommand = ["true"]\nmodel = "b"\n')
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(
+        'harnesses = ["free", "pinned"]\ndatasets = ["ds"]\nmodels = ["a", "b"]\n'
+        'baseline = "pinned@b"\n'
+    )
+    plan = resolve_plan(run_file, Overrides(), tmp_path)
+    assert [t.item_id for t in plan.trials] == [
+        "ds::one[free@a-1]", "ds::one[free@b-1]", "ds::one[pinned@b-1]"
+    ]  # fmt: skip
+    assert (plan.spec.baseline_harness, plan.spec.baseline_model) == ("pinned", "b")
+    one = resolve_plan(run_file, Overrides(models=["b"]), tmp_path)  # -m b: the one-model form
+    assert [t.item_id for t in one.trials] == ["ds::one[free-1]", "ds::one[pinned-1]"]
