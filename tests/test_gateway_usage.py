@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pytest_hemra.execute.gateway.chatusage import AddedUsageFilter, with_usage_asked
 from pytest_hemra.execute.gateway.usage import MAX_EVENT_BYTES, UsageReader, is_streaming
 from pytest_hemra.execute.gateway.wire import CallUsage as Usage
 from pytest_hemra.execute.gateway.wire import Wire
@@ -397,3 +398,68 @@ def test_is_streaming_trusts_the_content_type_then_the_request(
     wire: Wire, request_body: dict[str, object], content_type: str, expected: bool
 ) -> None:
     assert is_streaming(wire, request_body, content_type) is expected
+
+
+def openai_chat_stream(*, with_usage: bool, usage_on_finish: bool = False) -> bytes:
+    """A Chat stream as OpenAI writes it (compact JSON), with `include_usage` or without."""
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, usage: Any = None) -> bytes:
+        body: dict[str, Any] = {"id": "c", "object": "chat.completion.chunk", "model": "m"}
+        body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}]
+        if with_usage:
+            body["usage"] = usage
+        return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+    usage = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}
+    out = chunk({"role": "assistant", "content": ""}) + chunk({"content": "hi"})
+    if with_usage and usage_on_finish:
+        return out + chunk({}, "stop", usage) + b"data: [DONE]\n\n"
+    out += chunk({}, "stop")
+    if with_usage:
+        alone = {"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": []}
+        out += b"data: " + json.dumps({**alone, "usage": usage}, separators=(",", ":")).encode()
+        out += b"\n\n"
+    return out + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("feed", FEEDS)
+@pytest.mark.parametrize("usage_on_finish", [False, True])
+@pytest.mark.parametrize("crlf", [False, True])
+def test_the_usage_the_gateway_asked_for_is_taken_back_out_exactly(
+    feed: Feed, usage_on_finish: bool, crlf: bool
+) -> None:
+    sent = openai_chat_stream(with_usage=True, usage_on_finish=usage_on_finish)
+    wanted = openai_chat_stream(with_usage=False)
+    if crlf:
+        sent, wanted = (s.replace(b"\n", b"\r\n") for s in (sent, wanted))
+    added = AddedUsageFilter()
+    got = b"".join(added.feed(chunk) for chunk in feed(sent)) + added.flush()
+    assert got == wanted
+    assert read(Wire.CHAT, True, sent, feed) == Usage(9, 2, 0, 0, "m")
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b'{"model": "m", "stream": true}', {"include_usage": True}),
+        (b'  {"stream":true}', {"include_usage": True}),
+        (b'{"stream": true, "stream_options": {"include_usage": false, "x": 1}}', None),
+        (b'{"stream": true, "stream_options": {"include_usage": true}}', "unchanged"),
+        (b'{"stream": false}', "unchanged"),
+        (b'{"model": "m"}', "unchanged"),
+    ],
+)
+def test_a_streamed_chat_request_is_made_to_ask_for_usage(
+    body: bytes, expected: dict[str, bool] | str | None
+) -> None:
+    data = json.loads(body)
+    asked = with_usage_asked(body, data)
+    if expected == "unchanged":
+        assert asked is None
+        return
+    assert asked is not None
+    sent = json.loads(asked)
+    assert sent["stream_options"] == (expected or {"include_usage": True, "x": 1})
+    assert {k: v for k, v in sent.items() if k != "stream_options"} == {
+        k: v for k, v in data.items() if k != "stream_options"
+    }

@@ -16,7 +16,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pytest_hemra.execute.gateway.sse import event_data, event_start, last_boundary, next_boundary
+from pytest_hemra.execute.gateway.sse import (
+    event_data,
+    event_start,
+    last_boundary_after,
+    next_boundary,
+)
 from pytest_hemra.execute.gateway.usage import MAX_EVENT_BYTES, USAGE_MARKERS
 from pytest_hemra.execute.gateway.wire import Wire
 
@@ -34,8 +39,9 @@ def with_usage_asked(body: bytes, data: dict[str, Any]) -> bytes | None:
     options = data.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage") is True:
         return None
-    if options is None:  # the common case: one key put in front, the rest of the bytes kept
-        rest = body.lstrip()[1:]
+    opened = body.lstrip()
+    if options is None and opened.startswith(b"{"):  # the common case: one key put in front,
+        rest = opened[1:]  # the rest of the client's bytes kept as they were
         return b"{" + ASKED + (b"" if rest.lstrip().startswith(b"}") else b",") + rest
     asked = {**(options if isinstance(options, dict) else {}), "include_usage": True}
     return json.dumps({**data, "stream_options": asked}).encode()
@@ -57,8 +63,8 @@ class AddedUsageFilter:
         if self._is_passing:
             return chunk
         pending = self._pending
-        end = last_boundary(chunk)
-        if end < 0:  # no event ends here (or only one across the chunks' edge: it waits)
+        end = last_boundary_after(pending, chunk)
+        if end < 0:  # no event ends here
             pending += chunk
             if len(pending) > MAX_EVENT_BYTES:
                 self._is_passing = True

@@ -11,6 +11,17 @@ def last_boundary(buffer: bytes | bytearray, start: int = 0) -> int:
     return max(plain + 2 if plain >= 0 else -1, crlf + 3 if crlf >= 0 else -1)
 
 
+def last_boundary_after(held: bytes | bytearray, chunk: bytes) -> int:
+    """Where in `chunk` the last blank line ends, counting one that begins at the end of `held`
+    (the bytes before it); -1 if none ends in `chunk`."""
+    end = last_boundary(chunk)
+    if end >= 0 or not held:
+        return end
+    edge = bytes(held[-2:])
+    joint = last_boundary(edge + chunk[:2])
+    return joint - len(edge) if joint > len(edge) else -1
+
+
 def next_boundary(buffer: bytes | bytearray, start: int, end: int) -> int:
     """Where the first blank line at or after `start`, and ending by `end`, ends; -1 if none."""
     plain = buffer.find(b"\n\n", start, end)

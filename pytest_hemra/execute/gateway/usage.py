@@ -18,7 +18,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pytest_hemra.execute.gateway.sse import event_data, event_start, last_boundary, next_boundary
+from pytest_hemra.execute.gateway.sse import (
+    event_data,
+    event_start,
+    last_boundary,
+    last_boundary_after,
+    next_boundary,
+)
 from pytest_hemra.execute.gateway.wire import CallUsage, Wire
 
 MAX_EVENT_BYTES = 1 << 20  # an SSE event longer than this is skipped, never held whole
@@ -61,7 +67,7 @@ class UsageReader:
             self._feed_events(chunk)
             return
         # the common chunk: nothing to read in it, only where its unfinished event starts
-        end = last_boundary(chunk)
+        end = last_boundary_after(pending, chunk)
         if end < 0:
             pending += chunk
         else:
