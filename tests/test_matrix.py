@@ -14,6 +14,7 @@ from conftest import TaskMaker
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.execute.gateway.scripted import scripted_usage
 from pytest_hemra.execute.gateway.wire import Wire
+from pytest_hemra.report.comparison import compare_runs
 from pytest_hemra.report.formats import render_text
 from pytest_hemra.report.tables import build_report
 from pytest_hemra.resolve.plan import resolve_plan
@@ -100,6 +101,10 @@ def test_a_matrix_run_has_a_cell_per_harness_and_model_with_its_own_items_tokens
         "hemra", "report", run.id, "--store", str(store_path), "--format", "json"
     ).stdout.str())  # fmt: skip
     assert [d["view"] for d in exported["datasets"]] == [v[0] for v in views]
+    (compared,) = compare_runs(store, run.id, run.id).datasets  # hemra report A B: by cell
+    assert [c.harness for c in compared.harnesses] == [
+        f"{h}@{m}" for h in ("oracle", "chatty") for m in MODELS
+    ]
 
 
 @pytest.mark.parametrize(

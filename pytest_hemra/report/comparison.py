@@ -15,6 +15,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.core.stored import StoredPlan
 from pytest_hemra.report.fairness import Flag
 from pytest_hemra.report.stats import Comparison, Estimate, mean_ci, paired_difference
@@ -60,18 +61,19 @@ def compare_runs(store: Store, before_id: str, after_id: str) -> RunComparison:
     for name in [d for d in plan_b.datasets if d in plan_a.datasets]:
         flags = _run_flags(plan_a, plan_b, name)
         changes = []
-        for harness in [h for h in plan_b.harness_names if h in plan_a.harnesses]:
-            rewards_a = by_task([t for t in trials_a if (t.dataset, t.harness) == (name, harness)])
-            rewards_b = by_task([t for t in trials_b if (t.dataset, t.harness) == (name, harness)])
+        for cell in _shared_cells(plan_a, plan_b, trials_a, trials_b):
+            harness = cell.partition("@")[0]  # a matrix run's cells are harness@model pairs
+            rewards_a = by_task([t for t in trials_a if (t.dataset, t.cell) == (name, cell)])
+            rewards_b = by_task([t for t in trials_b if (t.dataset, t.cell) == (name, cell)])
             if not rewards_a.keys() & rewards_b.keys():
                 flags.append(
-                    Flag("task_set", harness, "no task scored in both runs: nothing to compare")
+                    Flag("task_set", cell, "no task scored in both runs: nothing to compare")
                 )
                 continue
             change = paired_difference(rewards_b, rewards_a)
             changes.append(
                 HarnessChange(
-                    harness,
+                    cell,
                     mean_ci(rewards_a) if rewards_a else None,
                     mean_ci(rewards_b) if rewards_b else None,
                     change,
@@ -83,7 +85,7 @@ def compare_runs(store: Store, before_id: str, after_id: str) -> RunComparison:
                 flags.append(
                     Flag(
                         "harness_changed",
-                        harness,
+                        cell,
                         f"harness file changed ({digest_a[:12]} -> {digest_b[:12]})",
                     )
                 )
@@ -91,13 +93,29 @@ def compare_runs(store: Store, before_id: str, after_id: str) -> RunComparison:
                 flags.append(
                     Flag(
                         "task_set",
-                        harness,
+                        cell,
                         f"compared on {change.n_tasks} shared tasks; {change.only_b} scored"
                         f" only before, {change.only_a} only after",
                     )
                 )
         datasets.append(DatasetChange(name, changes, flags))
     return RunComparison(before_id, after_id, datasets)
+
+
+def _shared_cells(
+    plan_a: StoredPlan,
+    plan_b: StoredPlan,
+    trials_a: list[TrialRecord],
+    trials_b: list[TrialRecord],
+) -> list[str]:
+    """The cells both runs have, in the later run's harness order: harnesses, or a matrix
+    run's harness@model pairs (a cell of one run is compared with the same cell of the other)."""
+    cells_a = {t.cell for t in trials_a}
+    order = {h: i for i, h in enumerate(plan_b.harness_names)}
+    cells = {t.cell for t in trials_b if t.cell in cells_a and t.harness in plan_a.harnesses}
+    if not plan_a.models and not plan_b.models:  # one model: every shared harness, even unrun
+        cells |= {h for h in plan_b.harness_names if h in plan_a.harnesses}
+    return sorted(cells, key=lambda c: (order.get(c.partition("@")[0], len(order)), c))
 
 
 def _run_flags(plan_a: StoredPlan, plan_b: StoredPlan, dataset: str) -> list[Flag]:
@@ -107,6 +125,7 @@ def _run_flags(plan_a: StoredPlan, plan_b: StoredPlan, dataset: str) -> list[Fla
     settings: tuple[tuple[str, str, object, object], ...] = (
         ("timeout_secs", "timeouts", plan_a.timeout_secs, plan_b.timeout_secs),
         ("model", "models", plan_a.model, plan_b.model),
+        ("models", "model lists", plan_a.models, plan_b.models),
         ("attempts", "attempts", plan_a.attempts, plan_b.attempts),
     )
     for key, what, value_a, value_b in settings:
