@@ -621,3 +621,52 @@ def test_agent_output_instruction_and_file_names_render_as_text(
     page.wait_for_timeout(500)  # anything that would fire has had its chance
     assert page.dialogs == []
     shot(page, tmp_path, "trial-escaped")
+
+
+def test_a_matrix_run_shows_its_harness_by_model_grid_linking_to_each_cells_trials(
+    tmp_path: Path, page: Any
+) -> None:
+    """Harness rows, model columns, each cell's mean reward and interval coloured by value; a
+    cell links to the trial grid filtered to that cell's trials."""
+    datasets = tmp_path / "datasets" / "ds"
+    for task in TASKS:
+        (datasets / task).mkdir(parents=True)
+        (datasets / task / "instruction.md").write_text(task)
+    store = Store(tmp_path / ".hemra" / "hemra.db")
+    models = ["m/a", "m/b"]
+    plan = [PlannedTrial("ds", t, h, 1, m) for t in TASKS for h in HARNESSES for m in models]
+    recorded = spec(datasets)
+    recorded["spec"] = {**recorded["spec"], "model": None, "models": models, "attempts": 1}
+    trials_dir = tmp_path / ".hemra" / "runs" / "matrix"
+    store.record_plan("matrix", "matrix run", recorded, trials_dir, plan)
+    for trial in store.trials("matrix"):
+        folder = trials_dir / "ds" / trial.task / f"{trial.harness}_{trial.model}-1"
+        write_folder(folder, trial)
+        passed = trial.harness == "base" or trial.model == "m/b"  # rival fails under m/a only
+        store.finish_trial(trial.id, result("pass" if passed else "fail", float(passed), folder))
+    thread = ViewerThread(store.path, "127.0.0.1", 0)
+    thread.start()
+    try:
+        page.goto(thread.url.rstrip("/") + "/runs/matrix")
+        page.wait_for_selector("#report table.matrix")
+        grid = page.eval_on_selector_all(
+            "table.matrix tbody tr",
+            "rows => rows.map(r => [...r.children].map(c => c.textContent))",
+        )
+        assert grid == [
+            ["base", "1.000", "1.000"],
+            ["rival", "0.000", "1.000"],
+        ]
+        colours = page.eval_on_selector_all(
+            "table.matrix td.matrix-cell", "cells => cells.map(c => c.style.backgroundColor)"
+        )
+        assert colours[2] != colours[3] and all(colours)  # red for 0, green for 1
+        assert page.locator("span", has_text="models m/a, m/b").count() == 1
+        assert page.locator("#report h3", has_text="- model m/a").count() == 1
+        assert page.locator("#report h3", has_text="- harness rival").count() == 1
+        page.click("table.matrix tbody tr:nth-child(2) td:nth-child(2) a")
+        page.wait_for_function("document.querySelectorAll('#grid a.cell').length === 3")
+        assert all("[rival@m/a-1]" in title for title in cells(page))
+        shot(page, tmp_path, "matrix")
+    finally:
+        thread.stop()

@@ -47,6 +47,7 @@ def run_json(
         "harnesses": list(plan.harness_names),
         "baseline": plan.baseline,
         "model": plan.model,
+        "models": list(plan.models),  # a matrix run's (every harness under each)
         "attempts": plan.attempts,
         "datasets": [
             {

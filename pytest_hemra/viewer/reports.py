@@ -12,8 +12,8 @@ import asyncio
 from collections import OrderedDict
 from typing import Any
 
-from pytest_hemra.report.formats import chart, table
-from pytest_hemra.report.tables import build_report, report_dict
+from pytest_hemra.report.formats import chart, table, title, variance_lines
+from pytest_hemra.report.tables import RunReport, build_report, report_dict
 from pytest_hemra.store import Store
 from pytest_hemra.viewer.pool import StorePool
 
@@ -40,7 +40,7 @@ def report_json(store: Store, run_id: str) -> dict[str, Any]:
         tables.append(
             {
                 "dataset": dataset.name,
-                "title": f"{dataset.name}@{dataset.digest[:12]} ({dataset.tasks} tasks)",
+                "title": title(dataset),
                 "headers": headers,
                 "rows": rows,
                 "flags": [
@@ -48,9 +48,38 @@ def report_json(store: Store, run_id: str) -> dict[str, Any]:
                     for f in dataset.flags
                 ],
                 "chart": chart(dataset),
+                "variance": variance_lines(dataset),
             }
         )
-    return {"report": report_dict(report), "tables": tables}
+    return {"report": report_dict(report), "tables": tables, "matrix": matrix(report)}
+
+
+def matrix(report: RunReport) -> list[dict[str, Any]]:
+    """A matrix run's grid per dataset: harness rows, model columns, each cell's mean reward
+    with its 95% interval (from the table of its model); [] for a one-model run."""
+    grids: dict[str, dict[str, Any]] = {}
+    for dataset in report.datasets:
+        if dataset.axis != "harness" or not dataset.view.startswith("model "):
+            continue
+        model = dataset.view.removeprefix("model ")
+        grid = grids.setdefault(dataset.name, {"dataset": dataset.name, "harnesses": [],
+                                               "models": [], "cells": []})  # fmt: skip
+        grid["models"].append(model)
+        for row in dataset.harnesses:
+            if row.harness not in grid["harnesses"]:
+                grid["harnesses"].append(row.harness)
+            reward = row.reward
+            grid["cells"].append(
+                {
+                    "harness": row.harness,
+                    "model": model,
+                    "mean": None if reward is None else reward.mean,
+                    "low": None if reward is None else reward.low,
+                    "high": None if reward is None else reward.high,
+                    "trials": f"{row.finished}/{row.planned}",
+                }
+            )
+    return list(grids.values())
 
 
 class ReportCache:

@@ -4,6 +4,7 @@ import { add, clear, h, svg } from "./dom.js";
 
 export function drawReport(box, data) {
   clear(box);
+  for (const grid of data.matrix || []) add(box, drawMatrix(grid));
   for (const dataset of data.tables) {
     add(box, [
       h("h3", {}, dataset.title),
@@ -14,8 +15,36 @@ export function drawReport(box, data) {
         ? h("ul", { class: "flags" }, dataset.flags.map((f) => h("li", {}, (f.harness ? `${f.harness}: ` : "") + f.message)))
         : h("p", { class: "muted small" }, "No flags: nothing found that makes this comparison unfair."),
       chart(dataset.chart),
+      dataset.variance && dataset.variance.length
+        ? h("pre", { class: "variance" }, dataset.variance.join("\n")) : null,
     ]);
   }
+}
+
+// A matrix run's grid: harness rows, model columns, each cell's mean reward with its 95%
+// interval, coloured by value (red 0 to green 1), linking to the cell's trials in the grid.
+function drawMatrix(grid) {
+  const cell = (harness, model) => grid.cells.find((c) => c.harness === harness && c.model === model);
+  const link = (harness, model) => `?${new URLSearchParams({ harness, text: `${harness}@${model}-` })}#grid`;
+  const body = (harness, model) => {
+    const found = cell(harness, model);
+    if (!found) return h("td", { class: "muted" }, "-");
+    const shown = found.mean === null ? "no scored trial"
+      : found.low === found.high ? found.mean.toFixed(3)  // as `hemra report` prints it
+        : `${found.mean.toFixed(3)} [${found.low.toFixed(3)}, ${found.high.toFixed(3)}]`;
+    const td = h("td", { class: "matrix-cell", "data-mean": found.mean === null ? "" : found.mean },
+      h("a", { href: link(harness, model), title: `${harness}@${model}: ${found.trials} trials` }, shown));
+    // through the CSSOM: the viewer's content security policy allows no style attributes
+    if (found.mean !== null) td.style.backgroundColor = `hsl(${Math.round(120 * found.mean)}, 70%, 85%)`;
+    return td;
+  };
+  return [
+    h("h3", {}, `${grid.dataset}: mean reward by harness and model`),
+    h("div", { class: "scroll" }, h("table", { class: "report matrix" },
+      h("thead", {}, h("tr", {}, [h("th", {}, "harness"), grid.models.map((m) => h("th", {}, m))])),
+      h("tbody", {}, grid.harnesses.map((harness) => h("tr", {},
+        [h("th", {}, harness), grid.models.map((model) => body(harness, model))]))))),
+  ];
 }
 
 // The geometry is `formats.chart`'s, the one the HTML report draws; the baseline's mean is marked.

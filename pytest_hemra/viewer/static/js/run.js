@@ -31,7 +31,9 @@ export async function showRun(app, runId) {
       h("span", {}, "status ", h("b", { id: "run-status" }, run.status)),
       h("span", {}, "created ", h("b", {}, when(run.created_at))),
       h("span", {}, "baseline ", h("b", {}, run.baseline || "-")),
-      h("span", {}, "model ", h("b", {}, run.model || "-")),
+      run.models && run.models.length
+        ? h("span", {}, "models ", h("b", {}, run.models.join(", ")))
+        : h("span", {}, "model ", h("b", {}, run.model || "-")),
       h("span", {}, "attempts ", h("b", {}, run.attempts ?? "-")),
       h("span", {}, "datasets ", h("b", {}, run.datasets.map((d) => `${d.name} (${d.tasks.length} tasks)`).join(", ")))),
     progress, actions, message,
