@@ -153,3 +153,39 @@ def test_a_harness_pinned_to_one_model_joins_only_that_models_cells(
     assert (plan.spec.baseline_harness, plan.spec.baseline_model) == ("pinned", "b")
     one = resolve_plan(run_file, Overrides(models=["b"]), tmp_path)  # -m b: the one-model form
     assert [t.item_id for t in one.trials] == ["ds::one[free-1]", "ds::one[pinned-1]"]
+
+
+def test_the_dry_run_prints_cells_trials_and_a_cost_bound_from_the_caps(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-sentinel-dry-run")
+    make_task("one")
+    make_task("two")
+    write_harness("caller", 'kind = "program"\ncommand = ["true"]\nprovider = "anthropic"\n')
+    run_file = tmp_path / "run.toml"
+    base = (
+        'harnesses = ["oracle", "caller"]\ndatasets = ["ds"]\nattempts = 2\n'
+        'models = ["claude-sonnet-4-5", "claude-haiku-4-5"]\nbaseline = "claude-haiku-4-5"\n'
+    )
+    run_file.write_text(base + "[gateway]\ntrial_max_tokens = 10000\n")
+    shown = pytester.run("hemra", "run", str(run_file), "--dry-run")
+    assert shown.ret == 0, shown.stderr.str()
+    # caller: 4 trials a model; at most 10,000 tokens each at the model's dearest price
+    # (sonnet's output $15/M, haiku's $5/M): 4 * 0.15 + 4 * 0.05; the oracle calls none
+    shown.stdout.fnmatch_lines([
+        "models: claude-sonnet-4-5, claude-haiku-4-5 (baseline)",
+        "cells: 4 (harness x model)",
+        "trials: 2 tasks x 4 cells x 2 attempts = 16",
+        "cost: at most $0.80 (from the caps)",
+    ])  # fmt: skip
+    run_file.write_text(base + "cell_budget_usd = 0.1\n")
+    capped = pytester.run("hemra", "run", str(run_file), "--dry-run")
+    capped.stdout.fnmatch_lines(["cost: at most $0.20 (from the caps)"])
+    run_file.write_text(base)
+    unbounded = pytester.run("hemra", "run", str(run_file), "--dry-run")
+    unbounded.stdout.fnmatch_lines(["cost: no upper bound (set budget_usd, *"])
+    assert not (tmp_path / ".hemra").exists()

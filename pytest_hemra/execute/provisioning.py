@@ -89,7 +89,7 @@ def describe(plan: Plan, provider: SandboxProvider | None) -> str:
     lines = [f"run {spec.name!r} from {plan.source} (nothing recorded)", "", "harnesses:"]
     for harness in plan.harnesses:
         version = f" {harness.spec.version}" if harness.spec.version else ""
-        baseline = " (baseline)" if harness.name == (spec.baseline or spec.harnesses[0]) else ""
+        baseline = " (baseline)" if harness.name == spec.baseline_harness else ""
         lines.append(
             f"  {harness.name}{baseline}: {harness.spec.kind}{version},"
             f" digest {harness.digest[:12]} ({harness.path})"
