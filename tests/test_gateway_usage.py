@@ -366,11 +366,36 @@ def test_an_oversize_line_is_skipped_without_memory_growing() -> None:
 
 def test_an_oversize_usage_event_is_dropped_not_misread() -> None:
     padding = " " * (MAX_EVENT_BYTES + 10)
+    usage = json.dumps({"input_tokens": 1, "output_tokens": 9999})
+    huge = f'{{"type": "response.completed",{padding}"response": {{"usage": {usage}}}}}'
+    body = responses_stream() + b"data: " + huge.encode() + b"\n\n"
+    assert read(Wire.RESPONSES, True, body, random_chunks) == RESPONSES_USAGE
+
+
+@pytest.mark.parametrize("feed", FEEDS[::2])
+def test_anthropic_and_chat_usage_is_read_from_the_streams_end(feed: Feed) -> None:
+    """Past `message_start`, an Anthropic stream is kept only by its last TAIL_BYTES (a Chat
+    stream from its start), read when it ends: its final usage is there."""
+    filler = b"event: content_block_delta\ndata: " + b"x" * 4000 + b"\n\n"
+    body = ANTHROPIC_STREAM.replace(b"event: message_delta", filler * 100 + b"event: message_delta")
+    assert read(Wire.ANTHROPIC, True, body, feed) == ANTHROPIC_STREAM_USAGE
+    chat = CHAT_STREAM.replace(b'data: {"id"', filler * 50 + b'data: {"id"', 1)
+    assert read(Wire.CHAT, True, chat, feed) == CHAT_STREAM_USAGE
+
+
+def test_usage_followed_by_more_than_the_tail_is_unknown_never_misread() -> None:
+    """Nothing follows Anthropic's final usage but `message_stop`; were more than TAIL_BYTES
+    to, the usage is unknown (stored NULL and flagged), not taken from elsewhere."""
+    padding = " " * (MAX_EVENT_BYTES + 10)
     huge = f'{{"type": "message_delta",{padding}"usage": {{"output_tokens": 9999}}}}'
-    body = ANTHROPIC_STREAM.replace(
+    after = ANTHROPIC_STREAM.replace(
         b"event: message_stop", b"data: " + huge.encode() + b"\n\nevent: message_stop"
     )
-    assert read(Wire.ANTHROPIC, True, body, random_chunks) == ANTHROPIC_STREAM_USAGE
+    assert read(Wire.ANTHROPIC, True, after, random_chunks) is None
+    before = ANTHROPIC_STREAM.replace(
+        b"event: message_delta", b"data: " + huge.encode() + b"\n\nevent: message_delta", 1
+    )
+    assert read(Wire.ANTHROPIC, True, before, random_chunks) == ANTHROPIC_STREAM_USAGE
 
 
 def test_a_json_body_past_the_cap_is_given_up() -> None:

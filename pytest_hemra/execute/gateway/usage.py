@@ -1,11 +1,13 @@
 """Token usage read from a model response as it streams through the gateway.
 
-The gateway forwards every chunk and feeds a copy to a `UsageReader`, which keeps only what it
+The gateway forwards every chunk and feeds it to a `UsageReader`, which keeps only what it
 needs: memory stays bounded whatever the response size. A stream is never read line by line:
-each chunk gets one C-level byte search for the field name every usage object holds
+a chunk gets at most one C-level byte search for the field name every usage object holds
 (`USAGE_MARKERS`), and only the SSE event around a hit is cut out and JSON-decoded. A content
 delta is never decoded, and in a JSON string the name is followed by an escaped quote, so text
-that mentions it does not match.
+that mentions it does not match. Where the final usage ends the stream (Anthropic after
+`message_start`, Chat), not even that: only the stream's last TAIL_BYTES are kept, by
+reference, and searched when it ends.
 
 Usage counts only once it is final: Anthropic's `message_delta`, Responses' closing
 `response.*` event, a Chat usage chunk (or a whole JSON body). A stream cut before that has no
@@ -38,6 +40,12 @@ USAGE_MARKERS = {
 }
 DONE = b"[DONE]"
 BILLED_WIRES = frozenset(USAGE_MARKERS)
+# Anthropic's final usage (`message_delta`, then `message_stop`) and Chat's (the usage chunk, then
+# `[DONE]`) end their streams: once Anthropic's `message_start` is read (a Chat stream: from its
+# start) only a stream's last TAIL_BYTES are kept, by reference, and read when it ends. The
+# Responses wire's final event holds the whole response, of any size: its streams are searched.
+TAIL_WIRES = frozenset({Wire.ANTHROPIC, Wire.CHAT})
+TAIL_BYTES = 64 * 1024
 
 
 class UsageReader:
@@ -54,6 +62,11 @@ class UsageReader:
         self._is_pending_marked = False  # the unfinished event holds the marker
         self._is_done = False  # `data: [DONE]` seen
         self._tokens = _Tokens()
+        self._tail: list[bytes] | None = None  # in tail mode: the stream's last chunks
+        self._tail_size = 0
+        self._is_tail_whole = True  # the tail starts where an event does
+        if wire is Wire.CHAT and streaming:
+            self._tail = []
 
     def feed(self, chunk: bytes) -> None:
         """Take the next chunk as forwarded; chunk boundaries may fall anywhere."""
@@ -62,9 +75,15 @@ class UsageReader:
         if not self._streaming:
             self._feed_body(chunk)
             return
+        if self._tail is not None:
+            self._keep_tail(chunk)
+            return
         pending = self._pending
         if self._is_skipping or self._may_hold_usage(chunk):
             self._feed_events(chunk)
+            if self._tokens.is_head_read and self._wire in TAIL_WIRES and not self._is_skipping:
+                self._tail, self._tail_size = [bytes(pending)], len(pending)
+                pending.clear()
             return
         # the common chunk: nothing to read in it, only where its unfinished event starts
         end = last_boundary_after(pending, chunk)
@@ -75,6 +94,29 @@ class UsageReader:
         if len(pending) > MAX_EVENT_BYTES:
             self._is_skipping = True
             del pending[:-2]
+
+    def _keep_tail(self, chunk: bytes) -> None:
+        """Keep `chunk` by reference, and drop the oldest kept chunk while the rest are enough."""
+        tail = self._tail
+        assert tail is not None
+        tail.append(chunk)
+        self._tail_size += len(chunk)
+        while self._tail_size - len(tail[0]) >= TAIL_BYTES:
+            self._tail_size -= len(tail.pop(0))
+            self._is_tail_whole = False
+
+    def _read_tail(self) -> None:
+        """The kept end of the stream, read from its first whole event on."""
+        assert self._tail is not None
+        window = bytearray().join(self._tail)
+        self._tail = None
+        if not self._is_tail_whole:
+            first = next_boundary(window, 0, len(window))
+            if first < 0:
+                return
+            del window[:first]
+        self._pending = window
+        self._is_pending_marked = False
 
     def _may_hold_usage(self, chunk: bytes) -> bool:
         """Whether the marker is in `chunk` or straddles its start; or, for a Chat stream whose
@@ -118,6 +160,12 @@ class UsageReader:
             return None
         if not self._streaming:
             return self._body_usage()
+        if self._tail is not None:
+            self._read_tail()
+            end = last_boundary(self._pending)
+            if end > 0:
+                self._read_events(self._pending, end)
+                del self._pending[:end]
         if not self._is_done and not self._is_skipping and self._pending:
             self._pending += b"\n\n"  # a stream cut before its last blank line
             self._read_events(self._pending, len(self._pending))
@@ -187,6 +235,7 @@ class UsageReader:
         kind = event.get("type")
         if self._wire is Wire.ANTHROPIC:
             if kind == "message_start":
+                self._tokens.is_head_read = True
                 message = _dict(event.get("message"))
                 self._tokens.add_anthropic(message.get("usage"), is_delta=False, is_final=False)
                 self._tokens.set_model(message.get("model"))
@@ -224,6 +273,7 @@ class _Tokens:
 
     def __init__(self) -> None:
         self.is_final = False  # the response's final counts were read
+        self.is_head_read = False  # Anthropic's `message_start` was read
         self.input = 0  # excluding cached input
         self.output = 0
         self.cache_read = 0
