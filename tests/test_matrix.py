@@ -189,3 +189,34 @@ def test_the_dry_run_prints_cells_trials_and_a_cost_bound_from_the_caps(
     unbounded = pytester.run("hemra", "run", str(run_file), "--dry-run")
     unbounded.stdout.fnmatch_lines(["cost: no upper bound (set budget_usd, *"])
     assert not (tmp_path / ".hemra").exists()
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_a_cells_budget_refuses_its_calls_once_spent_and_names_itself(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    write_harness: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """cell_budget_usd far below one call's worst case: every call of the cell is refused,
+    recorded as the cell budget's, while the run's budget_usd had plenty left."""
+    from tests.upstream import running_upstream
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-sentinel-cell-budget")
+    write_harness("chatty", CHATTY)
+    with running_upstream() as upstream:
+        run_file = tmp_path / "run.toml"
+        run_file.write_text(
+            'harnesses = ["chatty"]\ndatasets = ["hemra-offline"]\ntasks = ["fix-test"]\n'
+            'models = ["gpt-5", "gpt-5-mini"]\nbudget_usd = 100.0\ncell_budget_usd = 1e-9\n'
+            f'[providers.openai]\nbase_url = "{upstream.url}/v1"\n'
+        )
+        store_path = tmp_path / "s.db"
+        pytester.runpytest("--hemra-run", str(run_file), "--hemra-store", str(store_path))
+        assert upstream.seen == []  # nothing reached the upstream
+    store = Store(store_path)
+    (run,) = store.runs()
+    for trial in store.trials(run.id):
+        (call,) = store.calls(trial=trial.id)
+        assert call.status == 400 and call.error == "refused: cell budget", trial.item_id
+        assert trial.stopped_by == "cell budget"
