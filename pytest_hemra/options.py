@@ -28,7 +28,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--hemra-store",
         metavar="PATH",
-        help="SQLite store (default: .hemra/hemra.db beside the run file)",
+        help="SQLite store (default: $HEMRA_STORE, else .hemra/hemra.db in the current folder)",
     )
     for flag in OVERRIDE_FLAGS:
         if flag.repeats:

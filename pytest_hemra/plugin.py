@@ -18,8 +18,10 @@ import pytest
 
 from pytest_hemra.core import registry
 from pytest_hemra.core.errors import HemraError, InputWarning
+from pytest_hemra.core.ids import unknown_run
 from pytest_hemra.core.outcome import Outcome
-from pytest_hemra.core.records import DEFAULT_STORE, PlannedTrial, TrialRecord
+from pytest_hemra.core.records import PlannedTrial, TrialRecord
+from pytest_hemra.core.store_location import store_location
 from pytest_hemra.core.usage import Usage
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.provisioning import ProviderFactory, provision
@@ -96,8 +98,8 @@ def _open_session(config: pytest.Config) -> HemraSession:
     paths = {dataset.name: dataset.path for dataset in plan.datasets}
     if collect_only:
         return HemraSession(None, plan.trials, paths)
-    store_option = config.getoption("hemra_store")
-    store = Store(Path(store_option) if store_option else plan.base_dir / DEFAULT_STORE)
+    store = Store(store_location(config.getoption("hemra_store"), "--hemra-store").path)
+    _check_run_named(config, store, "hemra_compare")
     provider = sandbox_for(plan.spec, store, found)
     run = load_recorded(store, record_plan(plan, store))
     return HemraSession(Runner(store, run, provider, owner_name()), plan.trials, paths)
@@ -112,11 +114,12 @@ def _terminal_line(config: pytest.Config) -> Callable[[str], None]:
 def _resume_session(config: pytest.Config, found: dict[str, ProviderFactory]) -> HemraSession:
     """Finish a recorded run: trials whose runner is gone, that hit an infrastructure error
     (or were cancelled, if asked) run again under new rows; finished ones are reported."""
-    store_option = config.getoption("hemra_store")
-    store_path = Path(store_option) if store_option else Path.cwd() / DEFAULT_STORE
-    if not store_path.is_file():
-        raise HemraError(f"{store_path}: no store here (pass --hemra-store PATH)")
-    store = Store(store_path)
+    location = store_location(config.getoption("hemra_store"), "--hemra-store")
+    if not location.path.is_file():
+        raise HemraError(f"--hemra-resume: no store at {location.describe()}")
+    store = Store(location.path)
+    _check_run_named(config, store, "hemra_resume")
+    _check_run_named(config, store, "hemra_compare")
     run_id = config.getoption("hemra_resume")
     run = load_recorded(store, run_id)
     provider = sandbox_for(run.spec, store, found)
@@ -130,6 +133,17 @@ def _resume_session(config: pytest.Config, found: dict[str, ProviderFactory]) ->
         store.replace_trial(trial, retry=False)
     run = load_recorded(store, run_id)
     return HemraSession(Runner(store, run, provider, owner_name()), (), run.dataset_paths)
+
+
+def _check_run_named(config: pytest.Config, store: Store, option: str) -> None:
+    """A run id an option names is in the store, else refused before anything runs, saying
+    where HEMRA looked and which runs are there."""
+    run_id = config.getoption(option)
+    known = [run.id for run in store.runs()] if run_id else []
+    if run_id and run_id not in known:
+        where = store_location(config.getoption("hemra_store"), "--hemra-store").describe()
+        flag = "--" + option.replace("_", "-")
+        raise HemraError(f"{flag}: {unknown_run(run_id, where, known)}")
 
 
 def _runner(config: pytest.Config) -> Runner | None:

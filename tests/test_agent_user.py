@@ -36,8 +36,8 @@ ENTRYPOINT ["/entry.sh"]
 """
 
 
-def trials(tmp_path: Path) -> dict[str, dict[str, Any]]:
-    connection = sqlite3.connect(tmp_path / ".hemra" / "hemra.db")
+def trials(folder: Path) -> dict[str, dict[str, Any]]:
+    connection = sqlite3.connect(folder / ".hemra" / "hemra.db")
     connection.row_factory = sqlite3.Row
     found = {r["item_id"]: dict(r) for r in connection.execute("SELECT * FROM trials")}
     connection.close()
@@ -58,7 +58,7 @@ def test_a_root_task_installs_a_package_only_when_the_agent_runs_as_the_tasks_us
         f'harnesses = ["oracle"]\ndatasets = ["ds"]\n[sandbox]\nagent_user = "{mode}"\n'
     )
     result = pytester.runpytest("--hemra-run", str(run_file))
-    (row,) = trials(tmp_path).values()
+    (row,) = trials(pytester.path).values()
     assert row["reward"] == expected, row["error"]
     user = "0:0 (root, image)" if mode == "task" else "1000:1000 (hemra)"
     assert row["result"]["agent_user"] == row["agent_user"] == user  # result.json and store
@@ -113,7 +113,7 @@ def test_the_images_entrypoint_runs_and_its_user_is_the_agents(
         'harnesses = ["oracle", "nop"]\ndatasets = ["ds"]\n[sandbox]\nagent_user = "task"\n'
     )
     pytester.runpytest("--hemra-run", str(run_file))
-    found = trials(tmp_path)
+    found = trials(pytester.path)
     oracle, nop = found["ds::entry[oracle-1]"], found["ds::entry[nop-1]"]
     assert (oracle["outcome"], oracle["reward"]) == ("pass", 1.0), oracle["error"]
     assert (nop["outcome"], nop["reward"]) == ("fail", 0.0), nop["error"]
@@ -156,6 +156,6 @@ def test_a_tasks_skills_are_copied_where_the_harness_loads_them(
     result.stdout.fnmatch_lines(
         ["*harness 'unskilled' is not handed skills (no skills_dir*: skilled*"]
     )
-    found = trials(tmp_path)
+    found = trials(pytester.path)
     assert found["ds::skilled[skilled-1]"]["reward"] == 1.0
     assert found["ds::skilled[unskilled-1]"]["reward"] == 0.0

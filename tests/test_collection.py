@@ -63,7 +63,7 @@ def test_collect_only_records_nothing(
     pytester: pytest.Pytester, run_file: Path, tmp_path: Path
 ) -> None:
     collected(pytester, "--hemra-run", str(run_file))
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()
 
 
 def test_tasks_and_exclude_select_by_glob(pytester: pytest.Pytester, run_file: Path) -> None:

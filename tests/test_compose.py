@@ -160,7 +160,7 @@ def test_unsupported_compose_keys_are_refused_at_resolve_by_name_and_nothing_rec
     result.stderr.fnmatch_lines([f"ERROR: {path}: {expected}*"])
     errors = [line for line in result.stderr.lines if line.startswith("ERROR:")]
     assert len(errors) == 1
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()
 
 
 @pytest.mark.usefixtures("docker_test")

@@ -186,7 +186,7 @@ def test_an_engine_on_another_machine_needs_a_gateway_host_and_nothing_is_record
         f"{run_file}: key 'sandbox.engines[0].gateway_host' is required: engine"
         " 192.0.2.250:2376 is on another machine"
     ) in str(result.stderr)
-    assert not (tmp_path / ".hemra" / "hemra.db").exists()
+    assert not (pytester.path / ".hemra" / "hemra.db").exists()
 
 
 SLOTS = (EngineSlot("a", "tcp://a:2375", 2), EngineSlot("b", "tcp://b:2375", 1, has_image=True))
@@ -240,7 +240,7 @@ def test_trials_are_spread_over_every_engine_of_the_pool(
     result = pytester.runpytest("--hemra-run", str(run_file), "-n", "3", f"--junitxml={junit}")
 
     result.assert_outcomes(passed=21)
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     trials = store.trials(run.id, history=True)
     assert len(trials) == 21 and all(t.outcome == "pass" for t in trials)
@@ -443,7 +443,7 @@ def test_a_compose_tasks_services_run_on_the_engine_its_trial_is_placed_on(
     run_file.write_text(f'harnesses = ["oracle"]\ndatasets = ["ds"]\nattempts = 2\n\n{engines}')
     result = pytester.runpytest("--hemra-run", str(run_file), "-n", "2")
 
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     trials = store.trials(run.id)
     assert [t.outcome for t in trials] == ["pass"] * 2, [t.error for t in trials]

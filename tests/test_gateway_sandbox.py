@@ -61,11 +61,11 @@ def test_real_key_reaches_the_upstream_but_never_the_sandbox_store_or_trial_fold
     result.assert_outcomes(passed=1, failed=1)  # env-dump left the per-trial token in /app
     assert [s["headers"]["x-api-key"] for s in seen] == [SENTINEL]
     assert all("hemra-" not in str(s["headers"]) for s in seen)
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     (call,) = store.calls(run_id=run.id)
     assert (call.provider, call.status, call.input_tokens) == ("anthropic", 200, 11)
-    written = [p for p in (tmp_path / ".hemra").rglob("*") if p.is_file()]
+    written = [p for p in (pytester.path / ".hemra").rglob("*") if p.is_file()]
     for path in written:
         assert SENTINEL.encode() not in path.read_bytes(), path
     dumped = next(p for p in written if p.name == "diff.patch" and "env-dump" in str(p))
@@ -90,7 +90,7 @@ def test_an_upstream_unreachable_for_the_whole_trial_is_an_infra_error(
         '[providers.anthropic]\nbase_url = "http://127.0.0.1:9"\n'
     )
     pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(errors=1)
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     (trial,) = store.trials(run.id)
     assert trial.outcome == "infra_error" and "unreachable" in (trial.error or "")
@@ -117,7 +117,7 @@ def test_a_scripted_transcript_can_play_a_wrong_fix(
 
     pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(failed=1)
 
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     (trial,) = store.trials(run.id)
     assert (trial.outcome, trial.reward) == ("fail", 0.0)

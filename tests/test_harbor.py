@@ -30,7 +30,7 @@ def test_harbor_oracle_passes_offline_tasks_imported_under_the_run(
     result = pytester.runpytest("--hemra-run", str(run_file))  # builds the runner if missing
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*harbor-oracle*2/2*", "! harbor-oracle: tokens not counted*"])
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     trials = store.trials(run.id)
     assert sorted(t.task for t in trials) == ["create-file", "fix-test"]
@@ -73,7 +73,7 @@ def test_a_job_harbor_refuses_ends_its_trials_as_infra_errors_in_its_words(
     result.stdout.fnmatch_lines(
         ["*infra_error*Harbor job mine__ds__1 exited 1 with no result*Agent name no-such-agent*"]
     )
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     board = store.shared_board(run.id, "harbor")
     assert [job["name"] for job in board.jobs] == ["mine__ds__1"]  # no job per task after it
@@ -103,7 +103,7 @@ def test_a_malformed_harbor_harness_is_refused_and_nothing_recorded(
     result = pytester.runpytest("--hemra-run", str(run_file))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: *mine.toml: {expected}"])
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()
 
 
 @pytest.mark.usefixtures("docker_test")
@@ -134,7 +134,7 @@ def test_a_harbor_release_that_cannot_be_installed_refuses_the_run(
     result.stderr.fnmatch_lines(
         ["ERROR: *mine.toml: installing pypi:harbor==0.0.1: pip download harbor==0.0.1 failed*"]
     )
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()
 
 
 def _result(**changes: Any) -> HarborTrialResult:

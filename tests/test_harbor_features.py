@@ -85,7 +85,7 @@ def test_an_unhealthy_sandbox_is_an_infra_error_naming_its_healthcheck(
     run_file = tmp_path / "run.toml"
     run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
     pytester.runpytest("--hemra-run", str(run_file))
-    connection = sqlite3.connect(tmp_path / ".hemra" / "hemra.db")
+    connection = sqlite3.connect(pytester.path / ".hemra" / "hemra.db")
     ((outcome, error),) = connection.execute("SELECT outcome, error FROM trials").fetchall()
     connection.close()
     assert outcome == "infra_error"
@@ -104,7 +104,7 @@ def test_a_verifier_that_failed_for_lack_of_a_network_is_classed_and_flagged(
     run_file = tmp_path / "run.toml"
     run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
     result = pytester.runpytest("--hemra-run", str(run_file))
-    connection = sqlite3.connect(tmp_path / ".hemra" / "hemra.db")
+    connection = sqlite3.connect(pytester.path / ".hemra" / "hemra.db")
     classes = dict(connection.execute("SELECT task, error_class FROM trials").fetchall())
     connection.close()
     # only where the network was cut: a task whose verifier kept it failed for its own reasons
@@ -133,7 +133,7 @@ def test_artifacts_an_agent_plants_are_bounded_and_never_follow_links(
     run_file = tmp_path / "run.toml"
     run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
     pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(passed=1)
-    (row,) = rows(tmp_path / ".hemra" / "hemra.db").values()
+    (row,) = rows(pytester.path / ".hemra" / "hemra.db").values()
     artifacts = Path(row["trial_dir"]) / "artifacts"
     copied = sorted(
         p.relative_to(artifacts).as_posix() for p in artifacts.rglob("*") if p.is_file()

@@ -132,7 +132,7 @@ def test_an_install_that_fails_refuses_the_run_and_records_nothing(
     result.stderr.fnmatch_lines(
         ["ERROR: *ghost.toml: installing npm:@hemra-test-does-not-exist* failed*"]
     )
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()
 
 
 def test_claude_code_gets_the_real_key_only_at_the_upstream(
@@ -149,10 +149,10 @@ def test_claude_code_gets_the_real_key_only_at_the_upstream(
         seen = list(upstream.seen)
     assert seen and all(s["headers"].get("x-api-key") == SENTINEL for s in seen)
     assert all("hemra-" not in str(s["headers"]) for s in seen)
-    for path in (tmp_path / ".hemra").rglob("*"):
+    for path in (pytester.path / ".hemra").rglob("*"):
         if path.is_file():
             assert SENTINEL.encode() not in path.read_bytes(), path
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     (trial,) = store.trials(run.id)
     assert trial.tokens == len(seen) * 23 and trial.outcome == "fail"  # the upstream's usage

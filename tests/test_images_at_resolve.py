@@ -88,7 +88,7 @@ def test_a_task_image_missing_from_the_engine_refuses_the_run_at_resolve(
     result.stderr.fnmatch_lines(
         ["ERROR: */ds/named: image 'hemra-test/not-here:never' is not on this docker engine"]
     )
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()
 
 
 def test_every_task_image_is_built_at_resolve_several_at_once_before_any_trial(
@@ -104,7 +104,7 @@ def test_every_task_image_is_built_at_resolve_several_at_once_before_any_trial(
 
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["hemra: building 2 task images (2 at once)"])
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     trials = [store.trial_detail(t.id) for t in store.trials(run.id)]
     store.close()
@@ -144,7 +144,7 @@ def test_a_dry_run_lists_images_to_build_and_cached_ones_and_builds_nothing(
     assert collected.ret == pytest.ExitCode.OK
     with pytest.raises(docker.errors.ImageNotFound):
         docker_client.images.get(tag)
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()
 
 
 def test_image_builds_at_once_is_at_least_one(tmp_path: Path) -> None:
@@ -174,4 +174,4 @@ def test_an_image_user_that_is_not_a_user_refuses_the_run_naming_the_task(
     result = pytester.runpytest("--hemra-run", str(run_file))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: */ds/odd-user: image *: USER 'app hemra*' is not a user*"])
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()

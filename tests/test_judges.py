@@ -55,7 +55,7 @@ def test_judges_score_each_trial_and_their_calls_are_counted_apart(
         ["*judge correctness*judge size*", "oracle (baseline)*1.000*0.500*"]
     )
 
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     for trial in store.trials(run.id):
         solved = trial.harness == "oracle"

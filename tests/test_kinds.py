@@ -71,7 +71,7 @@ def test_a_kind_registered_from_a_conftest_runs_its_trials_in_the_sandbox(
 ) -> None:
     result = pytester.runpytest("--hemra-run", str(writers))
     result.assert_outcomes(passed=1, failed=1)
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     outcomes = {t.harness: (t.outcome, t.reward) for t in store.trials(run.id)}
     assert outcomes == {"writes-hi": ("pass", 1.0), "writes-bye": ("fail", 0.0)}
@@ -106,4 +106,4 @@ def test_a_plug_in_kind_checks_its_harness_files_and_is_named_among_the_kinds(
     result = pytester.runpytest("--hemra-run", str(writers))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {expected}"])
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()

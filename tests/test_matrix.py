@@ -188,7 +188,7 @@ def test_the_dry_run_prints_cells_trials_and_a_cost_bound_from_the_caps(
     run_file.write_text(base)
     unbounded = pytester.run("hemra", "run", str(run_file), "--dry-run")
     unbounded.stdout.fnmatch_lines(["cost: no upper bound (set budget_usd, *"])
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()
 
 
 @pytest.mark.usefixtures("docker_test")

@@ -39,7 +39,7 @@ cd /app && printf 'def main(:\\n    pass\\n' > wc.py && printf '# wc\\n' > READM
         'harnesses = ["oracle", "broken"]\ndatasets = ["open-mini"]\nmodel = "hemra/scripted"\n'
     )
     pytester.runpytest("--hemra-run", str(run_file))
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     trials = {(t.harness, t.task): t for t in store.trials(run.id)}
     # the scripted judge answers solution/judge-scores.json: 4, 3, 5 weighted 2, 1, 1

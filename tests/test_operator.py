@@ -14,12 +14,12 @@ def test_init_writes_a_starter_that_runs_as_it_is(
     target = tmp_path / "eval"
     init = pytester.run("hemra", "init", str(target))
     assert init.ret == 0
-    init.stdout.fnmatch_lines(["wrote */run.toml", "next: pytest --hemra-run */run.toml*"])
+    init.stdout.fnmatch_lines(["wrote */run.toml", "next: hemra run */run.toml*"])
     result = pytester.runpytest("--hemra-run", str(target / "run.toml"))
     result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines(["nop (baseline)*2/2*0*", "my-agent*2/2*2*1.000*"])
     again = pytester.run("hemra", "init", str(target))
-    assert again.ret == 2 and "already exists; hemra init overwrites nothing" in again.stderr.str()
+    assert again.ret == 4 and "already exists; hemra init overwrites nothing" in again.stderr.str()
 
 
 def test_dry_run_prints_the_plan_and_records_nothing(
@@ -37,14 +37,14 @@ def test_dry_run_prints_the_plan_and_records_nothing(
             f"run 'run' from {run_file} (nothing recorded)",
             "  oracle (baseline): program 1, digest * (*oracle.toml)",
             "  hemra-offline@*: 6 tasks (*)",
-            "trials: 6 tasks x 2 harnesses x 3 attempts = 36",
+            "trials: 6 tasks x 2 cells x 3 attempts = 36",
             "judges: correctness",
             "images to build: *",
         ]
     )
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()
     bad = pytester.run("hemra", "run", str(run_file), "--dry-run", "-H", "ghost")
-    assert bad.ret == 2 and "no harness named 'ghost'" in bad.stderr.str()
+    assert bad.ret == 4 and "no harness named 'ghost'" in bad.stderr.str()
 
 
 def test_harnesses_lists_kind_version_and_what_hemra_observes(pytester: pytest.Pytester) -> None:

@@ -75,7 +75,7 @@ def _run(pytester: pytest.Pytester, tmp_path: Path, harnesses: list[str], extra:
     names = ", ".join(f'"{h}"' for h in harnesses)
     run_file.write_text(f'harnesses = [{names}]\ndatasets = ["ds"]\n{extra}')
     pytester.runpytest("--hemra-run", str(run_file))
-    return _rows(tmp_path / ".hemra" / "hemra.db")
+    return _rows(pytester.path / ".hemra" / "hemra.db")
 
 
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
@@ -290,7 +290,7 @@ def test_the_oracle_passes_swe_and_multi_step_tasks_in_a_separate_room(
         '[verifier]\nenvironment_mode = "separate"\n'
     )
     pytester.runpytest("--hemra-run", str(run_file))
-    connection = sqlite3.connect(tmp_path / ".hemra" / "hemra.db")
+    connection = sqlite3.connect(pytester.path / ".hemra" / "hemra.db")
     found = dict(connection.execute("SELECT task, reward FROM trials").fetchall())
     connection.close()
     assert found == {"fizzbuzz-fix": 1.0, "greet-review-revise": 1.0}

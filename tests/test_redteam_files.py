@@ -110,8 +110,8 @@ def run_harnesses(
     return pytester.runpytest("--hemra-run", str(run_file), *args)
 
 
-def trials_by_harness(tmp_path: Path) -> dict[str, Any]:
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+def trials_by_harness(folder: Path) -> dict[str, Any]:
+    store = Store(folder / ".hemra" / "hemra.db")
     (run,) = store.runs()
     return {trial.harness: trial for trial in store.trials(run.id)}
 
@@ -131,7 +131,7 @@ def test_sdk_file_operations_as_root_are_refused_and_score_what_doing_nothing_sc
     write_sdk(write_harness, tmp_path, "attack", SDK_ATTACK)
     write_sdk(write_harness, tmp_path, "nop", NOP_SDK)
     run_harnesses(pytester, tmp_path, "attack", "nop").assert_outcomes(failed=2)
-    trials = trials_by_harness(tmp_path)
+    trials = trials_by_harness(pytester.path)
     attack, nop = trials["attack"], trials["nop"]
     seen = json.loads((Path(attack.trial_dir) / "agent" / "stdout.txt").read_text())
     assert seen == {
@@ -161,7 +161,7 @@ def test_acp_file_requests_as_root_are_refused_and_score_what_doing_nothing_scor
     )
     write_sdk(write_harness, tmp_path, "nop", NOP_SDK)
     run_harnesses(pytester, tmp_path, "acp-attack", "nop").assert_outcomes(failed=2)
-    trials = trials_by_harness(tmp_path)
+    trials = trials_by_harness(pytester.path)
     attack, nop = trials["acp-attack"], trials["nop"]
     log = (Path(attack.trial_dir) / "agent" / "stdout.txt").read_text().splitlines()
     replies = {
@@ -219,7 +219,7 @@ def test_an_sdk_agent_past_its_deadline_is_refused_every_call_and_does_not_hold_
         "run": "TurnOver",
         "read": "TurnOver",
     }
-    trial = trials_by_harness(tmp_path)["late"]
+    trial = trials_by_harness(pytester.path)["late"]
     assert (trial.outcome, trial.reward) == ("timeout", 0.0)
 
 

@@ -262,7 +262,7 @@ def test_a_harness_env_naming_a_provider_key_is_refused_at_resolve_and_nothing_r
         assert len(errors) == 1, result.errlines
         assert f"{name}.toml: key 'env': {key} holds a model provider's key" in errors[0]
         assert SENTINEL not in result.stdout.str() + result.stderr.str()
-        assert not (tmp_path / ".hemra").exists()
+        assert not (pytester.path / ".hemra").exists()
 
 
 def test_a_verifier_env_may_name_a_provider_key_and_only_the_verifier_gets_it(
@@ -291,7 +291,7 @@ def test_a_verifier_env_may_name_a_provider_key_and_only_the_verifier_gets_it(
         'harnesses = ["peek"]\ndatasets = ["ds"]\n[verifier]\nenv = ["ANTHROPIC_API_KEY"]\n'
     )
     pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(passed=1)
-    database = tmp_path / ".hemra" / "hemra.db"
+    database = pytester.path / ".hemra" / "hemra.db"
     connection = sqlite3.connect(database)
     (spec,) = connection.execute("SELECT spec FROM runs").fetchone()
     connection.close()

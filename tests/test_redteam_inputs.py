@@ -63,7 +63,7 @@ def test_a_task_whose_instruction_links_to_a_host_file_is_refused_and_nothing_re
     result.stderr.fnmatch_lines(
         [f"ERROR: {task / 'instruction.md'}: a link to {secret}, outside the task folder*"]
     )
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()
     assert sentinel_files(tmp_path, secret) == []
 
 
@@ -201,7 +201,7 @@ def test_a_serve_worker_without_a_harness_variable_leaves_its_trials_queued(
         )  # fmt: skip
 
     refused = hemra("run", str(run_file), "--detach", env=without)  # resolve checks it too
-    assert refused.returncode == 2 and f"needs environment variable {VARIABLE}" in refused.stderr
+    assert refused.returncode == 4 and f"needs environment variable {VARIABLE}" in refused.stderr
     queued = hemra("run", str(run_file), "--detach", env=with_it)
     assert queued.returncode == 0, queued.stderr
     run_id = queued.stdout.strip()
@@ -263,7 +263,7 @@ def test_an_upstream_refusing_the_runners_key_is_flagged_never_silently_scored(
     result.stdout.fnmatch_lines(
         ["! mini-agent: 1 scored trial(s) had model calls the upstream refused (401/403*"]
     )
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     (trial,) = store.trials(run.id)
     assert trial.outcome in ("fail", "harness_error")
@@ -284,7 +284,7 @@ def test_a_harbor_harness_is_refused_unless_the_run_trusts_it_by_name(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: *harbor-oracle.toml: a harbor harness runs outside*"])
     assert 'the run file must trust it: trust_unisolated = ["harbor-oracle"]' in result.stderr.str()
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()
     run_file.write_text(
         'harnesses = ["oracle", "harbor-oracle"]\ndatasets = ["ds"]\n'
         'trust_unisolated = ["orcale"]\n'

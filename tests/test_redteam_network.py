@@ -325,7 +325,7 @@ def test_a_limit_outside_the_runs_ceilings_is_refused_by_name_and_nothing_record
     assert len(errors) == 1 and expected in errors[0], result.errlines
     if task_toml:
         assert str(task / "task.toml") in errors[0]
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()
 
 
 def test_a_task_without_limits_gets_the_runs_defaults(make_task: TaskMaker) -> None:

@@ -146,7 +146,7 @@ def test_each_attack_on_the_hidden_tests_scores_what_doing_nothing_scores(
     harnesses = ", ".join(f'"{name}"' for name in ["oracle", "nop", *ATTACKS])
     run_file.write_text(f'harnesses = [{harnesses}]\ndatasets = ["mine"]\n')
     result = pytester.runpytest("--hemra-run", str(run_file))
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     found = {t.harness: t for t in store.trials(run.id)}
     assert (found["oracle"].error_class, found["oracle"].reward) == ("success", 1.0)
@@ -189,7 +189,7 @@ def test_attacks_on_a_unittest_task_score_what_doing_nothing_scores(
         f'harnesses = [{harnesses}]\ndatasets = ["swe-mini"]\ntasks = ["fizzbuzz-fix"]\n'
     )
     pytester.runpytest("--hemra-run", str(run_file))
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     found = {t.harness: (t.reward, t.error_class) for t in store.trials(run.id)}
     assert found["nop"] == (0.5, "no_change")

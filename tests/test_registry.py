@@ -349,7 +349,7 @@ def test_bad_registry_input_is_refused_in_one_line_and_nothing_is_recorded_or_ca
     errors = [line for line in result.errlines if line.startswith("ERROR:")]
     assert len(errors) == 1, result.errlines
     assert expected in errors[0]
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()
     assert not (cache / "datasets").exists() or not any((cache / "datasets").rglob("task.toml"))
     assert list(cache.rglob(".building-*")) == []
 
@@ -367,7 +367,7 @@ def test_a_flag_names_a_registry_dataset_as_the_run_file_does(
     )
 
     result.stdout.fnmatch_lines(["offline::create-file[[]oracle-1[]]", "offline::fix-test*"])
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()
 
 
 @pytest.mark.usefixtures("docker_test")

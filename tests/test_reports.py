@@ -242,4 +242,6 @@ def test_hemra_show_prints_one_trial(pytester: pytest.Pytester, unfair: Store) -
         ]
     )
     missing = pytester.run("hemra", "show", "nope.00001", "--store", str(unfair.path))
-    assert missing.ret == 2 and "no trial 'nope.00001'" in missing.stderr.str()
+    assert missing.ret == 4 and "'nope' is not a run id (expected" in missing.stderr.str()
+    absent = pytester.run("hemra", "show", f"{trial.run_id}.00999", "--store", str(unfair.path))
+    assert absent.ret == 4 and f"no trial '{trial.run_id}.00999' in run" in absent.stderr.str()

@@ -221,7 +221,7 @@ def test_bad_input_is_refused_with_one_line_and_nothing_recorded(
     errors = [line for line in result.errlines if line.startswith("ERROR:")]
     assert len(errors) == 1, result.errlines
     assert expected in errors[0]
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()
 
 
 def test_invalid_task_folder_name_is_refused(
@@ -233,7 +233,7 @@ def test_invalid_task_folder_name_is_refused(
     result = pytester.runpytest("--hemra-run", str(run_file))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: *bad name: 'bad name' is not a valid task name"])
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()
 
 
 def test_defaults_are_those_documented(tmp_path: Path) -> None:

@@ -147,7 +147,7 @@ def test_infra_errors_are_retried_as_linked_attempts_and_junit_has_one_case_per_
 
     result.assert_outcomes(passed=3)
     assert result.parseoutcomes()["rerun"] == 3  # each trial's first start fails, its retry runs
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     current = store.trials(run.id)
     assert [(t.task, t.outcome) for t in current] == [(n, "pass") for n in ("one", "three", "two")]
@@ -182,7 +182,7 @@ def test_retries_exhausted_end_in_an_error_and_a_failing_exit(
     result.stdout.fnmatch_lines(
         ["*fail-on gate tripped: 1 trial(s) without a result (infra_error)*"]
     )
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     assert [t.retries for t in store.trials(run.id, history=True)] == [0, 1, 2]
 

@@ -28,8 +28,8 @@ def run_sdk(
     return pytester.runpytest("--hemra-run", str(run_file))
 
 
-def only_trial(tmp_path: Path) -> object:
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+def only_trial(folder: Path) -> object:
+    store = Store(folder / ".hemra" / "hemra.db")
     (run,) = store.runs()
     (trial,) = store.trials(run.id)
     return trial
@@ -56,7 +56,7 @@ def test_sdk_function_acts_on_the_sandbox_as_the_agent_user(
     """,
     )
     result.assert_outcomes(passed=1)
-    trial = only_trial(tmp_path)
+    trial = only_trial(pytester.path)
     stdout = (Path(trial.trial_dir) / "agent" / "stdout.txt").read_text()  # type: ignore[attr-defined]
     assert stdout.startswith("ran as 1000 with ")
 
@@ -77,7 +77,7 @@ def test_sdk_function_that_raises_is_a_harness_error_with_its_traceback(
             raise RuntimeError("the agent gave up")
     """,
     ).assert_outcomes(failed=1)
-    trial = only_trial(tmp_path)
+    trial = only_trial(pytester.path)
     assert trial.outcome == "harness_error"  # type: ignore[attr-defined]
     stderr = (Path(trial.trial_dir) / "agent" / "stderr.txt").read_text()  # type: ignore[attr-defined]
     assert "RuntimeError: the agent gave up" in stderr
@@ -100,7 +100,7 @@ def test_sdk_function_past_the_deadline_is_a_timeout(
             agent.run("sleep 30")
     """,
     ).assert_outcomes(failed=1)
-    trial = only_trial(tmp_path)
+    trial = only_trial(pytester.path)
     assert (trial.outcome, trial.reward) == ("timeout", 1.0)  # type: ignore[attr-defined]
 
 
@@ -114,4 +114,4 @@ def test_sdk_entry_that_cannot_load_refuses_the_run(
     result = run_sdk(pytester, tmp_path, write_harness, "def other(agent):\n    pass\n")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: *host.toml: key 'entry': cannot load agent.py:solve*"])
-    assert not (tmp_path / ".hemra").exists()
+    assert not (pytester.path / ".hemra").exists()

@@ -50,7 +50,7 @@ def test_each_step_is_run_verified_and_stored_and_the_reward_rolls_up(
     run_file.write_text('harnesses = ["oracle", "first-only"]\ndatasets = ["steps"]\n')
     result = pytester.runpytest("--hemra-run", str(run_file))
     result.assert_outcomes(passed=1, failed=1)
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     trials = {t.harness: t for t in store.trials(run.id)}
     oracle_steps = store.steps(trials["oracle"].id)

@@ -69,7 +69,7 @@ def test_each_kind_of_attempt_gets_its_class(
         'datasets = ["swe-mini"]\ntasks = ["fizzbuzz-fix", "parse-duration"]\n'
     )
     pytester.runpytest("--hemra-run", str(run_file))
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     found = {(t.harness, t.task): (t.error_class, t.reward) for t in store.trials(run.id)}
     assert found["oracle", "fizzbuzz-fix"] == ("success", 1.0)
@@ -99,7 +99,7 @@ def test_a_test_command_that_runs_no_tests_is_a_crash_never_a_pass(
     run_file.write_text('harnesses = ["oracle"]\ndatasets = ["mine"]\n')
     result = pytester.runpytest("--hemra-run", str(run_file))
     result.assert_outcomes(failed=1)
-    store = Store(tmp_path / ".hemra" / "hemra.db")
+    store = Store(pytester.path / ".hemra" / "hemra.db")
     ((trial),) = [t for run in store.runs() for t in store.trials(run.id)]
     assert (trial.error_class, trial.reward) == ("crash", 0.0)
 

@@ -245,7 +245,7 @@ def test_task_env_is_checked_at_resolve_and_nothing_is_recorded(
     result = pytester.runpytest("--hemra-run", str(run_file_for(tmp_path)))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{expected}*"])
-    store = tmp_path / ".hemra" / "hemra.db"
+    store = pytester.path / ".hemra" / "hemra.db"
     if store.exists():
         connection = sqlite3.connect(store)
         assert connection.execute("SELECT count(*) FROM runs").fetchone() == (0,)

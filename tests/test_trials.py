@@ -88,7 +88,7 @@ def test_agent_past_its_timeout_ends_as_timeout_and_is_still_verified(
     result = pytester.runpytest("--hemra-run", str(run_file))
 
     result.assert_outcomes(failed=1)
-    (row,) = run_rows(tmp_path / ".hemra" / "hemra.db")
+    (row,) = run_rows(pytester.path / ".hemra" / "hemra.db")
     assert (row["outcome"], row["reward"]) == ("timeout", 1.0)  # the verifier still ran
     phases = json.loads(row["phases"])
     assert 2.0 <= phases["agent"] < 10
@@ -124,7 +124,7 @@ def test_sandbox_is_locked_down_and_tests_are_hidden_from_the_agent(
     result = pytester.runpytest("--hemra-run", str(run_file))
 
     result.assert_outcomes(passed=1)
-    (row,) = run_rows(tmp_path / ".hemra" / "hemra.db")
+    (row,) = run_rows(pytester.path / ".hemra" / "hemra.db")
     verifier = Path(row["trial_dir"]) / "verifier"
     probe = (verifier / "probe.txt").read_text().splitlines()
     assert probe[0] == "1000"
@@ -161,7 +161,7 @@ def test_unusable_reward_is_a_verifier_error(
 
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([f"*verifier_error (no reward): {expected}*"])
-    (row,) = run_rows(tmp_path / ".hemra" / "hemra.db")
+    (row,) = run_rows(pytester.path / ".hemra" / "hemra.db")
     assert row["outcome"] == "verifier_error" and expected in row["error"]
 
 
@@ -183,7 +183,7 @@ def test_crashing_harness_is_a_harness_error_and_still_verified(
 
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*harness_error (reward 1, exit code 3)*"])
-    (row,) = run_rows(tmp_path / ".hemra" / "hemra.db")
+    (row,) = run_rows(pytester.path / ".hemra" / "hemra.db")
     assert (row["outcome"], row["reward"], row["exit_code"]) == ("harness_error", 1.0, 3)
     assert (Path(row["trial_dir"]) / "agent" / "stderr.txt").read_text() == "boom\n"
 
@@ -206,7 +206,7 @@ def test_task_image_is_built_once_per_environment_content(
         for i in docker_client.images.list(filters={"label": "hemra.task=cached"})
         if any(t.startswith("hemra-task:") for t in i.tags)
     ]
-    phases = [json.loads(r["phases"]) for r in run_rows(tmp_path / ".hemra" / "hemra.db")]
+    phases = [json.loads(r["phases"]) for r in run_rows(pytester.path / ".hemra" / "hemra.db")]
     assert len(built) >= 1
     assert all(p["image"] < 0.5 for p in phases)  # built at resolve, found cached by each trial
 
@@ -227,7 +227,7 @@ def test_agent_diff_is_kept_in_the_trial_folder(
 
     pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(passed=1)
 
-    (row,) = run_rows(tmp_path / ".hemra" / "hemra.db")
+    (row,) = run_rows(pytester.path / ".hemra" / "hemra.db")
     diff = (Path(row["trial_dir"]) / "diff.patch").read_text()
     assert "-old\n+new\n" in diff
     assert "--- a/gone.txt\n+++ /dev/null" in diff
@@ -265,7 +265,7 @@ def test_every_trial_of_an_image_diffs_against_it_and_agent_logs_are_kept_when_w
 
     pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(passed=4)
 
-    rows = run_rows(tmp_path / ".hemra" / "hemra.db")
+    rows = run_rows(pytester.path / ".hemra" / "hemra.db")
     diffs = {(Path(row["trial_dir"]) / "diff.patch").read_text() for row in rows}
     (diff,) = diffs
     assert "-old\n+new\n" in diff and "--- a/gone.txt\n+++ /dev/null" in diff
@@ -338,7 +338,7 @@ def test_verifier_past_its_timeout_is_a_verifier_error(
     run_file = tmp_path / "run.toml"
     run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
     pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(errors=1)
-    (row,) = run_rows(tmp_path / ".hemra" / "hemra.db")
+    (row,) = run_rows(pytester.path / ".hemra" / "hemra.db")
     assert row["outcome"] == "verifier_error" and "1s timeout" in row["error"]
 
 
@@ -357,7 +357,7 @@ def test_xdist_workers_run_the_recorded_plan_and_deselection_is_recorded(
 
     result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines(["oracle (baseline)*2/2*2*", "nop*2/2*0*"])
-    rows = {r["item_id"]: r for r in run_rows(tmp_path / ".hemra" / "hemra.db")}
+    rows = {r["item_id"]: r for r in run_rows(pytester.path / ".hemra" / "hemra.db")}
     assert {i for i, r in rows.items() if r["status"] == "deselected"} == {
         "ds::three[oracle-1]",
         "ds::three[nop-1]",
@@ -391,11 +391,11 @@ def test_secret_values_reach_the_harness_but_never_the_store_or_trial_folder(
 
     pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(passed=1)
 
-    written = [p for p in (tmp_path / ".hemra").rglob("*") if p.is_file()]
+    written = [p for p in (pytester.path / ".hemra").rglob("*") if p.is_file()]
     assert any(p.name == "hemra.db" for p in written)
     for path in written:
         assert sentinel.encode() not in path.read_bytes(), path
-    connection = sqlite3.connect(tmp_path / ".hemra" / "hemra.db")
+    connection = sqlite3.connect(pytester.path / ".hemra" / "hemra.db")
     (spec,) = connection.execute("SELECT spec FROM runs").fetchone()
     connection.close()
     assert "HEMRA_SENTINEL_KEY" in spec  # the name is recorded, never the value
@@ -410,6 +410,6 @@ def test_hemra_run_takes_concurrency_from_the_run_file(
     run_file.write_text('harnesses = ["oracle", "nop"]\ndatasets = ["ds"]\nconcurrency = 2\n')
     result = pytester.run("hemra", "run", str(run_file))
     assert result.ret == 0
-    rows = run_rows(tmp_path / ".hemra" / "hemra.db")
+    rows = run_rows(pytester.path / ".hemra" / "hemra.db")
     assert [r["status"] for r in rows] == ["finished"] * 4
     assert len({r["worker"].split("@")[0] for r in rows}) == 2  # gw0 and gw1

@@ -12,19 +12,33 @@ inside its handler.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
+from pytest_hemra import DOCS_URL
+from pytest_hemra.cli.arguments import Parser
 from pytest_hemra.cli.checking import add_commands as add_check_commands
+from pytest_hemra.cli.exits import Exit, exit_codes_text
 from pytest_hemra.cli.reports import add_commands as add_report_commands
 from pytest_hemra.cli.running import add_commands as add_running_commands
 from pytest_hemra.cli.tools import add_commands as add_tool_commands
 from pytest_hemra.core.errors import HemraError
 
+DESCRIPTION = f"""\
+Evaluate coding-agent harnesses on datasets of tasks (a pytest plugin), and read what runs left.
+Every command finds runs in one store: --store PATH, else $HEMRA_STORE, else .hemra/hemra.db in
+the current folder. `hemra COMMAND --help` describes a command; {DOCS_URL}/cli.md all of them."""
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hemra", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(
+        prog="hemra",
+        description=DESCRIPTION,
+        epilog=exit_codes_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add_commands in (
         add_running_commands,
         add_report_commands,
@@ -48,7 +62,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args))
     except HemraError as error:
         print(f"hemra: {error}", file=sys.stderr)
-        return 2
+        return int(Exit.REFUSED)
+    except KeyboardInterrupt:
+        print("hemra: interrupted", file=sys.stderr)
+        return int(Exit.INTERRUPTED)
+    except BrokenPipeError:  # `hemra show ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # flushed at exit
+        return int(Exit.OK)
 
 
 __all__ = ["build_parser", "main"]

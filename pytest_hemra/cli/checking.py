@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_hemra.cli.running import positive_int
+from pytest_hemra.core.store_location import STORE_HELP
 from pytest_hemra.report import SLOW_BUILD_SECS
 
 if TYPE_CHECKING:
@@ -24,8 +26,10 @@ def add_commands(commands: Commands) -> None:
     check.add_argument(
         "dataset", help="dataset name, name@digest, name@version or path (as `hemra run -d`)"
     )
-    check.add_argument("-k", "--attempts", type=int, default=1, help="attempts per task")
-    check.add_argument("-n", "--concurrency", type=int, help="trials at once, via pytest-xdist")
+    check.add_argument("-k", "--attempts", type=positive_int, default=1, help="attempts per task")
+    check.add_argument(
+        "-n", "--concurrency", type=positive_int, help="trials at once, via pytest-xdist"
+    )
     check.add_argument(
         "-t",
         "--task",
@@ -38,7 +42,7 @@ def add_commands(commands: Commands) -> None:
     check.add_argument(
         "-x", "--exclude", action="append", default=[], metavar="GLOB", help="tasks to leave out"
     )
-    check.add_argument("--store", help="SQLite store (default .hemra/hemra.db here)")
+    check.add_argument("--store", metavar="PATH", help=STORE_HELP)
     check.add_argument(
         "--slow-build-secs",
         type=float,
@@ -49,7 +53,9 @@ def add_commands(commands: Commands) -> None:
     check.add_argument(
         "--strict", action="store_true", help="also exit 1 on flaky, trivial or offline verifiers"
     )
-    check.add_argument("--format", choices=("table", "json"), default="table")
+    check.add_argument(
+        "--format", choices=("table", "json"), default="table", help="json: an object, for scripts"
+    )
     check.set_defaults(handler=check_command)
 
 

@@ -9,8 +9,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_hemra.cli.arguments import add_store_argument, add_viewer_arguments, open_store
+from pytest_hemra.cli.arguments import (
+    add_store_argument,
+    add_viewer_arguments,
+    find_run,
+    find_trial,
+    open_store,
+)
 from pytest_hemra.core.errors import HemraError
+from pytest_hemra.core.store_location import store_location
 from pytest_hemra.report import FORMATS
 
 if TYPE_CHECKING:
@@ -23,7 +30,12 @@ def add_commands(commands: Commands) -> None:
     report.add_argument("run_id", nargs="?", help="run id (default: the latest run)")
     report.add_argument("other_run", nargs="?", help="a second run: compare each harness in it")
     add_store_argument(report)
-    report.add_argument("--format", choices=FORMATS, default="text")
+    report.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="text (the terminal's tables) or a file format (default: text)",
+    )
     report.add_argument("-o", "--output", help="write to this file (default: stdout)")
     report.set_defaults(handler=report_command)
 
@@ -46,8 +58,16 @@ def report_command(args: argparse.Namespace) -> int:
     from pytest_hemra.report.tables import build_report
 
     store = open_store(args.store)
-    run_id = args.run_id or _latest_run(store)
+    run_id = (
+        find_run(store, args.store, args.run_id) if args.run_id else _latest_run(store, args.store)
+    )
     if args.other_run:
+        find_run(store, args.store, args.other_run)
+        if args.other_run == run_id:
+            raise HemraError(
+                f"hemra report {run_id} {run_id}: a run compared with itself; name"
+                " an earlier run first and a later one second"
+            )
         text = render_comparison(compare_runs(store, run_id, args.other_run), args.format)
     else:
         text = render(build_report(store, run_id), args.format)
@@ -59,10 +79,10 @@ def report_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _latest_run(store: Store) -> str:
+def _latest_run(store: Store, option: str | None) -> str:
     runs = store.runs()
     if not runs:
-        raise HemraError(f"{store.path}: the store holds no runs")
+        raise HemraError(f"no runs in {store_location(option).describe()}")
     return runs[-1].id
 
 
@@ -71,7 +91,7 @@ def show_command(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     store = open_store(args.store)
-    detail = store.trial_detail(args.trial_id)
+    detail = store.trial_detail(find_trial(store, args.store, args.trial_id))
     trial = detail.trial
     reward = "-" if trial.reward is None else f"{trial.reward:g}"
     cost = "unknown" if trial.cost is None else f"${trial.cost:.4f}"

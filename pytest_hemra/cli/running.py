@@ -9,13 +9,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_hemra.cli.arguments import add_store_argument, add_viewer_arguments, open_store
+from pytest_hemra.cli.arguments import (
+    add_store_argument,
+    add_viewer_arguments,
+    find_run,
+    open_store,
+)
+from pytest_hemra.cli.exits import Exit, exit_codes_text
 from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.outcome import Outcome
-from pytest_hemra.core.records import DEFAULT_STORE
+from pytest_hemra.core.store_location import STORE_HELP, store_location
 from pytest_hemra.resolve.overrides import OVERRIDE_FLAGS, Overrides, read_overrides
-
-USAGE_ERROR = 4  # pytest.ExitCode.USAGE_ERROR, without importing pytest for --help
 
 if TYPE_CHECKING:
     from pytest_hemra.cli.arguments import Commands
@@ -24,7 +28,14 @@ if TYPE_CHECKING:
 
 
 def add_commands(commands: Commands) -> None:
-    run = commands.add_parser("run", help="evaluate harnesses on datasets (a pytest session)")
+    run = commands.add_parser(
+        "run",
+        help="evaluate harnesses on datasets (a pytest session)",
+        description="Evaluate harnesses on datasets: a pytest session, its trials recorded in"
+        " the store. Everything after -- goes to pytest (-- -v --junitxml=report.xml).",
+        epilog=exit_codes_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("run_file", nargs="?", help="run file (TOML); flags alone also work")
     for flag in OVERRIDE_FLAGS:
         run.add_argument(
@@ -36,8 +47,8 @@ def add_commands(commands: Commands) -> None:
             action="append" if flag.repeats else "store",
             default=[] if flag.repeats else None,
         )
-    run.add_argument("--concurrency", type=int, help="trials at once, via pytest-xdist -n")
-    run.add_argument("--store", help="SQLite store (default .hemra/hemra.db beside the run file)")
+    run.add_argument("--concurrency", type=positive_int, help="trials at once, via pytest-xdist -n")
+    run.add_argument("--store", metavar="PATH", help=STORE_HELP)
     run.add_argument(
         "--detach", action="store_true", help="record and queue the run for `hemra serve`; return"
     )
@@ -62,14 +73,14 @@ def add_commands(commands: Commands) -> None:
 
     serve = commands.add_parser("serve", help="work the queue of detached runs")
     add_store_argument(serve)
-    serve.add_argument("--concurrency", type=int, default=1, help="trials at once per run")
+    serve.add_argument("--concurrency", type=positive_int, default=1, help="trials at once per run")
     serve.add_argument("--once", action="store_true", help="exit when the queue is empty")
     add_viewer_arguments(serve)
     serve.add_argument("--no-viewer", action="store_true", help="work the queue only")
     serve.set_defaults(handler=serve_command)
 
     cancel = commands.add_parser("cancel", help="cancel a run's queued and running trials")
-    cancel.add_argument("run_id")
+    cancel.add_argument("run_id", help="the run to cancel, as `hemra runs` lists it")
     add_store_argument(cancel)
     cancel.add_argument("--wait", type=float, default=10.0, help="seconds to wait for runners")
     cancel.set_defaults(handler=cancel_command)
@@ -81,6 +92,17 @@ def add_commands(commands: Commands) -> None:
     )
     runs.add_argument("-q", "--quiet", action="store_true", help="run ids only, one a line")
     runs.set_defaults(handler=runs_command)
+
+
+def positive_int(text: str) -> int:
+    """A count of 1 or more (`--concurrency 0` would run nothing, silently)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
+    return value
 
 
 def pytest_argv(args: argparse.Namespace) -> list[str]:
@@ -115,9 +137,9 @@ def run_command(args: argparse.Namespace) -> int:
 
     if not (args.run_file or args.harnesses or args.datasets or args.resume):
         print("hemra run: name a run file, or harnesses (-H) and datasets (-d)", file=sys.stderr)
-        return USAGE_ERROR
+        return int(Exit.REFUSED)
     if args.detach or args.dry_run:
-        return detach_command(args)  # nothing runs: a refusal is hemra's own (exit 2)
+        return detach_command(args)  # nothing runs: a refusal is hemra's own (exit 4 too)
     if args.concurrency is None and args.run_file:
         args.concurrency = _file_concurrency(Path(args.run_file))
     return int(pytest.main(pytest_argv(args)))
@@ -146,7 +168,7 @@ def detach_command(args: argparse.Namespace) -> int:
         return 0
     plan = resolve_plan(run_file, overrides, Path.cwd())
     provision(plan, found, note=lambda line: print(line, file=sys.stderr))
-    store = Store(Path(args.store) if args.store else plan.base_dir / DEFAULT_STORE)
+    store = Store(store_location(args.store).path)
     run_id = record_plan(plan, store, status="queued")
     print(run_id)
     print(
@@ -195,6 +217,7 @@ def cancel_command(args: argparse.Namespace) -> int:
     from pytest_hemra.run.job import run_provider
 
     store = open_store(args.store)
+    find_run(store, args.store, args.run_id)
     done = cancel_run(store, args.run_id, run_provider(store, args.run_id), args.wait)
     print(f"run {args.run_id}: {done.cancelled} trials cancelled, {done.removed} sandboxes removed")
     if done.sandbox_error is not None:

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pytest_hemra.core.errors import HemraError, SpecError
-from pytest_hemra.core.records import DEFAULT_STORE
+from pytest_hemra.core.names import unknown_name
+from pytest_hemra.core.store_location import STORE_DEFAULT, store_location
 from pytest_hemra.resolve.overrides import Overrides
 
 if TYPE_CHECKING:
@@ -18,7 +19,9 @@ if TYPE_CHECKING:
 
 def add_commands(commands: Commands) -> None:
     init = commands.add_parser("init", help="write a starter run file, harness and dataset")
-    init.add_argument("directory", nargs="?", default=".")
+    init.add_argument(
+        "directory", nargs="?", default=".", help="folder to write into (default: this one)"
+    )
     init.set_defaults(handler=init_command)
 
     listing = commands.add_parser("harnesses", help="list harnesses and what HEMRA observes")
@@ -38,7 +41,9 @@ def add_commands(commands: Commands) -> None:
     install = harness_commands.add_parser(
         "install", help="install a harness version into the host cache (once per digest)"
     )
-    install.add_argument("names", nargs="+", metavar="NAME")
+    install.add_argument(
+        "names", nargs="+", metavar="NAME", help="harness names, as `hemra harnesses` lists them"
+    )
     install.add_argument("--dir", default=".", help="folder whose harnesses/ is searched first")
     install.set_defaults(handler=harness_command)
 
@@ -47,8 +52,12 @@ def add_commands(commands: Commands) -> None:
     bootstrap = image_commands.add_parser(
         "bootstrap", help="build the offline Debian base image (debootstrap + docker import)"
     )
-    bootstrap.add_argument("--tag", default="debian:bookworm-slim")
-    bootstrap.add_argument("--suite", default="bookworm")
+    bootstrap.add_argument(
+        "--tag", default="debian:bookworm-slim", help="the image's tag (default: %(default)s)"
+    )
+    bootstrap.add_argument(
+        "--suite", default="bookworm", help="the Debian release to install (default: %(default)s)"
+    )
     bootstrap.add_argument("--mirror", help="Debian mirror (default: apt's configured one)")
     bootstrap.add_argument(
         "--if-missing", action="store_true", help="do nothing when the tag already exists"
@@ -59,7 +68,9 @@ def add_commands(commands: Commands) -> None:
         "engines", help="a run file's Docker engines: health, capacity, running trials, images"
     )
     engines.add_argument("run_file", help="run file whose [[sandbox.engines]] to list")
-    engines.add_argument("--store", help="store whose placements to count (default: beside it)")
+    engines.add_argument(
+        "--store", metavar="PATH", help=f"store whose placements to count ({STORE_DEFAULT})"
+    )
     engines.set_defaults(handler=engines_command)
 
     canary = commands.add_parser(
@@ -69,9 +80,16 @@ def add_commands(commands: Commands) -> None:
         "--provider", default="scripted", help="built-in provider (default: the scripted model)"
     )
     canary.add_argument("--base-url", help="the upstream's URL (a provider of your own)")
-    canary.add_argument("--auth", choices=("x-api-key", "bearer"), default="bearer")
+    canary.add_argument(
+        "--auth",
+        choices=("x-api-key", "bearer"),
+        default="bearer",
+        help="how the key is sent to --base-url (default: %(default)s)",
+    )
     canary.add_argument("--key-env", help="environment variable holding the upstream's key")
-    canary.add_argument("--model", default="hemra/scripted")
+    canary.add_argument(
+        "--model", default="hemra/scripted", help="the model to ask (default: %(default)s)"
+    )
     canary.add_argument(
         "--wire",
         action="append",
@@ -94,7 +112,9 @@ def add_commands(commands: Commands) -> None:
     calibrate.add_argument("--model", help="the judge's model (default: the run file's)")
     calibrate.add_argument("--anchors", help="anchor file (default: the rubric's bundled anchors)")
     calibrate.add_argument("--threshold", type=float, default=0.15, help="drift past this MAE")
-    calibrate.add_argument("--store", help="store to keep the result in (default .hemra/hemra.db)")
+    calibrate.add_argument(
+        "--store", metavar="PATH", help=f"store to keep the result in ({STORE_DEFAULT})"
+    )
     calibrate.set_defaults(handler=calibrate_command)
 
 
@@ -105,7 +125,7 @@ def init_command(args: argparse.Namespace) -> int:
     for path in write_starter(target):
         print(f"wrote {path}")
     run_file = target / "run.toml"
-    print(f"next: pytest --hemra-run {run_file}   (or: hemra run {run_file})")
+    print(f"next: hemra run {run_file}   (then: hemra report; or: pytest --hemra-run {run_file})")
     return 0
 
 
@@ -264,7 +284,7 @@ def engines_command(args: argparse.Namespace) -> int:
     spec = load_run_spec(run_file, Overrides())
     if not spec.sandbox.engines:
         raise SpecError(f"{run_file}: no [[sandbox.engines]] (see docs/scaling.md)")
-    store_path = Path(args.store) if args.store else run_file.resolve().parent / DEFAULT_STORE
+    store_path = store_location(args.store).path
     store = Store(store_path) if store_path.is_file() else None
     statuses = engine_statuses(spec.sandbox.engines, store)
     print(render_engines(statuses))
@@ -284,8 +304,9 @@ def canary_command(args: argparse.Namespace) -> int:
     elif args.provider in BUILTIN_UPSTREAMS:
         provider = BUILTIN_UPSTREAMS[args.provider]
     else:
-        known = ", ".join(sorted(BUILTIN_UPSTREAMS))
-        raise HemraError(f"--provider: no built-in provider {args.provider!r} (known: {known})")
+        raise HemraError(
+            "--provider: " + unknown_name("built-in provider", args.provider, BUILTIN_UPSTREAMS)
+        )
     key_env = args.key_env or provider.key_env
     key = os.environ.get(key_env) if key_env else None
     wires = tuple(Wire(name) for name in args.wire) if args.wire else tuple(PATHS)
@@ -324,7 +345,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
     source = str(run_file) if run_file else "command line"
     entries = [j for j in spec.judge if j.name == args.judge] if spec else []
     if spec is not None and not entries:
-        raise HemraError(f"{run_file}: key 'judge': no judge named {args.judge!r}")
+        known = [j.name for j in spec.judge]
+        raise HemraError(f"{run_file}: key 'judge': " + unknown_name("judge", args.judge, known))
     entry = entries[0] if entries else JudgeSpec(name=args.judge)
     if args.model:
         entry = entry.model_copy(update={"model": args.model, "command": None})
@@ -353,6 +375,6 @@ def calibrate_command(args: argparse.Namespace) -> int:
         f" {result.anchors} anchors ({anchors_path}); threshold {result.threshold:g}:"
         f" {result.verdict}"
     )
-    store = Store(Path(args.store) if args.store else base_dir / DEFAULT_STORE)
+    store = Store(store_location(args.store).path)
     store.record_calibration(calibration_row(result))
     return 0 if result.reliable else 1

@@ -10,7 +10,7 @@ from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.stored import StoredPlan
 from pytest_hemra.core.usage import TOKEN_FIELDS, Usage
 
-DEFAULT_STORE = Path(".hemra") / "hemra.db"  # relative to the run file's folder, or the cwd
+DEFAULT_STORE = Path(".hemra") / "hemra.db"  # in the current folder (core/store_location.py)
 FINISHED = "finished"
 CANCELLED = "cancelled"
 # what a trial shows while it has no outcome yet (a filter on outcome names these statuses too)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_hemra.core.errors import SpecError
+from pytest_hemra.core.names import unknown_name
 from pytest_hemra.resolve.cache import fetch_dataset
 from pytest_hemra.resolve.compose import Compose, compose_file, load_compose
 from pytest_hemra.resolve.registry import listed_dataset
@@ -83,8 +84,11 @@ def bundled_dir(kind: str) -> Path:
 
 
 def dataset_search_path(base_dir: Path) -> list[Path]:
+    """The folders a dataset name is looked up in, first found first: the run's own,
+    `HEMRA_DATASETS_PATH`'s, then the bundled ones (each once)."""
     extra = [Path(p) for p in os.environ.get("HEMRA_DATASETS_PATH", "").split(os.pathsep) if p]
-    return [base_dir / "datasets", *extra, bundled_dir("datasets")]
+    folders = [base_dir / "datasets", *extra, bundled_dir("datasets")]
+    return list(dict.fromkeys(folder.resolve() for folder in folders))
 
 
 def find_dataset(ref: str, base_dir: Path, source: str) -> Path:
@@ -101,7 +105,12 @@ def find_dataset(ref: str, base_dir: Path, source: str) -> Path:
         if (folder / ref).is_dir():
             return (folder / ref).resolve()
     where = ", ".join(str(f) for f in searched)
-    raise SpecError(f"{source}: key 'datasets': no dataset named {ref!r} (looked in {where})")
+    known = [
+        p.name for folder in searched if folder.is_dir() for p in folder.iterdir() if p.is_dir()
+    ]
+    raise SpecError(
+        f"{source}: key 'datasets': {unknown_name('dataset', ref, known)}; looked in {where}"
+    )
 
 
 def resolve_dataset(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pytest_hemra.core import registry
 from pytest_hemra.core.errors import SpecError
+from pytest_hemra.core.names import unknown_name
 from pytest_hemra.resolve.datasets import bundled_dir
 from pytest_hemra.resolve.spec import (
     PLACEHOLDER_PATTERN,
@@ -49,7 +50,10 @@ class Harness:
 
 
 def harness_search_path(base_dir: Path) -> list[Path]:
-    return [base_dir / "harnesses", bundled_dir("harnesses")]
+    """The folders a harness name is looked up in, first found first: the run's own, then the
+    bundled ones (once, when they are the same folder, as in a checkout)."""
+    folders = [base_dir / "harnesses", bundled_dir("harnesses")]
+    return list(dict.fromkeys(folder.resolve() for folder in folders))
 
 
 def find_harness(name: str, base_dir: Path, source: str) -> Path:
@@ -61,7 +65,10 @@ def find_harness(name: str, base_dir: Path, source: str) -> Path:
         if candidate.is_file():
             return candidate.resolve()
     where = ", ".join(str(f) for f in searched)
-    raise SpecError(f"{source}: key 'harnesses': no harness named {name!r} (looked in {where})")
+    known = [path.stem for path in available_harnesses(base_dir)]
+    raise SpecError(
+        f"{source}: key 'harnesses': {unknown_name('harness', name, known)}; looked in {where}"
+    )
 
 
 def resolve_harness(name: str, base_dir: Path, source: str, run_model: str | None) -> Harness:
