@@ -245,3 +245,34 @@ def test_hemra_show_prints_one_trial(pytester: pytest.Pytester, unfair: Store) -
     assert missing.ret == 4 and "'nope' is not a run id (expected" in missing.stderr.str()
     absent = pytester.run("hemra", "show", f"{trial.run_id}.00999", "--store", str(unfair.path))
     assert absent.ret == 4 and f"no trial '{trial.run_id}.00999' in run" in absent.stderr.str()
+
+
+def test_a_run_of_several_harnesses_on_ten_tasks_says_where_the_variance_comes_from(
+    tmp_path: Path,
+) -> None:
+    """Under the first table of each dataset (and in every format): the mixed model's method,
+    shares and coefficients; with fewer than ten tasks, nothing is fitted and nothing said."""
+    tasks = [f"t{n:02d}" for n in range(12)]
+    store = Store(tmp_path / "s.db")
+    plan = [PlannedTrial("ds", t, h, a) for t in tasks for h in ("base", "better") for a in (1, 2)]
+    recorded = spec(["base", "better"])
+    recorded["datasets"]["ds"]["tasks"] = tasks
+    store.record_plan("var", "var", recorded, tmp_path, plan)
+    for trial in store.trials("var"):
+        hard = int(trial.task[1:]) % 3 == 0  # a third of the tasks nobody solves
+        solved = not hard and (trial.harness == "better" or trial.attempt == 1)
+        store.finish_trial(trial.id, result(1.0 if solved else 0.0))
+    report = build_report(store, "var")
+    (dataset,) = report.datasets
+    assert dataset.variance is not None and dataset.variance.note is None
+    assert set(dataset.variance.shares) >= {"harness", "task", "residual"}
+    assert dataset.variance.coefficients[0].term == "harness[better]"
+    assert dataset.variance.coefficients[0].estimate > 0
+    text = render(report, "text")
+    assert "Where the variance comes from (48 trials, 12 tasks)" in text
+    assert "Where the variance comes from" in render(report, "markdown")
+    assert json.loads(render(report, "json"))["datasets"][0]["variance"]["n_tasks"] == 12
+
+    few = Store(tmp_path / "few.db")
+    record_run(few, "few", {"base": lambda t, a: result(1.0), "b": lambda t, a: result(0.0)})
+    assert build_report(few, "few").datasets[0].variance is None

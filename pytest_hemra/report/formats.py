@@ -19,6 +19,7 @@ from tabulate import tabulate
 from pytest_hemra.report import FORMATS
 from pytest_hemra.report.stats import Estimate, Spread
 from pytest_hemra.report.tables import DatasetReport, HarnessSummary, RunReport, report_dict
+from pytest_hemra.report.variance import render_variance
 
 
 def render(report: RunReport, fmt: str) -> str:
@@ -162,8 +163,6 @@ def variance_lines(dataset: DatasetReport) -> list[str]:
     """Where the variance comes from (`variance.py`), under a dataset's first table."""
     if dataset.variance is None:
         return []
-    from pytest_hemra.report.variance import render_variance  # type: ignore[import-untyped,unused-ignore]
-
     return list(render_variance(dataset.variance))
 
 

@@ -33,10 +33,12 @@ from pytest_hemra.report.stats import (
     pass_k_over_one_task_set,
     summary,
 )
+from pytest_hemra.report.variance import Observation, VarianceReport, decompose
 from pytest_hemra.store import Store
 
 # the fewest tasks on which tasks that all moved alike reach p < 0.05 (2 / 2**6, `stats`)
 MIN_SIGNIFICANT_TASKS = 6
+VARIANCE_MIN_TASKS = 10  # where the variance comes from is fitted from this many tasks on
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class DatasetReport:
     flags: list[Flag]
     view: str = ""  # "" (one model), "model M" or "harness H"
     axis: str = "harness"  # what the rows are: "harness" or "model"
-    variance: Any = None  # a matrix or multi-harness dataset's VarianceReport (its first table)
+    variance: VarianceReport | None = None  # where the variance comes from (its first table)
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,7 @@ def build_report(store: Store, run_id: str) -> RunReport:
         for later in tables[1:]:  # what concerns the whole dataset is said once, under the first
             later.flags[:] = [flag for flag in later.flags if flag.harness is not None]
         tables[0].flags.extend(judge_flags)
+        tables[0] = replace(tables[0], variance=_variance(plan, mine))
         datasets += tables
     return RunReport(run.id, run.name, str(store.path), run.status, plan.baseline, plan.model,
                      datasets)  # fmt: skip
@@ -239,6 +242,21 @@ def _views(plan: StoredPlan, trials: list[TrialRecord]) -> list[View]:
         if len(rows) > 1:
             views.append(View(f"harness {harness}", "model", mine, rows, None))
     return views
+
+
+def _variance(plan: StoredPlan, trials: list[TrialRecord]) -> VarianceReport | None:
+    """Where a dataset's variance comes from (`variance.py`), for a run of several harnesses or
+    models on at least VARIANCE_MIN_TASKS tasks; None otherwise."""
+    scored = [t for t in trials if t.outcome in Outcome.SCORED]
+    tasks = {t.task for t in scored}
+    if len(tasks) < VARIANCE_MIN_TASKS or (len(plan.harness_names) < 2 and not plan.models):
+        return None
+    one_model = plan.model or "-"
+    observations = [
+        Observation(t.task, t.harness, t.model or one_model, t.reward or 0.0) for t in scored
+    ]
+    baseline_model = plan.baseline_model or one_model
+    return decompose(observations, plan.baseline or "", baseline_model, VARIANCE_MIN_TASKS)
 
 
 def _table(
