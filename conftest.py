@@ -45,7 +45,7 @@ def no_leftover_containers(docker_client: Any, tmp_path: Path) -> Iterator[None]
     """No sandbox outlives its test. Under CI every HEMRA container counts; on a developer's
     machine, where other sessions may be running, those of the runs in this test's stores."""
     yield
-    left = docker_client.containers.list(all=True, filters={"label": "hemra"})
+    left = docker_client.containers.list(all=True, filters={"label": "hemra"}, ignore_removed=True)
     if not os.environ.get("CI"):
         mine = _run_ids(tmp_path)
         left = [c for c in left if c.labels.get("hemra.run") in mine]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pytest_hemra.core import registry
-from pytest_hemra.core.errors import HemraError, InputWarning
+from pytest_hemra.core.errors import HemraError, InputWarning, StoreUnavailable
 from pytest_hemra.core.ids import unknown_run
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import PlannedTrial, TrialRecord
@@ -239,7 +239,10 @@ class TrialItem(pytest.Item):
             pytest.fail("hemra: this session recorded no run", pytrace=False)
         self.user_properties.clear()
         self.record = None
-        elsewhere = runner.work(trial)
+        try:
+            elsewhere = runner.work(trial)
+        except StoreUnavailable as error:  # waited out in vain: this session runs no more
+            pytest.fail(f"hemra: {error}", pytrace=False)
         if elsewhere is not None:
             pytest.skip(elsewhere)
         record = runner.store.trial(trial.id)

@@ -175,11 +175,18 @@ class ExtraEngine:
                     ) from None
                 time.sleep(0.2)
 
-    def kill(self) -> None:
-        """SIGKILL, by PID: the engine is gone at once, its sandboxes with it."""
+    def kill(self, *, whole: bool = False) -> None:
+        """SIGKILL, by PID: the engine is gone at once, its sandboxes with it; `whole`, the
+        processes it started too (its containers' shims and processes: a service lost whole),
+        so that it starts again at once instead of restoring them. Its containerd dies with
+        it, but its pidfile stays and may name a zombie (nothing here reaps orphans), which a
+        dockerd started again would wait on for 15 s: the pidfile goes too."""
         if self.process is not None and self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGKILL)
             self.process.wait(STOP_TIMEOUT_SECS)
+            (self.root / "exec" / "containerd" / "containerd.pid").unlink(missing_ok=True)
+            if whole:
+                self._kill_leftovers()
 
     def stop(self) -> None:
         """SIGTERM: dockerd stops its containers and its containerd, then exits."""

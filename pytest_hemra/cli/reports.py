@@ -90,6 +90,8 @@ def show_command(args: argparse.Namespace) -> int:
     """Everything the store holds of one trial, for a terminal (the viewer shows the rest)."""
     from tabulate import tabulate
 
+    from pytest_hemra.report.history import trial_history
+
     store = open_store(args.store)
     detail = store.trial_detail(find_trial(store, args.store, args.trial_id))
     trial = detail.trial
@@ -112,6 +114,7 @@ def show_command(args: argparse.Namespace) -> int:
     ]
     if trial.error:
         lines.append(f"  error: {trial.error}")
+    lines += trial_history(store, trial)
     lines += [
         f"  step {step['seq']} {step['name']}: reward {step['reward']}"
         for step in store.steps(trial.id)

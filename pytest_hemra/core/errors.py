@@ -25,8 +25,17 @@ class StoreError(HemraError):
     """The store is missing, from another schema, or does not hold what was asked for."""
 
 
+class StoreUnavailable(StoreError):
+    """The store cannot be written for now: its disk is full, or another process has held its
+    lock past the timeout. Runners wait it out (`core/backoff.py`) before giving up."""
+
+
 class InfraError(HemraError):
     """Infrastructure failed under a trial: image build, container, daemon."""
+
+
+class EngineOutage(InfraError):
+    """The trial's Docker engine stopped answering under it (stopped, killed, restarting)."""
 
 
 class VerifierError(HemraError):
@@ -36,6 +45,14 @@ class VerifierError(HemraError):
 class InputWarning(UserWarning):
     """Input HEMRA goes ahead with but does not act on (a task key it does not know), named."""
 
+
+# The `error_class` of an infra_error that was not the trial's own doing, which the runner
+# waited out: the trial runs again without using up its `max_infra_retries`.
+ENGINE_OUTAGE = "engine_outage"  # its engine stopped answering, and came back
+RUNNER_DISK_FULL = "runner_disk_full"  # the disk of the runner's store and trial folders
+# ... and one the runner gave up on: not run again in this session (`--resume` runs it)
+ENGINE_GONE = "engine_gone"  # its engine did not answer within HEMRA_ENGINE_GIVE_UP_SECS
+WAITED_OUT = frozenset({ENGINE_OUTAGE, RUNNER_DISK_FULL})
 
 # exception type -> (outcome, retried as a new attempt?)
 OUTCOME_OF_ERROR: dict[type[HemraError], tuple[Outcome, bool]] = {

@@ -10,18 +10,34 @@ Before it claims a trial, a runner checks that its own environment holds every v
 trial's harness needs (`resolve.plan.harness_variables`): a worker started without a key (a
 `hemra serve` child, an xdist worker, a `--hemra-resume` session) leaves the trial queued for
 a runner that has it, rather than running it into the upstream's 401 and a scored `fail`.
+
+A runner waits out what is not a trial's own doing (`run/outage.py`): its engine not answering,
+before a trial and after an infrastructure error (the trial then runs again without using up a
+retry), and a store it cannot write for now (its disk full, its lock held by another process).
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from pytest_hemra.core import registry
-from pytest_hemra.core.errors import HemraError
+from pytest_hemra.core.backoff import engine_backoff, engine_settle_secs
+from pytest_hemra.core.errors import (
+    ENGINE_GONE,
+    ENGINE_OUTAGE,
+    RUNNER_DISK_FULL,
+    WAITED_OUT,
+    HemraError,
+    StoreUnavailable,
+)
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import UPSTREAM_REFUSED, TrialRecord
 from pytest_hemra.execute.context import TrialContext, TrialResult
@@ -36,9 +52,13 @@ from pytest_hemra.resolve.plan import RecordedRun, missing_variables
 from pytest_hemra.resolve.spec import RunSpec, SandboxSettings
 from pytest_hemra.resolve.upstreams import configured_upstreams
 from pytest_hemra.run.lease import LEASE_SECS, Heartbeat
+from pytest_hemra.run.outage import EngineWatch, durably
 from pytest_hemra.run.trial import run_trial
 from pytest_hemra.store import Store
 from pytest_hemra.store.owner import owner_name
+
+T = TypeVar("T")
+MAX_OUTAGE_RERUNS = 5  # a trial run again this often for outages: the next counts as a retry
 
 
 def sandbox_for(
@@ -81,6 +101,8 @@ class Runner:
     gateway_host: str = "127.0.0.1"
     budget: RunBudget | None = None
     cell_budgets: dict[str, RunBudget] = field(default_factory=dict)  # cell -> its budget
+    watch: EngineWatch | None = None  # made on first use (its bounds read from the environment)
+    store_lost: str | None = None  # the store could not be written within its give-up total
 
     def started_gateway(self) -> Gateway:
         """This process's gateway, started on first use: loopback plus where sandboxes reach."""
@@ -117,6 +139,8 @@ class Runner:
         """Claim the trial's job and, once leased, run the trial to a recorded result (read it
         with `store.trial`). A finished trial is left alone; a job another runner holds, or
         has replaced or deselected, is not run: the returned text says so."""
+        if self.store_lost is not None:
+            raise StoreUnavailable(self.store_lost)
         if trial.is_finished:
             return None
         missing = missing_variables(self.run.harnesses[trial.harness], self.run.spec)
@@ -125,7 +149,7 @@ class Runner:
                 f"hemra: {trial.id} left queued: harness {trial.harness!r} needs environment "
                 f"variable {missing[0]}, which this runner's environment lacks"
             )
-        state = self.store.claim(trial.id, self.worker, LEASE_SECS)
+        state = self._durably(lambda: self.store.claim(trial.id, self.worker, LEASE_SECS), trial)
         if state == "leased":
             self._run(trial)
         elif state in ("taken", "cancelling"):
@@ -138,15 +162,11 @@ class Runner:
         run, store = self.run, self.store
         trial_dir = run.trials_dir / trial.dataset / trial.task / folder_name(trial)
         try:
-            task = run.task(trial)
-        except HemraError as error:  # its files changed since the run was recorded (a link out)
-            now = time.time()
-            failed = TrialResult(
-                outcome=Outcome.INFRA_ERROR, reward=None, rewards={}, exit_code=None,
-                error=str(error), started_at=now, finished_at=now, duration=0.0, phases={},
-                trial_dir=str(trial_dir),
-            )  # fmt: skip
-            store.finish_trial(trial.id, asdict(failed))
+            task = run.task(trial)  # its files may have changed since it was recorded (a link out)
+            gateway = self.started_gateway()  # it may not listen (its ports taken meanwhile)
+        except HemraError as error:
+            failed = _failed(trial_dir, str(error))
+            self._durably(lambda: store.finish_trial(trial.id, asdict(failed)), trial)
             return
         context = TrialContext(
             run_id=run.id,
@@ -159,7 +179,7 @@ class Runner:
                 update={"model": trial.model}
             ),  # a matrix run's cell: its model is the one the harness must use
             provider=self.provider,
-            gateway=self.started_gateway(),
+            gateway=gateway,
             gateway_host=self.gateway_host,
             budget=self._budgets(trial),
             judges=run.judges,
@@ -172,7 +192,7 @@ class Runner:
 
         with Heartbeat(store.path, trial.id, self.worker, stop_sandbox) as beat:
             try:
-                result = self._run_kind(context, trial)
+                result = self._run_waiting(context, trial, beat.cancelled)
             except KeyboardInterrupt:
                 store.cancel_trials([trial.id], "interrupted (Ctrl-C)")
                 raise
@@ -182,7 +202,46 @@ class Runner:
             )
         elif result.is_scored:
             result = self._with_upstream_refusals(trial, result)
-        store.finish_trial(trial.id, asdict(result))
+        self._durably(lambda: store.finish_trial(trial.id, asdict(result)), trial)
+
+    def _run_waiting(
+        self, context: TrialContext, trial: TrialRecord, cancelled: threading.Event
+    ) -> TrialResult:
+        """The trial, its engine waited for first when it does not answer; an infrastructure
+        error after which the engine does not answer, or that says it could not be reached,
+        is the engine's outage: waited out, and classed so the trial runs again for free."""
+        watch, run_id = self.watch, self.run.id
+        if watch is None:
+            watch = EngineWatch(self.provider, self.store, engine_backoff(), engine_settle_secs())
+            watch.sweep()  # what earlier runs of this store left on the engine
+            self.watch = watch
+        down = watch.error()
+        if down is not None:
+            waited = watch.wait(run_id, trial.id, cancelled, down)
+            if not waited.is_back:
+                return _failed(context.trial_dir, f"{waited.note()}", ENGINE_GONE)
+        result = self._run_kind(context, trial)
+        if result.outcome != Outcome.INFRA_ERROR or result.error_class == RUNNER_DISK_FULL:
+            return result
+        down = None
+        if result.error_class != ENGINE_OUTAGE and not cancelled.is_set():
+            down = watch.settle(cancelled, result.engine)
+            if down is None:
+                return result  # its engine was reached and keeps answering: its own fault
+        waited = watch.wait(run_id, trial.id, cancelled, down or result.error, result.engine)
+        if waited.is_cancelled:
+            return result
+        error_class = ENGINE_OUTAGE if waited.is_back else ENGINE_GONE
+        return replace(result, error_class=error_class, error=f"{waited.note()}: {result.error}")
+
+    def _durably(self, write: Callable[[], T], trial: TrialRecord) -> T:
+        """A store write, its full disk or held lock waited out; given up on, the store is
+        lost to this process: it runs no more trials (`--resume` finishes the run)."""
+        try:
+            return durably(self.store, write, where=(self.run.id, trial.id))
+        except StoreUnavailable as error:
+            self.store_lost = f"{error}; `hemra run --resume {self.run.id}` finishes the run"
+            raise StoreUnavailable(self.store_lost) from error
 
     def _with_upstream_refusals(self, trial: TrialRecord, result: TrialResult) -> TrialResult:
         """A scored trial some of whose agent calls the real upstream answered 401/403 (the
@@ -214,13 +273,33 @@ class Runner:
 
     def next_attempt(self, record: TrialRecord) -> TrialRecord | None:
         """After an infrastructure error with retries left, the row that runs the trial again
-        (a new attempt); otherwise None."""
-        if (
-            record.outcome == Outcome.INFRA_ERROR
-            and record.retries < self.run.spec.max_infra_retries
-        ):
-            return self.store.replace_trial(record.id, retry=True)
-        return None
+        (a new attempt); after an outage the runner waited out, one that uses up no retry (up
+        to MAX_OUTAGE_RERUNS times); otherwise (the run cancelled meanwhile, its engine given
+        up on, the store lost) None."""
+        if record.outcome != Outcome.INFRA_ERROR or record.error_class == ENGINE_GONE:
+            return None
+        cause = record.error_class if record.error_class in WAITED_OUT else None
+        if cause is not None and self._outages(record) > MAX_OUTAGE_RERUNS:
+            cause = None
+        if cause is None and record.retries >= self.run.spec.max_infra_retries:
+            return None
+        try:
+            if self.store.run(self.run.id).status == "cancelled":
+                return None
+            return self._durably(
+                lambda: self.store.replace_trial(record.id, retry=True, cause=cause), record
+            )
+        except StoreUnavailable:
+            return None  # recorded infra_error: `--resume` runs it again
+
+    def _outages(self, record: TrialRecord) -> int:
+        """How many rows of the trial, this one and those it replaces, ended in an outage."""
+        count, current = 0, record
+        while True:
+            count += current.error_class in WAITED_OUT
+            if current.replaces is None:
+                return count
+            current = self.store.trial(current.replaces)
 
     def close(self) -> None:
         if self.gateway is not None:
@@ -235,6 +314,16 @@ class Runner:
                         urlsplit(url).port if url else None,
                         urlsplit(proxy).port if proxy else None,
                     )
+
+
+def _failed(trial_dir: Path, error: str, error_class: str | None = None) -> TrialResult:
+    """An infra_error result for a trial that did not start."""
+    now = time.time()
+    return TrialResult(
+        outcome=Outcome.INFRA_ERROR, reward=None, rewards={}, exit_code=None, error=error,
+        started_at=now, finished_at=now, duration=0.0, phases={}, trial_dir=str(trial_dir),
+        error_class=error_class,
+    )  # fmt: skip
 
 
 def folder_name(trial: TrialRecord) -> str:

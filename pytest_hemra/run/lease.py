@@ -2,16 +2,19 @@
 
 A lease names its owner (`worker@host:pid`). A runner that dies stops renewing: its lease
 expires and another runner reclaims the trial; on the same host a dead owner's process is seen
-gone at once. The heartbeat is also how a running trial hears `hemra cancel`.
+gone at once. The heartbeat is also how a running trial hears `hemra cancel`. A beat the store
+cannot take for now (its disk full, its lock held) is skipped: the lease outlasts a few.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from pytest_hemra.core.errors import HemraError, StoreUnavailable
 from pytest_hemra.store import Store
 from pytest_hemra.store.owner import is_alive, owner_name
 
@@ -47,9 +50,13 @@ class Heartbeat:
         store = Store(Path(self.store_path))
         try:
             while not self._stop.wait(HEARTBEAT_SECS):
-                state = store.heartbeat(self.trial, self.owner, LEASE_SECS)
+                try:
+                    state = store.heartbeat(self.trial, self.owner, LEASE_SECS)
+                except StoreUnavailable:
+                    continue  # its disk full, or locked by another process: beat again later
                 if state == "cancelling" and not self.cancelled.is_set():
                     self.cancelled.set()
-                    self.on_cancel()
+                    with contextlib.suppress(HemraError):  # its engine down: reaped when back
+                        self.on_cancel()
         finally:
             store.close()

@@ -13,7 +13,14 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from pytest_hemra.core.errors import HemraError, InfraError, VerifierError, outcome_of
+from pytest_hemra.core.errors import (
+    ENGINE_OUTAGE,
+    RUNNER_DISK_FULL,
+    HemraError,
+    InfraError,
+    VerifierError,
+    outcome_of,
+)
 from pytest_hemra.core.network import OUTPUT_TAIL_BYTES, network_error
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.reward import is_pass
@@ -30,8 +37,10 @@ from pytest_hemra.execute.sandbox import (
     Sandbox,
     SandboxRequest,
 )
+from pytest_hemra.execute.sandbox.health import is_engine_fault
 from pytest_hemra.resolve.judges import Judgment
 from pytest_hemra.resolve.limits import task_limits, with_run_defaults
+from pytest_hemra.run.outage import has_space, is_disk_full, write_durably
 from pytest_hemra.run.steps import run_steps
 from pytest_hemra.run.turn import (
     AGENT_LOGS,
@@ -61,22 +70,24 @@ def run_trial(context: TrialContext) -> TrialResult:
     context = replace(context, task=with_run_defaults(context.spec.sandbox, context.task))
     started_at = time.time()
     clock = time.monotonic()
-    context.trial_dir.mkdir(parents=True, exist_ok=True)
     progress = Progress()
     reward: float | None = None
     rewards: dict[str, float] = {}
     error: str | None = None
     retried = False
     try:
+        context.trial_dir.mkdir(parents=True, exist_ok=True)
         with _placed(context, progress) as placed:
             reward, rewards = _run_in_sandbox(placed, progress)
         outcome = _classify(reward, progress)
     except HemraError as failure:
         outcome, retried = outcome_of(failure)
         error = str(failure)
+        progress.error_class = _outage_class(failure, context) or progress.error_class
     except Exception as failure:  # anything unexpected under a trial is infrastructure
         outcome, retried = outcome_of(failure)
         error = f"{type(failure).__name__}: {failure}"
+        progress.error_class = _outage_class(failure, context) or progress.error_class
     result = TrialResult(
         outcome=outcome,
         reward=reward,
@@ -102,8 +113,18 @@ def run_trial(context: TrialContext) -> TrialResult:
             result.judgments += _judge(context, reward)
         result.finished_at = time.time()
         result.duration = round(time.monotonic() - clock, 4)
-    (context.trial_dir / "result.json").write_text(json.dumps(asdict(result), indent=2) + "\n")
+    write_durably(context.trial_dir / "result.json", json.dumps(asdict(result), indent=2) + "\n")
     return result
+
+
+def _outage_class(failure: BaseException, context: TrialContext) -> str | None:
+    """The class of an infrastructure error that was not the trial's doing: its engine could
+    not be reached, or the runner's own disk (where its folder is) was full."""
+    if is_engine_fault(failure):
+        return ENGINE_OUTAGE
+    if is_disk_full(failure) and not has_space(context.trial_dir):
+        return RUNNER_DISK_FULL
+    return None
 
 
 @contextmanager

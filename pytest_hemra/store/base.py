@@ -1,8 +1,15 @@
-"""The store's file: opening (creating or migrating the schema), transactions, events."""
+"""The store's file: opening (creating or migrating the schema), transactions, events.
+
+A write that finds the store's disk full, or its lock held by another process for longer than
+the timeout (`HEMRA_STORE_TIMEOUT_SECS`, 30 s), raises `StoreUnavailable`: the runner waits it
+out (`run/outage.py`) rather than losing the write.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -12,7 +19,8 @@ from typing import Any
 
 import sqlite_utils
 
-from pytest_hemra.core.errors import StoreError
+from pytest_hemra.core.backoff import seconds
+from pytest_hemra.core.errors import StoreError, StoreUnavailable
 from pytest_hemra.store.schema import (
     CURRENT,
     INDEXES,
@@ -21,6 +29,10 @@ from pytest_hemra.store.schema import (
     SCHEMA_VERSION,
 )
 
+TIMEOUT_SECS = ("HEMRA_STORE_TIMEOUT_SECS", 30.0)  # how long a write waits for another's lock
+# what SQLite says when a write cannot be made for now (not a fault of the store itself)
+UNAVAILABLE = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_FULL")
+
 
 class StoreBase:
     """A handle on one store file; cheap to open, one per process."""
@@ -28,7 +40,8 @@ class StoreBase:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        connection = sqlite3.connect(path, timeout=30.0, check_same_thread=False)
+        timeout = seconds(*TIMEOUT_SECS, os.environ)
+        connection = sqlite3.connect(path, timeout=timeout, check_same_thread=False)
         self.db = sqlite_utils.Database(connection)
         self.db.enable_wal()
         self._create_schema()
@@ -80,8 +93,8 @@ class StoreBase:
         names = {row[0] for row in self.db.execute("SELECT name FROM sqlite_master")}
         missing = [(t, c) for t, c in INDEXES if f"idx_{t}_{'_'.join(c)}" not in names]
         if missing:
-            with self._transaction():
-                for table, indexed in missing:
+            with contextlib.suppress(StoreUnavailable), self._transaction():
+                for table, indexed in missing:  # else on the next open: an index is no data
                     self.db.table(table).create_index(indexed, if_not_exists=True)
 
     def _schema_version(self) -> str | None:
@@ -96,14 +109,23 @@ class StoreBase:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction, all or nothing; `StoreUnavailable` when the disk is full or
+        another process holds the lock past the timeout (nothing of it is written then)."""
         connection = self.db.conn
-        connection.execute("BEGIN IMMEDIATE")
         try:
-            yield connection
-        except BaseException:
-            connection.rollback()
-            raise
-        connection.commit()
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                yield connection
+            except BaseException:
+                connection.rollback()
+                raise
+            connection.commit()
+        except sqlite3.OperationalError as error:
+            if not is_unavailable(error):
+                raise
+            if connection.in_transaction:
+                connection.rollback()
+            raise StoreUnavailable(f"{self.path}: {error}") from error
 
     def _event(
         self,
@@ -117,6 +139,16 @@ class StoreBase:
             "INSERT INTO events (run_id, trial_id, at, kind, data) VALUES (?, ?, ?, ?, ?)",
             [run_id, trial, time.time(), kind, json.dumps(data)],
         )
+
+    def record_event(
+        self, run_id: str | None, trial: str | None, kind: str, data: dict[str, Any]
+    ) -> None:
+        """An event of a run (and of one of its trials), in a transaction of its own."""
+        with self._transaction() as tx:
+            tx.execute(
+                "INSERT INTO events (run_id, trial_id, at, kind, data) VALUES (?, ?, ?, ?, ?)",
+                [run_id, trial, time.time(), kind, json.dumps(data)],
+            )
 
     def _event_any(self, tx: sqlite3.Connection, kind: str, data: dict[str, Any]) -> None:
         """An event of the store itself, not of a run."""
@@ -138,3 +170,12 @@ class StoreBase:
         if table not in SCHEMA:
             raise StoreError(f"{self.path}: no table {table!r}")
         return int(self.db.execute(f"SELECT count(*) FROM [{table}]").fetchone()[0])
+
+
+def is_unavailable(error: sqlite3.Error) -> bool:
+    """Whether SQLite refused a write for now: the disk full, or the lock held too long."""
+    name = str(getattr(error, "sqlite_errorname", ""))
+    text = str(error)
+    return name.startswith(UNAVAILABLE) or any(
+        words in text for words in ("database is locked", "database or disk is full")
+    )

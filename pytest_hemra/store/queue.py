@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_hemra.core.errors import StoreError
+from pytest_hemra.core.events import RERUN, RETRY
 from pytest_hemra.core.records import (
     EngineSlot,
     PlannedTrial,
@@ -84,9 +85,22 @@ class QueueStore(ResultStore):
         """Lease a trial's job to `worker` if it is queued; return the job's state after.
 
         `leased` by `worker` means it is this worker's to run; anything else (`cancelled`,
-        `done`, `leased` by another live runner) means it is not."""
+        `done`, `leased` by another live runner) means it is not. A job queued in a run
+        cancelled meanwhile (a retry made as `hemra cancel` ran) is cancelled, not leased."""
         now = time.time()
         with self._transaction() as tx:
+            late = tx.execute(
+                "UPDATE jobs SET state = 'cancelled' WHERE id = ? AND state = 'queued'"
+                " AND run_id IN (SELECT id FROM runs WHERE status = 'cancelled')",
+                [trial],
+            ).rowcount
+            if late:
+                tx.execute(
+                    "UPDATE trials SET status = 'cancelled', outcome = 'cancelled',"
+                    " error = 'cancelled by hemra cancel', finished_at = ?"
+                    " WHERE id = ? AND status = 'planned'",
+                    [now, trial],
+                )
             claimed = tx.execute(
                 "UPDATE jobs SET state = 'leased', lease_owner = ?, lease_expires = ?,"
                 " heartbeat_at = ? WHERE id = ? AND state = 'queued'",
@@ -175,9 +189,10 @@ class QueueStore(ResultStore):
         ]
         return self.cancel_trials(queued + dead, "cancelled by hemra cancel"), len(live)
 
-    def replace_trial(self, trial: str, *, retry: bool) -> TrialRecord:
+    def replace_trial(self, trial: str, *, retry: bool, cause: str | None = None) -> TrialRecord:
         """Run a trial again under a new row linked to it (`replaces`): an infrastructure
-        retry (`retry`), or a resume of a trial whose runner died or that was cancelled."""
+        retry (`retry`), or a resume of a trial whose runner died or that was cancelled; with
+        a `cause` (an outage the runner waited out), a `rerun` that uses up no retry."""
         with self._transaction() as tx:
             old = tx.execute(
                 "SELECT run_id, item_id, dataset, task, harness, attempt, coalesce(retries, 0),"
@@ -204,7 +219,7 @@ class QueueStore(ResultStore):
                     old[7],
                     *old[1:6],
                     trial,
-                    old[6] + int(retry),
+                    old[6] + int(retry and cause is None),
                 ],
             )
             tx.execute(
@@ -216,7 +231,10 @@ class QueueStore(ResultStore):
                 "UPDATE runs SET status = 'running' WHERE id = ? AND status = 'finished'",
                 [run_id],
             )
-            self._event(tx, run_id, new_id, "retry" if retry else "resume", {"replaces": trial})
+            if cause is not None:
+                self._event(tx, run_id, new_id, RERUN, {"replaces": trial, "cause": cause})
+            else:
+                self._event(tx, run_id, new_id, RETRY if retry else "resume", {"replaces": trial})
         return self.trial(new_id)
 
     def claim_engine(
@@ -312,6 +330,18 @@ class QueueStore(ResultStore):
             ).fetchone()
             or self.stale_trials(run_id, is_alive)
         ]
+
+    def is_trial_over(self, trial: str, is_alive: Callable[[str], bool]) -> bool:
+        """Whether nobody runs a trial of this store any more (what it left on an engine may
+        go): its job is not held, or the process holding it on this host is gone. A trial
+        this store does not hold is not over: it is someone else's."""
+        found = self.db.execute(
+            "SELECT state, lease_owner FROM jobs WHERE id = ?", [trial]
+        ).fetchone()
+        if found is None:
+            return False
+        state, owner = found
+        return state not in ("leased", "cancelling") or not is_alive(owner)
 
     def job_state(self, trial: str) -> str | None:
         found = self.db.execute("SELECT state FROM jobs WHERE id = ?", [trial]).fetchone()

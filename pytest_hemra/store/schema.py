@@ -217,6 +217,7 @@ INDEXES = (
     ("trials", ["run_id", "status", "outcome"]),  # progress counts, read on every viewer poll
     ("shared_jobs", ["run_id", "kind", "seq"]),
     ("shared_claims", ["run_id", "kind"]),
+    ("events", ["kind", "trial_id"]),  # trials waiting for an engine, read on every viewer poll
 )
 # A trial row's status. `replaced`: a retry or a resume ran it again under a new row (`replaces`).
 CURRENT = "status != 'replaced'"

@@ -5,11 +5,13 @@ Every answer is JSON; an error is `{"error": "..."}` naming what was expected (d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
 
+from pytest_hemra.core.events import EngineWait
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import (
     STATUSES_WITHOUT_OUTCOME,
@@ -34,15 +36,23 @@ MAX_CANCEL_WAIT = 60
 
 
 def run_json(
-    run: RunRecord, counts: TrialCounts | None, *, with_tasks: bool = False
+    run: RunRecord,
+    counts: TrialCounts | None,
+    *,
+    with_tasks: bool = False,
+    waits: Sequence[EngineWait] = (),
 ) -> dict[str, Any]:
+    """A run as the API serves it; one running with trials waiting for their engine (`waits`)
+    is `waiting`, and `waiting` says for which engine, since when and how many trials."""
     plan = run.plan
     statuses = counts.statuses if counts else {}
+    waiting = bool(waits) and run.status == "running"
     return {
         "id": run.id,
         "name": run.name,
         "created_at": run.created_at,
-        "status": run.status,
+        "status": "waiting" if waiting else run.status,
+        "waiting": [asdict(wait) for wait in waits] if waiting else [],
         "is_active": run.status in ACTIVE,
         "harnesses": list(plan.harness_names),
         "baseline": plan.baseline,
@@ -74,13 +84,17 @@ def trial_json(trial: TrialRecord) -> dict[str, Any]:
 
 
 def _runs(store: Store) -> list[dict[str, Any]]:
-    counts = store.trial_counts()
-    return [run_json(run, counts.get(run.id)) for run in reversed(store.runs())]
+    counts, waits = store.trial_counts(), store.engine_waits()
+    return [
+        run_json(run, counts.get(run.id), waits=waits.get(run.id, ()))
+        for run in reversed(store.runs())
+    ]
 
 
 def _run(store: Store, run_id: str) -> dict[str, Any]:
     run = store.run(run_id)
-    return run_json(run, store.trial_counts(run_id).get(run_id), with_tasks=True)
+    counts, waits = store.trial_counts(run_id), store.engine_waits(run_id)
+    return run_json(run, counts.get(run_id), with_tasks=True, waits=waits.get(run_id, ()))
 
 
 def _trial_page(

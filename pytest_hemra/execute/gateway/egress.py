@@ -129,7 +129,13 @@ class EgressProxy:
         port = 0
         for host in hosts:
             site = web.TCPSite(self._runner, host, port)
-            await site.start()
+            try:
+                await site.start()
+            except OSError:
+                if port == 0:
+                    raise
+                site = web.TCPSite(self._runner, host, 0)  # the first host's port taken here
+                await site.start()
             bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             port = port or bound
             self.urls[host] = f"http://{host}:{bound}"

@@ -18,6 +18,7 @@ It runs on its own event loop in a background thread: the rest of HEMRA stays sy
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import secrets
 import threading
@@ -92,6 +93,8 @@ class Gateway:
             try:
                 self._loop.run_until_complete(self._serve())
             except BaseException as error:
+                with contextlib.suppress(Exception):  # what did listen stops listening
+                    self._loop.run_until_complete(self._shutdown())
                 ready.set_exception(error)
                 return
             ready.set_result(None)

@@ -4,16 +4,17 @@ The docker provider is the default; others plug in through the
 `pytest_hemra_sandbox_providers` hook.
 A provider declares its capabilities; a run that `require`s one it lacks is refused at resolve.
 A pool (`SandboxPool`, e.g. `[[sandbox.engines]]`) places each trial on one of several
-providers first; the trial then talks to that provider alone.
+providers first; the trial then talks to that provider alone. A provider whose engine can stop
+answering says so (`EngineHealth`), and the runner waits for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from pytest_hemra.resolve.datasets import Task
 
@@ -195,6 +196,20 @@ class Placement:
     engine: str
     provider: SandboxProvider
     gateway_host: str
+
+
+@runtime_checkable
+class EngineHealth(Protocol):
+    """What a provider whose engine can go away (a Docker daemon restarted) offers the runner,
+    which waits for it rather than spending a trial's retries (`run/outage.py`)."""
+
+    def engine_error(self, engine: str | None = None) -> str | None:
+        """None when the engine answers now, else why not; a pool's `engine` by name, else
+        any of its engines."""
+
+    def remove_leftovers(self, is_over: Callable[[str], bool]) -> int:
+        """Once it answers again: remove what it holds for trials that are over (`is_over`, by
+        trial id); return how many sandboxes that was."""
 
 
 class SandboxPool(Protocol):

@@ -69,9 +69,10 @@ KNOWN_ERRNOS = (
 
 
 def remove_container(container: Any) -> None:
-    """Remove with force; one already gone (or going: `hemra cancel` removed it) is fine."""
+    """Remove with force, with its anonymous volumes (an image's VOLUME); one already gone (or
+    going: `hemra cancel` removed it) is fine."""
     try:
-        container.remove(force=True)
+        container.remove(force=True, v=True)
     except docker.errors.NotFound:
         pass
     except docker.errors.APIError as error:

@@ -37,12 +37,14 @@ from pytest_hemra.execute.sandbox import (
     WORKDIR,
     SandboxRequest,
     firewall,
+    leftovers,
 )
 from pytest_hemra.execute.sandbox.container import (
     DOCKER_ERRORS,
     DockerSandbox,
     remove_container,
 )
+from pytest_hemra.execute.sandbox.health import ping, probe_client
 from pytest_hemra.execute.sandbox.images import base_images, build_tail, copy_image, engine_lock
 from pytest_hemra.resolve.compose import MAIN
 from pytest_hemra.resolve.datasets import Task
@@ -74,6 +76,9 @@ LABEL hemra.sandbox-layer="{SANDBOX_LAYER_VERSION}" hemra.image-user="{{user}}"
 """
 IMAGE_USER = re.compile(r"[A-Za-z0-9_.-]*(:[A-Za-z0-9_.-]+)?")  # "" (root), name, uid:gid
 KEEP_ALIVE = ["sh", "-c", "sleep infinity"]  # handed to an image's ENTRYPOINT, as Harbor does
+# How a daemon shutting down (`systemctl restart docker`) stops a sandbox: a `sleep` PID 1 ignores
+# SIGTERM, and waiting out Docker's 10 s grace period for each would only hold the restart up.
+STOP_SIGNAL = "SIGKILL"
 
 
 def connect() -> docker.DockerClient:
@@ -111,6 +116,7 @@ class DockerProvider:
             if own_networks is None
             else own_networks
         )
+        self._probe: Any = None  # a short-timeout client for pings (`engine_error`)
         self._guarded: set[str] = set()  # bridges whose base rules this process has checked
         self._networks: dict[str, Any] = {}  # HEMRA's networks as this process last found them
         self._admitted: set[tuple[str, str, int]] = set()  # (bridge, host, port) let in
@@ -142,6 +148,21 @@ class DockerProvider:
         _ = self.client
         if self.own_networks:
             firewall.check()
+
+    def engine_error(self, engine: str | None = None) -> str | None:
+        """None when the engine answers now (a ping with a short timeout), else why not."""
+        if self._probe is None:
+            self._probe = probe_client() if self._client is None else self._client.api
+        return ping(self._probe)
+
+    def remove_leftovers(self, is_over: Callable[[str], bool]) -> int:
+        """After an outage: what HEMRA left on this engine for trials that are over (`is_over`
+        by trial id: their runner finished with them or is gone) removed, containers and
+        their services networks; what this process remembers of the engine found again."""
+        self._networks.clear()
+        self._guarded.clear()
+        self._admitted.clear()
+        return leftovers.remove(self, is_over)
 
     def prepare(self, task: Task, default_image: str) -> str:
         """The task image with HEMRA's sandbox layer on top, built once per content digest."""
@@ -272,6 +293,8 @@ class DockerProvider:
                 raise InfraError(f"docker: cannot create {GATEWAY_NETWORK} ({error})") from error
         try:
             return _gateway_of(self.client.networks.get("bridge"))
+        except docker.errors.NotFound:
+            return None  # an engine with no bridge network (dockerd --bridge=none): no network
         except DOCKER_ERRORS as error:
             raise InfraError(f"docker: cannot read the bridge network ({error})") from error
 
@@ -302,9 +325,14 @@ class DockerProvider:
             return network
 
     def _find_network(self, name: str) -> Any:
+        """The network named `name`, inspected; None when there is none (or it was removed
+        between listing and inspecting it)."""
         for network in self.client.networks.list(names=[name]):
             if network.name == name:
-                network.reload()
+                try:
+                    network.reload()
+                except docker.errors.NotFound:
+                    return None
                 return network
         return None
 
@@ -337,7 +365,7 @@ class DockerProvider:
             if network is None or network.attrs.get("Containers"):
                 return
             filters = {"label": [f"hemra.run={run_id}"]}
-            if self.client.containers.list(all=True, filters=filters):
+            if self.client.containers.list(all=True, filters=filters, ignore_removed=True):
                 return  # a sandbox of the run still exists (one cut off for its verifier, say)
             bridge = _bridge_of(network)
             try:
@@ -355,7 +383,7 @@ class DockerProvider:
 
         filters = {"label": ["hemra=1", *(f"{key}={value}" for key, value in labels.items())]}
         try:
-            found = self.client.containers.list(all=True, filters=filters)
+            found = self.client.containers.list(all=True, filters=filters, ignore_removed=True)
             for container in found:
                 remove_container(container)
             services.remove_networks(self, filters["label"])
@@ -383,6 +411,7 @@ class DockerProvider:
             "cap_add": list(ROOT_CAPABILITIES),
             "security_opt": ["no-new-privileges"],
             "pids_limit": limits.pids,
+            "stop_signal": STOP_SIGNAL,
             "network_mode": "bridge" if request.network else "none",
             "labels": {"hemra": "1", **request.labels},
             "environment": {},

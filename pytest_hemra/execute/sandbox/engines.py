@@ -47,7 +47,9 @@ def engine_statuses(engines: Sequence[EngineSettings], store: Store | None) -> l
         if error is None:
             try:
                 client = pool.provider(engine).client
-                running = client.containers.list(filters={"label": "hemra=1", "status": "running"})
+                running = client.containers.list(
+                    filters={"label": "hemra=1", "status": "running"}, ignore_removed=True
+                )
                 images = {
                     image.id
                     for repository in (TASK_REPOSITORY, SANDBOX_REPOSITORY)

@@ -18,7 +18,7 @@ import ipaddress
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +28,10 @@ import docker
 import docker.errors
 import docker.tls
 
-from pytest_hemra.core.errors import InfraError, SpecError
+from pytest_hemra.core.errors import EngineOutage, InfraError, SpecError
 from pytest_hemra.core.records import EngineSlot
 from pytest_hemra.execute.sandbox import Placement, Sandbox, SandboxRequest
-from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS, remove_container
+from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS
 from pytest_hemra.execute.sandbox.docker import BASE_CAPABILITIES, DockerProvider
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.spec import EngineSettings, EngineTLS
@@ -47,7 +47,6 @@ SLOT_POLL_SECS = 0.2
 NO_ENGINE_SECS = 60.0  # no engine answering for this long: the trial is an infra_error
 SLOT_WAIT_SECS = 24 * 3600.0  # the longest a trial waits for a free slot
 PROBE_API_VERSION = "1.24"  # the oldest API engines still serve: a ping needs nothing newer
-LIVE_JOBS = ("leased", "cancelling")
 
 
 @dataclass(frozen=True)
@@ -239,15 +238,11 @@ class EnginePool:
     def _reap(self, engine: Engine) -> None:
         """Remove the engine's sandboxes whose trial, in this store, is over (an engine that
         died mid-trial comes back with them); sandboxes of other stores are left alone."""
-        if self.store is None:
+        store = self.store
+        if store is None:
             return
         with contextlib.suppress(*DOCKER_ERRORS, InfraError):
-            client = self.provider(engine).client
-            for container in client.containers.list(all=True, filters={"label": "hemra=1"}):
-                trial = container.labels.get("hemra.trial")
-                state = self.store.job_state(trial) if trial else None
-                if state is not None and state not in LIVE_JOBS:
-                    remove_container(container)
+            self.provider(engine).remove_leftovers(lambda t: store.is_trial_over(t, is_alive))
 
     # -- the SandboxProvider face ---------------------------------------------------------
 
@@ -297,6 +292,24 @@ class EnginePool:
 
     def open(self, request: SandboxRequest) -> contextlib.AbstractContextManager[Sandbox]:
         raise InfraError("an engine pool opens sandboxes once a trial is placed")
+
+    def engine_error(self, engine: str | None = None) -> str | None:
+        """None when an engine of the pool answers (a trial can be placed), else why none;
+        with `engine`, whether that one answers now."""
+        if engine in self._by_name:
+            return self.ping(self._by_name[engine])
+        if any(self.answers(engine) for engine in self.engines):
+            return None
+        return "; ".join(f"{engine.name}: {self.error(engine)}" for engine in self.engines)
+
+    def remove_leftovers(self, is_over: Callable[[str], bool]) -> int:
+        """What trials that are over left on the engines that answer, removed."""
+        removed = 0
+        for engine in self.engines:
+            if self.answers(engine):
+                with contextlib.suppress(*DOCKER_ERRORS, InfraError):
+                    removed += self.provider(engine).remove_leftovers(is_over)
+        return removed
 
     def gateway_host(self) -> str | None:
         """The first answering local engine's bridge address (as a single engine has it)."""
@@ -360,7 +373,7 @@ class EnginePool:
             yield Placement(engine.name, self.provider(engine), self.gateway_host_of(engine))
         except Exception as failure:
             if self.ping(engine) is not None:
-                raise InfraError(
+                raise EngineOutage(
                     f"engine {engine.name} stopped answering ({_one_line(failure)})"
                 ) from failure
             raise
@@ -387,7 +400,7 @@ class EnginePool:
                     store.release_engine(trial)
                     continue
             elif now - last_answer > NO_ENGINE_SECS:
-                raise InfraError(
+                raise EngineOutage(
                     f"no engine of [[sandbox.engines]] answered for {NO_ENGINE_SECS:g}s: "
                     + "; ".join(f"{e.name}: {self.error(e)}" for e in self.engines)
                 )

@@ -35,6 +35,7 @@ from pytest_hemra.execute.sandbox.docker import (
     MIN_NANO_CPUS,
     NETWORK_LOCK_SECS,
     ROOT_CAPABILITIES,
+    STOP_SIGNAL,
     DockerProvider,
     _bridge_of,
     _gateway_of,
@@ -192,6 +193,7 @@ def _start(
         "cap_add": list(ROOT_CAPABILITIES),
         "security_opt": ["no-new-privileges"],
         "pids_limit": limits.pids,
+        "stop_signal": STOP_SIGNAL,  # a daemon restart is not held up by services
         "network": network.name,
         "networking_config": {
             network.name: client.api.create_endpoint_config(aliases=[name]),
@@ -369,7 +371,10 @@ def remove_networks(provider: DockerProvider, filters: list[str]) -> None:
     removed once their containers are gone, their firewall rules with them."""
     found = provider.client.networks.list(filters={"label": [*filters, NETWORK_LABEL]})
     for network in found:
-        network.reload()
+        try:
+            network.reload()
+        except docker.errors.NotFound:
+            continue  # removed since it was listed (its trial's own teardown)
         bridge = _bridge_of(network)
         with contextlib.suppress(docker.errors.NotFound):
             network.remove()

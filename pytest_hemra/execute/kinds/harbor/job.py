@@ -182,7 +182,7 @@ def sweep_job(client: docker.DockerClient, name: str) -> None:
     label = {"label": f"{JOB_LABEL}={name}"}
     projects: set[str] = set()
     try:
-        for container in client.containers.list(all=True, filters=label):
+        for container in client.containers.list(all=True, filters=label, ignore_removed=True):
             projects.add(container.labels.get(COMPOSE_PROJECT, ""))
             remove_container(container)
         for network in client.networks.list(filters=label):

@@ -75,6 +75,12 @@ export function legend() {
   return h("div", { class: "legend" }, OUTCOMES.map((o) => h("span", {}, h("i", { class: `o-${o}` }), o)));
 }
 
+// A run's status, and for a run waiting for its engine (a Docker daemon restarting) which one.
+export function runStatus(run) {
+  const engines = (run.waiting || []).map((wait) => wait.engine);
+  return engines.length ? `${run.status} for engine ${engines.join(", ")}` : run.status;
+}
+
 export const runLink = (id) => `/runs/${encodeURIComponent(id)}`;
 export const trialLink = (id) => `/trials/${encodeURIComponent(id)}`;
 

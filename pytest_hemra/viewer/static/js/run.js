@@ -1,5 +1,5 @@
 // A run's page: what it is, its progress (live), its report and its trial grid.
-import { api, clear, count, every, failure, h, when } from "./dom.js";
+import { api, clear, count, every, failure, h, runStatus, when } from "./dom.js";
 import { cancelButton } from "./cancel.js";
 import { drawReport } from "./report.js";
 import { makeGrid } from "./grid.js";
@@ -28,7 +28,7 @@ export async function showRun(app, runId) {
     h("h1", {}, run.name),
     h("div", { class: "meta" },
       h("span", {}, "run ", h("b", {}, run.id)),
-      h("span", {}, "status ", h("b", { id: "run-status" }, run.status)),
+      h("span", {}, "status ", h("b", { id: "run-status" }, runStatus(run))),
       h("span", {}, "created ", h("b", {}, when(run.created_at))),
       h("span", {}, "baseline ", h("b", {}, run.baseline || "-")),
       run.models && run.models.length
@@ -44,7 +44,7 @@ export async function showRun(app, runId) {
     const p = current.progress;
     clear(progress, progressBar(p), COUNTS.map((name) =>
       h("span", {}, `${name} `, h("b", { class: `count-${name}` }, count(p[name])))));
-    document.getElementById("run-status").textContent = current.status;
+    document.getElementById("run-status").textContent = runStatus(current);
     const confirming = new Set();
     clear(actions,
       current.is_active ? cancelButton(run.id, confirming, message, refresh) : null,

@@ -1,5 +1,5 @@
 // The runs page: every run with its progress, updated live, and a cancel action.
-import { api, clear, every, failure, h, runLink, when, count } from "./dom.js";
+import { api, clear, every, failure, h, runLink, runStatus, when, count } from "./dom.js";
 import { cancelButton } from "./cancel.js";
 
 const COUNTS = ["queued", "running", "finished", "cancelled"];
@@ -55,7 +55,7 @@ function row(run, confirming, message, refresh) {
   return h("tr", { "data-run": run.id },
     h("td", { class: "left" }, h("a", { href: runLink(run.id) }, run.name), h("div", { class: "muted small" }, run.id)),
     h("td", {}, when(run.created_at)),
-    h("td", { class: "status" }, run.status),
+    h("td", { class: "status" }, runStatus(run)),
     h("td", { class: "left" }, run.harnesses.join(", ")),
     h("td", { class: "left" }, run.datasets.map((d) => `${d.name} (${d.tasks})`).join(", ")),
     h("td", { class: "left" }, progressBar(p), " ", h("span", { class: "done" }, `${count(p.finished + p.cancelled)}/${count(p.total)}`)),

@@ -1,0 +1,49 @@
+"""The store's `events`: what happened to a run and its trials besides their results, as the
+store keeps it, `hemra show` prints it and `hemra runs` and the viewer read it.
+
+Kinds a runner writes while it waits out an outage (docs/runs.md, "Faults"):
+
+| kind          | data                                   | when                                    |
+|---------------|----------------------------------------|-----------------------------------------|
+| `engine_down` | engine, error                          | a trial's engine stopped answering      |
+| `engine_back` | engine, waited, removed                | ... answered again (leftovers removed)  |
+| `engine_gone` | engine, waited, error                  | ... not within HEMRA_ENGINE_GIVE_UP_SECS|
+| `store_wait`  | waited, error                          | a store write waited for space or lock  |
+| `rerun`       | replaces, cause                        | run again without using up a retry      |
+| `retry`       | replaces                               | run again for its own infra_error       |
+
+Also `recorded`, `finished`, `cancel`, `resume` and `migrated`, written by the store itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ENGINE_DOWN = "engine_down"
+ENGINE_BACK = "engine_back"
+ENGINE_GONE = "engine_gone"
+STORE_WAIT = "store_wait"
+RERUN = "rerun"
+RETRY = "retry"
+ENGINE_WAIT_ENDS = (ENGINE_BACK, ENGINE_GONE)
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    id: int
+    run_id: str | None
+    trial_id: str | None
+    at: float
+    kind: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineWait:
+    """A run's trials waiting for an engine now: which engine, since when, and how many."""
+
+    engine: str
+    since: float
+    trials: int
+    error: str | None = None

@@ -1,0 +1,68 @@
+"""Whether a Docker engine answers, and whether an error raised under a trial says it did not.
+
+An engine that stops answering (its daemon stopped, killed or restarting) shows in a trial as a
+connection that failed or was cut: that is the engine's outage, not the trial's own
+infrastructure fault (an image that would not build, a container Docker refused to create), and
+the runner waits it out instead of spending one of the trial's retries on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import docker
+import docker.errors
+import requests
+import urllib3.exceptions
+
+from pytest_hemra.core.errors import EngineOutage
+
+PING_TIMEOUT_SECS = 3.0
+PROBE_API_VERSION = "1.24"  # the oldest API engines still serve: a ping needs nothing newer
+# what the engine's client meets when the engine is not there (its socket gone, its port
+# closed, the connection cut mid-answer) or does not answer in time. Not a bare socket error:
+# an interactive process's stream breaks that way when the process ends.
+UNREACHABLE = (
+    EngineOutage,
+    requests.ConnectionError,
+    requests.Timeout,
+    urllib3.exceptions.ProtocolError,
+)
+
+
+def is_engine_fault(error: BaseException) -> bool:
+    """Whether `error`, or any error it was raised from or while handling, says the engine
+    could not be reached."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        found = pending.pop()
+        if found is None or id(found) in seen:
+            continue
+        seen.add(id(found))
+        if isinstance(found, UNREACHABLE):
+            return True
+        pending += [found.__cause__, found.__context__]
+    return False
+
+
+def ping(probe: Any) -> str | None:
+    """Ping an engine through a short-timeout client: None when it answers, else why not."""
+    try:
+        probe.ping()
+    except (docker.errors.DockerException, requests.RequestException) as error:
+        return one_line(error)
+    return None
+
+
+def probe_client(**options: Any) -> docker.APIClient:
+    """A client for pings alone (`options`: base_url, tls...; the environment's engine without),
+    made without asking the engine anything."""
+    if "base_url" not in options:
+        options = {**docker.utils.kwargs_from_env(), **options}
+    return docker.APIClient(version=PROBE_API_VERSION, timeout=PING_TIMEOUT_SECS, **options)
+
+
+def one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text[:300] or type(error).__name__

@@ -1,0 +1,46 @@
+"""What HEMRA left on an engine that went away: containers (the sandboxes and services of trials
+whose teardown could not reach the engine) and their trials' services networks, found by label
+and removed once the engine answers again, for trials that are over.
+
+Only trials the caller says are over are touched (`is_over`, by trial id: its store knows the
+trial and nobody runs it any more), so sandboxes of live trials, of other stores and of other
+tools on the same engine are left alone. Anything removed meanwhile by someone else (a trial's
+own teardown, `hemra cancel`) is not an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import docker.errors
+
+from pytest_hemra.execute.sandbox.container import remove_container
+
+if TYPE_CHECKING:
+    from pytest_hemra.execute.sandbox.docker import DockerProvider
+
+TRIAL_LABEL = "hemra.trial"
+
+
+def remove(provider: DockerProvider, is_over: Callable[[str], bool]) -> int:
+    """Remove the containers labelled `hemra=1` of trials that are over, then those trials'
+    services networks; return how many containers there were."""
+    from pytest_hemra.execute.sandbox import services  # which imports the docker provider
+
+    client = provider.client
+    found = client.containers.list(all=True, filters={"label": "hemra=1"}, ignore_removed=True)
+    over: dict[str, bool] = {}
+    removed = 0
+    for container in found:
+        trial = container.labels.get(TRIAL_LABEL)
+        if trial and over.setdefault(trial, is_over(trial)):
+            remove_container(container)
+            removed += 1
+    for network in client.networks.list(filters={"label": [TRIAL_LABEL, services.NETWORK_LABEL]}):
+        trial = (network.attrs.get("Labels") or {}).get(TRIAL_LABEL)
+        if trial and over.setdefault(trial, is_over(trial)):
+            with contextlib.suppress(docker.errors.NotFound):
+                services.remove_networks(provider, [f"{TRIAL_LABEL}={trial}"])
+    return removed
