@@ -1,7 +1,7 @@
 """Script the viewer's JSON API: every run's progress, then one run's trials of an outcome, each
 with the first line of its agent's output. Standard library only.
 
-    hemra view --store examples/.hemra/hemra.db &        # or `hemra serve`, which also works it
+    hemra view &                                         # or `hemra serve`, which also works it
     python examples/viewer/progress.py                    # the viewer at http://127.0.0.1:8765
     python examples/viewer/progress.py --run RUN_ID --outcome harness_error --harness codex
     python examples/viewer/progress.py --url http://HOST:8765 --token TOKEN   # beyond loopback

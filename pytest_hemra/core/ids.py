@@ -44,6 +44,6 @@ def unknown_run(run_id: str, where: str, known: Sequence[str]) -> str:
 
 
 def unknown_trial(trial_id: str, run_id: str, trials: int) -> str:
-    """Run `run_id` holds `trials` trials, none numbered as `trial_id`."""
-    span = f"{run_id}.00001 to {run_id}.{trials:05d}" if trials else "none"
+    """Run `run_id` holds `trials` trials (numbered from 0), none numbered as `trial_id`."""
+    span = f"{run_id}.00000 to {run_id}.{trials - 1:05d}" if trials else "none"
     return f"no trial {trial_id!r} in run {run_id} (its trials: {span})"

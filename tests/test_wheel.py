@@ -1,0 +1,82 @@
+"""The README's path for pip users, as one would walk it: HEMRA's wheel built from this checkout
+and installed into a fresh virtualenv outside it, then every command the README marks runnable,
+in order, from an empty folder, each exiting as the README says.
+
+The virtualenv sees the host's site-packages (`--system-site-packages`) and the wheel is
+installed with `--no-deps`: HEMRA's dependencies are already there, and installing them again
+(scipy among them) would take minutes, not seconds. The test checks that `hemra` and
+`pytest_hemra` (its bundled harnesses and datasets too) come from the wheel, not the checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from tests.docs_runner import Reader
+
+INSTALL = "pip install pytest-hemra"
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """HEMRA's wheel, built once a session (pip's cache keeps the build backend)."""
+    out = tmp_path_factory.mktemp("wheel")
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(REPO)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    (found,) = out.glob("pytest_hemra-*.whl")
+    return found
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_the_readme_path_runs_from_an_empty_folder_with_the_wheel_installed(
+    wheel: Path, tmp_path: Path
+) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
+        check=True, timeout=120,
+    )  # fmt: skip
+    python = venv / "bin" / "python"
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+         "--no-index", str(wheel)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if k not in ("HEMRA_STORE", "PYTHONPATH")}
+    env |= {"PATH": f"{venv / 'bin'}{os.pathsep}{env['PATH']}", "VIRTUAL_ENV": str(venv)}
+    bundled = "from pytest_hemra.resolve import datasets; print(datasets.bundled_dir('datasets'))"
+    where = subprocess.run(
+        [str(python), "-c", bundled],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60, check=True,
+    )  # fmt: skip
+    assert where.stdout.strip().startswith(str(venv)), (
+        where.stdout
+    )  # the wheel's, not the checkout's
+
+    folder = tmp_path / "empty"
+    folder.mkdir()
+
+    def installed_instead(command: str) -> str | None:
+        """`pip install pytest-hemra` is what installed the wheel above: check it took."""
+        return (
+            f'test "$(command -v hemra)" = {venv / "bin" / "hemra"}'
+            if command == INSTALL
+            else command
+        )
+
+    readme = (REPO / "README.md").read_text()
+    assert f"```bash runnable\n{INSTALL}\n```" in readme
+    done = Reader(folder, env, replace=installed_instead).run(readme)
+    assert any(line.startswith("hemra run my-eval/run.toml") for line in done), done
+    assert any("after Ctrl-C" in line for line in done), done
+    assert (folder / "report.html").is_file() and (folder / ".hemra" / "hemra.db").is_file()
