@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -224,7 +225,13 @@ def cancel_command(args: argparse.Namespace) -> int:
     find_run(store, args.store, args.run_id)
     done = cancel_run(store, args.run_id, run_provider(store, args.run_id), args.wait)
     print(f"run {args.run_id}: {done.cancelled} trials cancelled, {done.removed} sandboxes removed")
-    if done.sandbox_error is not None:
+    if done.engine_down:  # the run is cancelled: its engine's sandboxes go when it is back
+        print(
+            f"run {args.run_id}: its engine does not answer ({done.sandbox_error}); its"
+            " sandboxes there are removed when it answers again (by the next runner on it,"
+            " or hemra cancel again)"
+        )
+    elif done.sandbox_error is not None:
         raise InfraError(done.sandbox_error)
     return 0
 
@@ -246,7 +253,7 @@ def runs_command(args: argparse.Namespace) -> int:
         [
             run["id"],
             run["name"],
-            run["status"],
+            _status(run),
             f"{run['done']}/{run['trials']}",
             run["running"],
             run["queued"],
@@ -261,15 +268,24 @@ def runs_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(run: dict[str, Any]) -> str:
+    engines = ", ".join(str(wait["engine"]) for wait in run["waiting"])
+    return f"{run['status']} for engine {engines}" if engines else str(run["status"])
+
+
 def run_summary(store: Store, run: RunRecord) -> dict[str, Any]:
     """One run as `hemra runs` lists it: `done` of its `trials` (deselected ones left out), the
-    jobs `running` and `queued` now, the trials `cancelled`, its harnesses and datasets."""
+    jobs `running` and `queued` now, the trials `cancelled`, its harnesses and datasets; a
+    running run some of whose trials wait for their engine is `waiting` (`waiting` says for
+    which engine, since when and how many trials)."""
     counted = [t for t in store.trials(run.id) if t.status != "deselected"]
     states = store.job_counts(run.id)
+    waits = store.engine_waits(run.id).get(run.id, []) if run.status == "running" else []
     return {
         "id": run.id,
         "name": run.name,
-        "status": run.status,
+        "status": "waiting" if waits else run.status,
+        "waiting": [asdict(wait) for wait in waits],
         "created_at": run.created_at,
         "done": sum(1 for t in counted if t.is_finished),
         "trials": len(counted),
