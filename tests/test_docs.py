@@ -165,3 +165,16 @@ def test_the_package_says_where_its_docs_license_and_changelog_are() -> None:
         u for u in linked if not (REPO / "docs" / u.removeprefix(DOCS_URL + "/")).is_file()
     ] == []
     assert "docs/" not in re.sub(r"https://\S+", "", (starter / "run.toml").read_text())
+
+
+def test_every_readme_command_is_run_by_a_test_but_the_two_that_cannot_be() -> None:
+    """test_wheel.py runs the README's runnable blocks; what it cannot run is named here: the
+    real-model run (it needs a key; its offline rehearsal is runnable) and the contributors'
+    path (a clone, then tox: what .ci/run does)."""
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"^```(bash|sh|console)([^\n]*)\n(.*?)^```", readme, re.M | re.S)
+    not_run = [body for _, info, body in blocks if "runnable" not in info.split()]
+    assert len(blocks) - len(not_run) >= 3
+    assert len(not_run) == 2
+    assert "export OPENAI_API_KEY=sk-" in not_run[0]
+    assert "git clone" in not_run[1] and "\ntox " in not_run[1]
