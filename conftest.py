@@ -42,14 +42,34 @@ def docker_client() -> Any:
 
 @pytest.fixture
 def no_leftover_containers(docker_client: Any, tmp_path: Path) -> Iterator[None]:
-    """No sandbox outlives its test. Under CI every HEMRA container counts; on a developer's
-    machine, where other sessions may be running, those of the runs in this test's stores."""
+    """No sandbox outlives its test: none of the runs in this test's stores is left after it
+    (tests run in parallel, so another test's live sandboxes do not count here). Under CI every
+    HEMRA container still on the machine at the end fails the session too
+    (`pytest_sessionfinish`): a sandbox outside any run is caught there."""
     yield
     left = docker_client.containers.list(all=True, filters={"label": "hemra"}, ignore_removed=True)
-    if not os.environ.get("CI"):
-        mine = _run_ids(tmp_path)
-        left = [c for c in left if c.labels.get("hemra.run") in mine]
+    mine = _run_ids(tmp_path)
+    left = [c for c in left if c.labels.get("hemra.run") in mine]
     assert left == [], f"containers left behind: {[c.name for c in left]}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under CI, after every test (the xdist controller, once its workers are done): any HEMRA
+    container left on the machine's engine fails the session, naming it."""
+    if not os.environ.get("CI") or hasattr(session.config, "workerinput"):
+        return
+    try:
+        import docker
+
+        client = docker.from_env(timeout=60)
+        left = [c.name for c in client.containers.list(all=True, filters={"label": "hemra"})]
+    except Exception:  # no engine: the Docker tests have failed already
+        return
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"ERROR: containers left behind by the session: {left}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _run_ids(folder: Path) -> set[str]:

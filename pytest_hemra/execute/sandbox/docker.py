@@ -460,41 +460,54 @@ class DockerProvider:
         its run's own network with it; either way its firewall lets in the gateway's port on
         `hemra-gateway`'s host address, the one address the gateway listens on. One network, one
         endpoint to set up and one to cut for the verifier. A network removed meanwhile (its
-        run's last process released it) is made again."""
+        run's last process released it between this one's create and start) is made again,
+        under the lock its remover takes, held until the container has started."""
         del options["network_mode"]
-        for attempt in (1, 2):
-            gateway = self._network(GATEWAY_NETWORK, internal=True, labels={})
-            host = _gateway_of(gateway)
-            network = gateway
-            lock: AbstractContextManager[Any] = contextlib.nullcontext()
-            if request.network:
-                name = run_network(run_id)
+        try:
+            return self._place(request, options, run_id, whole=False)
+        except docker.errors.NotFound:
+            self._networks.clear()  # one was removed meanwhile: find (or make) them again
+        if not request.network:
+            return self._place(request, options, run_id, whole=False)
+        lock = engine_lock(self.engine, f"connect {run_network(run_id)}", NETWORK_LOCK_SECS)
+        with lock:
+            return self._place(request, options, run_id, whole=True)
+
+    def _place(
+        self, request: SandboxRequest, options: dict[str, Any], run_id: str, *, whole: bool
+    ) -> Any:
+        """Create and start the container on its network (`_on_networks`); `whole`: the caller
+        holds the run network's lock, else it is taken while the container is created."""
+        gateway = self._network(GATEWAY_NETWORK, internal=True, labels={})
+        host = _gateway_of(gateway)
+        network = gateway
+        lock: AbstractContextManager[Any] = contextlib.nullcontext()
+        if request.network:
+            name = run_network(run_id)
+            if not whole:
                 lock = engine_lock(self.engine, f"connect {name}", NETWORK_LOCK_SECS)
-                network = self._network(name, internal=False, labels={"hemra.run": run_id})
-            admits = [(network, request.gateway_port), (network, request.proxy_port)]
-            if network is not gateway:  # a verifier's allowlist moves it to hemra-gateway
-                admits.append((gateway, request.proxy_port))
-            for on, port in admits:
-                admitted = (_bridge_of(on), host or "", port or 0)
-                if port is not None and host and admitted not in self._admitted:
-                    firewall.admit(*admitted)
-                    self._admitted.add(admitted)
-            container = None
-            try:
-                with lock:  # its run's last process removes the network only with this lock
-                    container = self.client.containers.create(
-                        request.image, network=network.name, **options
-                    )
-                self._join_services(container, request)
-                container.start()
-                return container
-            except BaseException as error:
-                if container is not None:
-                    remove_container(container)
-                if attempt == 2 or not isinstance(error, docker.errors.NotFound):
-                    raise
-                self._networks.clear()  # one was removed meanwhile: find (or make) them again
-        raise AssertionError("unreachable")
+            network = self._network(name, internal=False, labels={"hemra.run": run_id})
+        admits = [(network, request.gateway_port), (network, request.proxy_port)]
+        if network is not gateway:  # a verifier's allowlist moves it to hemra-gateway
+            admits.append((gateway, request.proxy_port))
+        for on, port in admits:
+            admitted = (_bridge_of(on), host or "", port or 0)
+            if port is not None and host and admitted not in self._admitted:
+                firewall.admit(*admitted)
+                self._admitted.add(admitted)
+        container = None
+        try:
+            with lock:
+                container = self.client.containers.create(
+                    request.image, network=network.name, **options
+                )
+            self._join_services(container, request)
+            container.start()
+            return container
+        except BaseException:
+            if container is not None:
+                remove_container(container)
+            raise
 
     def _on_services(self, request: SandboxRequest, options: dict[str, Any]) -> Any:
         """A sandbox without internet on an engine without HEMRA's networks (a pool's): on its
