@@ -69,6 +69,7 @@ def test_real_agents_solve_offline_tasks_counted_to_the_token(
             assert own is None
         elif trial.harness in ESTIMATED_OWN_NUMBERS:
             assert own is not None and own["input_tokens"] > 0, trial.item_id
+            assert own["is_estimate"], trial.item_id  # shown, never held against the gateway
         else:
             assert own is not None, trial.item_id
             own_total = sum(

@@ -27,6 +27,9 @@ class SelfReport(Usage):
     turns: int | None = None
     final_message: str | None = None
     is_error: bool | None = None
+    # its counts are its own estimate, not the server's (aider counts with its tokenizer while
+    # it streams): shown, never held against the gateway's (`self_report` skips it)
+    is_estimate: bool = False
 
 
 def _with_tokens(report: SelfReport, tokens: Usage) -> SelfReport:
@@ -172,7 +175,8 @@ def _aider(text: str) -> SelfReport | None:
             turns += 1
         if cost:
             cost_usd = float(cost["session"])  # the session's running total
-    return _with_tokens(SelfReport(cost_usd=cost_usd, turns=turns), tokens) if turns else None
+    report = SelfReport(cost_usd=cost_usd, turns=turns, is_estimate=True)
+    return _with_tokens(report, tokens) if turns else None
 
 
 def _mini_swe_agent(text: str) -> SelfReport | None:

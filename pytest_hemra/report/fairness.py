@@ -207,12 +207,15 @@ def _usage_unknown(harness: str, mine: list[TrialRecord]) -> list[Flag]:
 
 
 def _self_reports(harness: str, mine: list[TrialRecord]) -> list[Flag]:
-    """A trial with calls of unknown usage is left out: the gateway's count there is short."""
+    """A trial with calls of unknown usage is left out: the gateway's count there is short; so
+    is a harness's own estimate (its tokenizer's count, not the server's: aider while it
+    streams)."""
     off = [
         t
         for t in mine
         if t.own_report is not None
         and not t.usage_unknown
+        and not t.own_report.get("is_estimate")
         and disagrees(Usage.of(t.own_report).total_tokens, t.tokens)
     ]
     if not off:
