@@ -37,6 +37,26 @@ def store(tmp_path: Path) -> Store:
     return store
 
 
+def test_a_run_waiting_for_its_engine_is_listed_waiting_and_for_which_engine(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    running = next(t for t in store.trials("busy") if t.status == "running")
+    down = {"engine": "tcp://box2:2375", "error": "Connection refused"}
+    store.record_event("busy", running.id, "engine_down", down)
+    assert main(["runs", "--store", str(store.path), "--format", "json"]) == 0
+    busy = json.loads(capsys.readouterr().out)[1]
+    assert busy["status"] == "waiting"
+    assert [(w["engine"], w["trials"], w["error"]) for w in busy["waiting"]] == [
+        ("tcp://box2:2375", 1, "Connection refused")
+    ]
+    assert main(["runs", "--store", str(store.path)]) == 0
+    assert " waiting for engine tcp://box2:2375 " in capsys.readouterr().out.splitlines()[-1]
+    store.record_event("busy", running.id, "engine_back", {**down, "waited": 2.5, "removed": 1})
+    assert main(["runs", "--store", str(store.path), "--format", "json"]) == 0
+    busy = json.loads(capsys.readouterr().out)[1]
+    assert (busy["status"], busy["waiting"]) == ("running", [])
+
+
 def test_runs_as_json_lists_each_run_with_the_tables_counts(
     store: Store, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -55,6 +75,7 @@ def test_runs_as_json_lists_each_run_with_the_tables_counts(
         "cancelled": 1,
         "harnesses": ["a", "b"],
         "datasets": ["ds"],
+        "waiting": [],
     }
     assert listed[0]["done"] == listed[0]["trials"] == 1
 

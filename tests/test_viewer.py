@@ -188,6 +188,27 @@ def test_runs_list_every_run_with_its_progress(fixture: Fixture, viewer: str) ->
     assert runs[fixture.done]["harnesses"] == HARNESSES and not runs[fixture.done]["is_active"]
 
 
+def test_a_run_whose_trial_waits_for_its_engine_shows_waiting_until_it_answers(
+    fixture: Fixture, viewer: str
+) -> None:
+    store = fixture.store
+    trial = store.trials(fixture.live)[0]
+    assert store.claim(trial.id, "gw0@elsewhere:1", 30) == "leased"
+    down = {"engine": "tcp://box2:2375", "error": "Connection refused"}
+    store.record_event(fixture.live, trial.id, "engine_down", down)
+    for path in ("/api/runs", f"/api/runs/{fixture.live}"):
+        status, data = get(viewer, path)
+        run = next(r for r in data["runs"] if r["id"] == fixture.live) if "runs" in data else data
+        assert (status, run["status"], run["is_active"]) == (200, "waiting", True)
+        (wait,) = run["waiting"]
+        assert (wait["engine"], wait["trials"], wait["error"]) == (
+            "tcp://box2:2375", 1, "Connection refused"
+        )  # fmt: skip
+    store.record_event(fixture.live, trial.id, "engine_back", {**down, "waited": 3.0})
+    _, run = get(viewer, f"/api/runs/{fixture.live}")
+    assert (run["status"], run["waiting"]) == ("running", [])
+
+
 def test_trials_page_by_cursor_and_filter(fixture: Fixture, viewer: str) -> None:
     base = f"/api/runs/{fixture.done}/trials"
     seen, cursor = [], None

@@ -10,8 +10,8 @@ read when a runner starts (an xdist worker inherits them):
 | `HEMRA_BACKOFF_MAX_SECS`     | 30      | waits double up to this                                |
 | `HEMRA_ENGINE_GIVE_UP_SECS`  | 300     | an engine not answering this long: its trials give up  |
 | `HEMRA_STORE_GIVE_UP_SECS`   | 300     | the store unwritable this long: the session stops      |
-| `HEMRA_ENGINE_SETTLE_SECS`   | 5       | after a trial's infra error, how long its engine must  |
-|                              |         | keep answering for the error to count as the trial's   |
+| `HEMRA_ENGINE_SETTLE_SECS`   | 3       | after the engine refused a trial, how long it must     |
+|                              |         | keep answering for that to count as the trial's fault  |
 
 Each wait is drawn between half and all of its bound (jitter), so runners that lost an engine at
 the same moment do not all ask it again at the same moment.
@@ -32,7 +32,7 @@ ENGINE_GIVE_UP_SECS = ("HEMRA_ENGINE_GIVE_UP_SECS", 300.0)
 STORE_GIVE_UP_SECS = ("HEMRA_STORE_GIVE_UP_SECS", 300.0)
 # A daemon shutting down answers for seconds (it stops its containers first) while it refuses
 # to start new ones: an error then is its outage, seen as such once it stops answering.
-SETTLE_SECS = ("HEMRA_ENGINE_SETTLE_SECS", 5.0)
+SETTLE_SECS = ("HEMRA_ENGINE_SETTLE_SECS", 3.0)
 SETTLE_POLL_SECS = 0.25
 
 
@@ -59,8 +59,8 @@ def engine_backoff(environ: Mapping[str, str] | None = None) -> Backoff:
 
 
 def engine_settle_secs(environ: Mapping[str, str] | None = None) -> float:
-    """How long an engine must keep answering after a trial's infrastructure error for the
-    error to be the trial's own (`HEMRA_ENGINE_SETTLE_SECS`)."""
+    """How long an engine must keep answering after refusing a trial (an error of its API) for
+    the error to be the trial's own (`HEMRA_ENGINE_SETTLE_SECS`)."""
     return seconds(*SETTLE_SECS, os.environ if environ is None else environ)
 
 

@@ -29,7 +29,7 @@ from typing import TypeVar
 from urllib.parse import urlsplit
 
 from pytest_hemra.core import registry
-from pytest_hemra.core.backoff import engine_backoff, engine_settle_secs
+from pytest_hemra.core.backoff import engine_backoff
 from pytest_hemra.core.errors import (
     ENGINE_GONE,
     ENGINE_OUTAGE,
@@ -208,11 +208,12 @@ class Runner:
         self, context: TrialContext, trial: TrialRecord, cancelled: threading.Event
     ) -> TrialResult:
         """The trial, its engine waited for first when it does not answer; an infrastructure
-        error after which the engine does not answer, or that says it could not be reached,
-        is the engine's outage: waited out, and classed so the trial runs again for free."""
+        error after which the engine does not answer, or that `run_trial` found to be the
+        engine's (it could not be reached, or went away just after), is the engine's outage:
+        waited out, and classed so the trial runs again for free."""
         watch, run_id = self.watch, self.run.id
         if watch is None:
-            watch = EngineWatch(self.provider, self.store, engine_backoff(), engine_settle_secs())
+            watch = EngineWatch(self.provider, self.store, engine_backoff())
             watch.sweep()  # what earlier runs of this store left on the engine
             self.watch = watch
         down = watch.error()
@@ -223,11 +224,9 @@ class Runner:
         result = self._run_kind(context, trial)
         if result.outcome != Outcome.INFRA_ERROR or result.error_class == RUNNER_DISK_FULL:
             return result
-        down = None
-        if result.error_class != ENGINE_OUTAGE and not cancelled.is_set():
-            down = watch.settle(cancelled, result.engine)
-            if down is None:
-                return result  # its engine was reached and keeps answering: its own fault
+        down = None if cancelled.is_set() else watch.error(result.engine)
+        if down is None and result.error_class != ENGINE_OUTAGE:
+            return result  # its engine was reached and answers: the trial's own fault
         waited = watch.wait(run_id, trial.id, cancelled, down or result.error, result.engine)
         if waited.is_cancelled:
             return result

@@ -71,33 +71,18 @@ class EngineWatch:
     """One runner's watch on its sandbox provider's engine; remembers giving up on it, so that
     later trials of the process do not each wait the whole give-up total again."""
 
-    def __init__(
-        self, provider: SandboxProvider, store: Store, backoff: Backoff, settle_secs: float = 0.0
-    ) -> None:
+    def __init__(self, provider: SandboxProvider, store: Store, backoff: Backoff) -> None:
         self.health = provider if isinstance(provider, EngineHealth) else None
         engine = getattr(provider, "engine", None)  # a single engine's address
         self.engine = engine if isinstance(engine, str) else POOL
         self.store = store
         self.backoff = backoff
-        self.settle_secs = settle_secs
         self.gone: str | None = None  # why this process gave up on the engine
 
     def error(self, engine: str | None = None) -> str | None:
         """None when the engine answers now (or the provider cannot say), else why not; a
         pool's `engine` by name, else any of its engines."""
         return None if self.health is None else self.health.engine_error(engine)
-
-    def settle(self, stop: threading.Event, engine: str | None = None) -> str | None:
-        """After a trial's infrastructure error: None when the engine keeps answering for
-        `settle_secs` (the error was the trial's own), else why it stopped (it was shutting
-        down: it answers a while, refusing new containers, before it goes)."""
-        deadline = time.monotonic() + self.settle_secs
-        while True:
-            error = self.error(engine)
-            if error is not None or time.monotonic() >= deadline:
-                return error
-            if stop.wait(SETTLE_POLL_SECS):
-                return None
 
     def sweep(self) -> int:
         """What trials of this store that are over left on the engine (a daemon restarted, a
@@ -161,6 +146,20 @@ class EngineWatch:
         with contextlib.suppress(Exception):
             return health.remove_leftovers(lambda t: t == trial or store.is_trial_over(t, is_alive))
         return 0
+
+
+def settled(provider: object, engine: str | None, secs: float) -> str | None:
+    """After an error the engine's API returned: None when the engine (a pool's `engine`) keeps
+    answering for `secs` (the error was the trial's own), else why it stopped answering (it was
+    shutting down: a daemon answers for a while, refusing new containers, before it goes)."""
+    if not isinstance(provider, EngineHealth):
+        return None
+    deadline = time.monotonic() + secs
+    while True:
+        error = provider.engine_error(engine)
+        if error is not None or time.monotonic() >= deadline:
+            return error
+        time.sleep(SETTLE_POLL_SECS)
 
 
 def durably(

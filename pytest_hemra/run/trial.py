@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from pytest_hemra.core.backoff import engine_settle_secs
 from pytest_hemra.core.errors import (
     ENGINE_OUTAGE,
     RUNNER_DISK_FULL,
@@ -37,10 +38,10 @@ from pytest_hemra.execute.sandbox import (
     Sandbox,
     SandboxRequest,
 )
-from pytest_hemra.execute.sandbox.health import is_engine_fault
+from pytest_hemra.execute.sandbox.health import is_engine_answer, is_engine_fault
 from pytest_hemra.resolve.judges import Judgment
 from pytest_hemra.resolve.limits import task_limits, with_run_defaults
-from pytest_hemra.run.outage import has_space, is_disk_full, write_durably
+from pytest_hemra.run.outage import has_space, is_disk_full, settled, write_durably
 from pytest_hemra.run.steps import run_steps
 from pytest_hemra.run.turn import (
     AGENT_LOGS,
@@ -83,11 +84,11 @@ def run_trial(context: TrialContext) -> TrialResult:
     except HemraError as failure:
         outcome, retried = outcome_of(failure)
         error = str(failure)
-        progress.error_class = _outage_class(failure, context) or progress.error_class
+        progress.error_class = _outage_class(failure, context, progress) or progress.error_class
     except Exception as failure:  # anything unexpected under a trial is infrastructure
         outcome, retried = outcome_of(failure)
         error = f"{type(failure).__name__}: {failure}"
-        progress.error_class = _outage_class(failure, context) or progress.error_class
+        progress.error_class = _outage_class(failure, context, progress) or progress.error_class
     result = TrialResult(
         outcome=outcome,
         reward=reward,
@@ -117,11 +118,16 @@ def run_trial(context: TrialContext) -> TrialResult:
     return result
 
 
-def _outage_class(failure: BaseException, context: TrialContext) -> str | None:
+def _outage_class(failure: BaseException, context: TrialContext, progress: Progress) -> str | None:
     """The class of an infrastructure error that was not the trial's doing: its engine could
-    not be reached, or the runner's own disk (where its folder is) was full."""
+    not be reached, or stopped answering within HEMRA_ENGINE_SETTLE_SECS of refusing it (a
+    daemon shutting down); or the runner's own disk (where its folder is) was full."""
     if is_engine_fault(failure):
         return ENGINE_OUTAGE
+    if is_engine_answer(failure):
+        provider = context.pool or context.provider
+        if settled(provider, progress.engine, engine_settle_secs()) is not None:
+            return ENGINE_OUTAGE
     if is_disk_full(failure) and not has_space(context.trial_dir):
         return RUNNER_DISK_FULL
     return None

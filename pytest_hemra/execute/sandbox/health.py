@@ -33,6 +33,17 @@ UNREACHABLE = (
 def is_engine_fault(error: BaseException) -> bool:
     """Whether `error`, or any error it was raised from or while handling, says the engine
     could not be reached."""
+    return _raised_from(error, UNREACHABLE)
+
+
+def is_engine_answer(error: BaseException) -> bool:
+    """Whether `error` came from the engine's API at all (it refused, failed, or could not be
+    reached), rather than from HEMRA's own checks: only such an error can be an engine going
+    away (a daemon shutting down refuses new containers for a moment before it stops)."""
+    return _raised_from(error, (docker.errors.DockerException, requests.RequestException))
+
+
+def _raised_from(error: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
     seen: set[int] = set()
     pending: list[BaseException | None] = [error]
     while pending:
@@ -40,7 +51,7 @@ def is_engine_fault(error: BaseException) -> bool:
         if found is None or id(found) in seen:
             continue
         seen.add(id(found))
-        if isinstance(found, UNREACHABLE):
+        if isinstance(found, kinds):
             return True
         pending += [found.__cause__, found.__context__]
     return False
