@@ -62,7 +62,7 @@ def test_a_root_task_installs_a_package_only_when_the_agent_runs_as_the_tasks_us
     assert row["reward"] == expected, row["error"]
     user = "0:0 (root, image)" if mode == "task" else "1000:1000 (hemra)"
     assert row["result"]["agent_user"] == row["agent_user"] == user  # result.json and store
-    shown = pytester.run("hemra", "show", row["id"], "--store", str(tmp_path / ".hemra/hemra.db"))
+    shown = pytester.run("hemra", "show", row["id"])  # the store of the folder the run was in
     assert f"agent user {user}" in shown.stdout.str()
     flagged = "*! agents ran as root in 1 of 1 trial(s)*"
     if mode == "task":  # the report says the agent ran as root
