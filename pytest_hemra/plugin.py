@@ -8,6 +8,7 @@ store. Working a trial's job (claim, heartbeat, run, retry, cancel) is `run.job.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -347,7 +348,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         # Ctrl-C: what did not finish is cancelled (never failed), its sandboxes removed
         left = [t.id for t in store.trials(run_id) if t.status in ("planned", "running")]
         store.cancel_trials(left, "interrupted (Ctrl-C)")
-        runner.provider.remove_sandboxes({"hemra.run": run_id})
+        with contextlib.suppress(HemraError):  # its engine down: removed when a runner is back
+            runner.provider.remove_sandboxes({"hemra.run": run_id})
     hemra.report = build_report(store, run_id)
     previous = session.config.getoption("hemra_compare")
     hemra.comparison = compare_runs(store, previous, run_id) if previous else None

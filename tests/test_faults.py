@@ -34,7 +34,7 @@ from conftest import BASE_IMAGE, REPO, TaskMaker
 from pytest_hemra.cli import main as hemra
 from pytest_hemra.cli.running import run_summary
 from pytest_hemra.core.backoff import Backoff, engine_backoff, store_backoff
-from pytest_hemra.core.errors import SpecError
+from pytest_hemra.core.errors import SpecError, StoreUnavailable
 from pytest_hemra.execute.sandbox.images import copy_image
 from pytest_hemra.store import Store
 from tests.dockerd import ExtraEngine, free_loopback_hosts
@@ -512,6 +512,97 @@ def test_the_stores_disk_full_for_a_moment_loses_no_trial(
     assert rerun or waited  # the full disk was met, and waited out
     assert all(t.status in ("finished", "replaced") for t in history)
     assert all(json.loads(Path(t.trial_dir or "", "result.json").read_text()) for t in current)
+
+
+def test_an_engine_that_does_not_come_back_is_given_up_on_and_the_run_left_to_resume(
+    tmp_path: Path,
+    make_task: TaskMaker,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A runner whose engine never answers (nothing listens at its address) waits for it up
+    to HEMRA_ENGINE_GIVE_UP_SECS, then its trial ends `engine_gone`, not run again (retries
+    left or not); its next trial finds the engine still down and ends so at once."""
+    from pytest_hemra.execute.sandbox.docker import DockerProvider
+    from pytest_hemra.resolve.overrides import Overrides
+    from pytest_hemra.resolve.plan import load_recorded, record_plan, resolve_plan
+    from pytest_hemra.run.job import Runner
+    from tests.upstream import closed_port
+
+    for name, value in {**QUICK_WAITS, "HEMRA_ENGINE_GIVE_UP_SECS": "2"}.items():
+        monkeypatch.setenv(name, value)
+    make_task("one")
+    make_task("two")
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\nmax_infra_retries = 2\n')
+    store = Store(tmp_path / "hemra.db")
+    run = load_recorded(store, record_plan(resolve_plan(run_file, Overrides(), tmp_path), store))
+    address = f"tcp://127.0.0.1:{closed_port()}"
+    dead = docker.DockerClient(base_url=address, version="1.41", timeout=5)
+    owner = f"w@{os.uname()[1]}:{os.getpid()}"
+    runner = Runner(store, run, DockerProvider(dead, engine=address), owner)
+    took = []
+    for trial in run.trials:
+        started = time.monotonic()
+        assert runner.work(trial) is None
+        took.append(time.monotonic() - started)
+        assert runner.next_attempt(store.trial(trial.id)) is None
+    runner.close()
+    assert took[0] >= 1 and took[1] < 1  # the second did not wait the give-up total again
+    trials = store.trials(run.id, history=True)
+    assert [(t.outcome, t.error_class, t.retries) for t in trials] == [
+        ("infra_error", "engine_gone", 0)
+    ] * 2
+    assert all(f"engine {address} did not answer for" in (t.error or "") for t in trials)
+    kinds = [e.kind for e in store.events([t.id for t in trials])]
+    assert kinds == ["engine_down", "engine_gone", "finished"] * 2
+    assert store.run(run.id).status == "finished"
+    assert hemra(["show", trials[0].id, "--store", str(store.path)]) == 0
+    shown = capsys.readouterr().out
+    assert f"engine_gone: engine {address} did not answer for " in shown
+    assert "s: given up (" in shown
+
+
+def test_a_store_locked_past_its_give_up_stops_the_runner_and_leaves_the_run_to_resume(
+    tmp_path: Path, make_task: TaskMaker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Locked for longer than HEMRA_STORE_GIVE_UP_SECS: the runner's claim gives up with one
+    line naming the store and `--resume`, it runs no more trials, and the trial stays queued."""
+    from pytest_hemra.execute.sandbox.docker import DockerProvider
+    from pytest_hemra.resolve.overrides import Overrides
+    from pytest_hemra.resolve.plan import load_recorded, record_plan, resolve_plan
+    from pytest_hemra.run.job import Runner
+
+    waits = {"HEMRA_STORE_TIMEOUT_SECS": "0.2", "HEMRA_STORE_GIVE_UP_SECS": "1"}
+    for name, value in {**QUICK_WAITS, **waits}.items():
+        monkeypatch.setenv(name, value)
+    make_task("one")
+    make_task("two")
+    (tmp_path / "run.toml").write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
+    store = Store(tmp_path / "hemra.db")
+    plan = resolve_plan(tmp_path / "run.toml", Overrides(), tmp_path)
+    run = load_recorded(store, record_plan(plan, store))
+    runner = Runner(store, run, DockerProvider(), f"w@{os.uname()[1]}:{os.getpid()}")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(store.path), "4"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with pytest.raises(StoreUnavailable) as gave_up:
+            runner.work(run.trials[0])
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            runner.work(run.trials[1])  # lost to this runner: no second wait
+        assert time.monotonic() - started < 0.5
+    finally:
+        holder.wait(30)
+    message = str(gave_up.value)
+    assert message.startswith(f"{store.path}: database is locked (for ")
+    assert message.endswith(f"`hemra run --resume {run.id}` finishes the run")
+    assert "\n" not in message
+    assert [(t.status, store.job_state(t.id)) for t in store.trials(run.id)] == [
+        ("planned", "queued")
+    ] * 2
 
 
 HOG = """

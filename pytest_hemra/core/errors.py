@@ -6,6 +6,8 @@ An outcome is a value, not an exception: a harness that fails is a `fail`, never
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from pytest_hemra.core.outcome import Outcome
 
 
@@ -67,3 +69,16 @@ def outcome_of(error: BaseException) -> tuple[Outcome, bool]:
         if isinstance(error, kind):
             return verdict
     return (Outcome.INFRA_ERROR, True)
+
+
+def causes(error: BaseException) -> Iterator[BaseException]:
+    """`error`, then every error it was raised from or while handling, each once."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        found = pending.pop()
+        if found is None or id(found) in seen:
+            continue
+        seen.add(id(found))
+        yield found
+        pending += [found.__cause__, found.__context__]

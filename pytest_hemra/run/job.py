@@ -47,6 +47,7 @@ from pytest_hemra.execute.kinds import kind_of
 from pytest_hemra.execute.provisioning import ProviderFactory
 from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.execute.sandbox.docker import DockerProvider
+from pytest_hemra.execute.sandbox.health import is_engine_fault
 from pytest_hemra.execute.sandbox.pool import EnginePool
 from pytest_hemra.resolve.plan import RecordedRun, missing_variables
 from pytest_hemra.resolve.spec import RunSpec, SandboxSettings
@@ -159,40 +160,15 @@ class Runner:
         return None
 
     def _run(self, trial: TrialRecord) -> None:
-        run, store = self.run, self.store
-        trial_dir = run.trials_dir / trial.dataset / trial.task / folder_name(trial)
-        try:
-            task = run.task(trial)  # its files may have changed since it was recorded (a link out)
-            gateway = self.started_gateway()  # it may not listen (its ports taken meanwhile)
-        except HemraError as error:
-            failed = _failed(trial_dir, str(error))
-            self._durably(lambda: store.finish_trial(trial.id, asdict(failed)), trial)
-            return
-        context = TrialContext(
-            run_id=run.id,
-            trial_id=trial.id,
-            task=task,
-            harness=run.harnesses[trial.harness],
-            spec=run.spec
-            if trial.model is None
-            else run.spec.model_copy(
-                update={"model": trial.model}
-            ),  # a matrix run's cell: its model is the one the harness must use
-            provider=self.provider,
-            gateway=gateway,
-            gateway_host=self.gateway_host,
-            budget=self._budgets(trial),
-            judges=run.judges,
-            trial_dir=trial_dir,
-            pool=self.provider if isinstance(self.provider, EnginePool) else None,
-        )
+        store = self.store
+        trial_dir = self.run.trials_dir / trial.dataset / trial.task / folder_name(trial)
 
         def stop_sandbox() -> None:
             self.provider.remove_sandboxes({"hemra.trial": trial.id})
 
         with Heartbeat(store.path, trial.id, self.worker, stop_sandbox) as beat:
             try:
-                result = self._run_waiting(context, trial, beat.cancelled)
+                result = self._run_waiting(trial, trial_dir, beat.cancelled)
             except KeyboardInterrupt:
                 store.cancel_trials([trial.id], "interrupted (Ctrl-C)")
                 raise
@@ -205,12 +181,12 @@ class Runner:
         self._durably(lambda: store.finish_trial(trial.id, asdict(result)), trial)
 
     def _run_waiting(
-        self, context: TrialContext, trial: TrialRecord, cancelled: threading.Event
+        self, trial: TrialRecord, trial_dir: Path, cancelled: threading.Event
     ) -> TrialResult:
         """The trial, its engine waited for first when it does not answer; an infrastructure
-        error after which the engine does not answer, or that `run_trial` found to be the
-        engine's (it could not be reached, or went away just after), is the engine's outage:
-        waited out, and classed so the trial runs again for free."""
+        error after which the engine does not answer, or that was the engine's (it could not
+        be reached, or went away just after: `run_trial` says), is the engine's outage: waited
+        out, and classed so the trial runs again without using up a retry."""
         watch, run_id = self.watch, self.run.id
         if watch is None:
             watch = EngineWatch(self.provider, self.store, engine_backoff())
@@ -220,8 +196,14 @@ class Runner:
         if down is not None:
             waited = watch.wait(run_id, trial.id, cancelled, down)
             if not waited.is_back:
-                return _failed(context.trial_dir, f"{waited.note()}", ENGINE_GONE)
-        result = self._run_kind(context, trial)
+                return _failed(trial_dir, waited.note(), ENGINE_GONE)
+        try:
+            context = self._context(trial, trial_dir)
+        except HemraError as error:  # its task's files changed, the gateway cannot listen...
+            outage = ENGINE_OUTAGE if is_engine_fault(error) else None
+            result = _failed(trial_dir, str(error), outage)
+        else:
+            result = self._run_kind(context, trial)
         if result.outcome != Outcome.INFRA_ERROR or result.error_class == RUNNER_DISK_FULL:
             return result
         down = None if cancelled.is_set() else watch.error(result.engine)
@@ -232,6 +214,30 @@ class Runner:
             return result
         error_class = ENGINE_OUTAGE if waited.is_back else ENGINE_GONE
         return replace(result, error_class=error_class, error=f"{waited.note()}: {result.error}")
+
+    def _context(self, trial: TrialRecord, trial_dir: Path) -> TrialContext:
+        """What the trial runs with; its task's files are read again (they may have changed
+        since the run was recorded: a link out), and the process's gateway started."""
+        run = self.run
+        task = run.task(trial)
+        return TrialContext(
+            run_id=run.id,
+            trial_id=trial.id,
+            task=task,
+            harness=run.harnesses[trial.harness],
+            spec=run.spec
+            if trial.model is None
+            else run.spec.model_copy(
+                update={"model": trial.model}
+            ),  # a matrix run's cell: its model is the one the harness must use
+            provider=self.provider,
+            gateway=self.started_gateway(),
+            gateway_host=self.gateway_host,
+            budget=self._budgets(trial),
+            judges=run.judges,
+            trial_dir=trial_dir,
+            pool=self.provider if isinstance(self.provider, EnginePool) else None,
+        )
 
     def _durably(self, write: Callable[[], T], trial: TrialRecord) -> T:
         """A store write, its full disk or held lock waited out; given up on, the store is

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from pytest_hemra.core.backoff import SETTLE_POLL_SECS, Backoff, store_backoff
-from pytest_hemra.core.errors import StoreUnavailable
+from pytest_hemra.core.errors import StoreUnavailable, causes
 from pytest_hemra.core.events import ENGINE_BACK, ENGINE_DOWN, ENGINE_GONE, STORE_WAIT
 from pytest_hemra.execute.sandbox import EngineHealth, SandboxProvider
 from pytest_hemra.store import Store
@@ -37,8 +37,6 @@ from pytest_hemra.store.owner import is_alive
 T = TypeVar("T")
 MIN_FREE_BYTES = 1 << 20  # a folder with less than this free cannot take a trial's results
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-
-
 POOL = "of [[sandbox.engines]]"  # what the waits of a pool's trials name when no engine answers
 
 
@@ -198,17 +196,9 @@ def durably(
 
 def is_disk_full(error: BaseException) -> bool:
     """Whether `error`, or one it was raised from or while handling, is a full disk."""
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [error]
-    while pending:
-        found = pending.pop()
-        if found is None or id(found) in seen:
-            continue
-        seen.add(id(found))
-        if isinstance(found, OSError) and found.errno in DISK_FULL_ERRNOS:
-            return True
-        pending += [found.__cause__, found.__context__]
-    return False
+    return any(
+        isinstance(found, OSError) and found.errno in DISK_FULL_ERRNOS for found in causes(error)
+    )
 
 
 def has_space(folder: Path) -> bool:
@@ -220,19 +210,6 @@ def has_space(folder: Path) -> bool:
     if found.f_bavail * found.f_frsize < MIN_FREE_BYTES:
         return False
     return found.f_files == 0 or found.f_favail > 0
-
-
-def wait_for_space(folder: Path, backoff: Backoff | None = None) -> bool:
-    """Wait until the disk of `folder` has space again; False when the give-up total passed."""
-    waits = backoff or store_backoff()
-    started = time.monotonic()
-    for delay in waits.delays():
-        if has_space(folder):
-            return True
-        if time.monotonic() - started + delay > waits.give_up_secs:
-            return False
-        time.sleep(delay)
-    return False
 
 
 def write_durably(path: Path, text: str, backoff: Backoff | None = None) -> None:

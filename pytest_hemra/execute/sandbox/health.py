@@ -15,7 +15,7 @@ import docker.errors
 import requests
 import urllib3.exceptions
 
-from pytest_hemra.core.errors import EngineOutage
+from pytest_hemra.core.errors import EngineOutage, causes
 
 PING_TIMEOUT_SECS = 3.0
 PROBE_API_VERSION = "1.24"  # the oldest API engines still serve: a ping needs nothing newer
@@ -44,17 +44,7 @@ def is_engine_answer(error: BaseException) -> bool:
 
 
 def _raised_from(error: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [error]
-    while pending:
-        found = pending.pop()
-        if found is None or id(found) in seen:
-            continue
-        seen.add(id(found))
-        if isinstance(found, kinds):
-            return True
-        pending += [found.__cause__, found.__context__]
-    return False
+    return any(isinstance(found, kinds) for found in causes(error))
 
 
 def ping(probe: Any) -> str | None:
