@@ -29,7 +29,7 @@ from typing import TypeVar
 from urllib.parse import urlsplit
 
 from pytest_hemra.core import registry
-from pytest_hemra.core.backoff import engine_backoff
+from pytest_hemra.core.backoff import engine_backoff, engine_settle_secs
 from pytest_hemra.core.errors import (
     ENGINE_GONE,
     ENGINE_OUTAGE,
@@ -189,14 +189,15 @@ class Runner:
         out, and classed so the trial runs again without using up a retry."""
         watch, run_id = self.watch, self.run.id
         if watch is None:
-            watch = EngineWatch(self.provider, self.store, engine_backoff())
+            watch = EngineWatch(self.provider, self.store, engine_backoff(), engine_settle_secs())
             watch.sweep()  # what earlier runs of this store left on the engine
-            self.watch = watch
+            self.watch = watch.start()
         down = watch.error()
         if down is not None:
             waited = watch.wait(run_id, trial.id, cancelled, down)
             if not waited.is_back:
                 return _failed(trial_dir, waited.note(), ENGINE_GONE)
+        started = time.monotonic()
         try:
             context = self._context(trial, trial_dir)
         except HemraError as error:  # its task's files changed, the gateway cannot listen...
@@ -207,8 +208,9 @@ class Runner:
         if result.outcome != Outcome.INFRA_ERROR or result.error_class == RUNNER_DISK_FULL:
             return result
         down = None if cancelled.is_set() else watch.error(result.engine)
-        if down is None and result.error_class != ENGINE_OUTAGE:
-            return result  # its engine was reached and answers: the trial's own fault
+        went = result.error_class == ENGINE_OUTAGE or watch.was_down_since(started)
+        if down is None and not went:
+            return result  # its engine was reached and answered throughout: its own fault
         waited = watch.wait(run_id, trial.id, cancelled, down or result.error, result.engine)
         if waited.is_cancelled:
             return result
@@ -307,6 +309,8 @@ class Runner:
             current = self.store.trial(current.replaces)
 
     def close(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
         if self.gateway is not None:
             url = self.gateway.base_urls.get(self.gateway_host)
             proxy = self.gateway.egress.urls.get(self.gateway_host)

@@ -37,6 +37,7 @@ from pytest_hemra.store.owner import is_alive
 T = TypeVar("T")
 MIN_FREE_BYTES = 1 << 20  # a folder with less than this free cannot take a trial's results
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+MONITOR_SECS = 0.5  # how often a runner pings its engine while it lives
 POOL = "of [[sandbox.engines]]"  # what the waits of a pool's trials name when no engine answers
 
 
@@ -66,21 +67,54 @@ class WaitResult:
 
 
 class EngineWatch:
-    """One runner's watch on its sandbox provider's engine; remembers giving up on it, so that
-    later trials of the process do not each wait the whole give-up total again."""
+    """One runner's watch on its sandbox provider's engine: a thread pings it every
+    MONITOR_SECS, so an engine that went away and came back between two of a trial's requests
+    (a quick restart) is still seen to have gone (`was_down_since`). Remembers giving up on it,
+    so that later trials of the process do not each wait the whole give-up total again."""
 
-    def __init__(self, provider: SandboxProvider, store: Store, backoff: Backoff) -> None:
+    def __init__(
+        self, provider: SandboxProvider, store: Store, backoff: Backoff, settle_secs: float = 0.0
+    ) -> None:
         self.health = provider if isinstance(provider, EngineHealth) else None
         engine = getattr(provider, "engine", None)  # a single engine's address
         self.engine = engine if isinstance(engine, str) else POOL
         self.store = store
         self.backoff = backoff
+        self.settle_secs = settle_secs  # how long it must answer to be back (not going down)
         self.gone: str | None = None  # why this process gave up on the engine
+        self.last_down = float("-inf")  # (monotonic) when a ping last found it down
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> EngineWatch:
+        """Start pinging the engine in a thread (a daemon: it ends with the process)."""
+        if self.health is not None and self._thread is None:
+            self._thread = threading.Thread(target=self._monitor, name="hemra-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(MONITOR_SECS * 4)
+            self._thread = None
+
+    def _monitor(self) -> None:
+        while not self._stop.wait(MONITOR_SECS):
+            with contextlib.suppress(Exception):  # a ping that cannot even be made: next one
+                self.error()
+
+    def was_down_since(self, since: float) -> bool:
+        """Whether a ping found the engine down after `since` (monotonic)."""
+        return self.last_down >= since
 
     def error(self, engine: str | None = None) -> str | None:
         """None when the engine answers now (or the provider cannot say), else why not; a
         pool's `engine` by name, else any of its engines."""
-        return None if self.health is None else self.health.engine_error(engine)
+        found = None if self.health is None else self.health.engine_error(engine)
+        if found is not None:
+            self.last_down = time.monotonic()
+        return found
 
     def sweep(self) -> int:
         """What trials of this store that are over left on the engine (a daemon restarted, a
@@ -97,9 +131,11 @@ class EngineWatch:
         error: str | None,
         engine: str | None = None,
     ) -> WaitResult:
-        """Wait for the engine to answer (recording `engine_down` first), then remove what the
-        outage left; or give up. `stop` (the trial cancelled) ends the wait early. `engine`
-        names the one a pool lost the trial on (the wait is for any of the pool's)."""
+        """Wait for the engine to answer, and keep answering for `settle_secs` (a daemon shutting
+        down still answers pings for a moment while it cuts other requests), recording
+        `engine_down` first; then remove what the outage left. Or give up. `stop` (the trial
+        cancelled) ends the wait early. `engine` names the one a pool lost the trial on (the
+        wait is for any of the pool's)."""
         name = engine or self.engine
         started = time.monotonic()
 
@@ -114,6 +150,8 @@ class EngineWatch:
         if self.gone is None:
             for delay in self.backoff.delays():
                 last = self.error()
+                if last is None:
+                    last = settled(self.health, None, self.settle_secs)
                 if last is None:
                     break
                 waited = time.monotonic() - started
