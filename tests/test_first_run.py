@@ -49,8 +49,6 @@ def test_a_run_from_the_repository_root_is_found_by_runs_report_show_and_view(
     report = hemra("report")
     assert report.returncode == 0 and f"HEMRA run {run_id}" in report.stdout
     assert "oracle" in report.stdout and "nop (baseline)" in report.stdout
-    html = hemra("report", run_id, "--format", "html", "-o", "report.html")
-    assert html.returncode == 0 and "<table" in (root / "report.html").read_text()
     shown = hemra("show", f"{run_id}.00000")
     assert shown.returncode == 0 and shown.stdout.startswith(f"trial {run_id}.00000: ")
     viewed = Reader(root, env).run("```bash runnable\nhemra view   # until Ctrl-C\n```\n")
@@ -64,7 +62,7 @@ def test_a_run_from_the_repository_root_is_found_by_runs_report_show_and_view(
     listed_in_docs = sandbox_md.split("testcase per trial with 11 properties:", 1)[1].split(")")[0]
     assert names == set(re.findall(r"`([a-z_]+)`", listed_in_docs)) and len(names) == 11
 
-    # elsewhere, HEMRA_STORE points every command at this store; a missing one is said where
+    # from another folder, HEMRA_STORE points every command at this store
     other = tmp_path / "elsewhere"
     other.mkdir()
     found = subprocess.run(
@@ -72,9 +70,3 @@ def test_a_run_from_the_repository_root_is_found_by_runs_report_show_and_view(
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert found.stdout.split() == [run_id]
-    lost = subprocess.run(
-        ["hemra", "show", f"{run_id}.00000"], cwd=other, env=env,
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert lost.returncode == 4
-    assert f"no store at {other}/.hemra/hemra.db (the default store" in lost.stderr

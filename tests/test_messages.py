@@ -104,10 +104,10 @@ def test_mistyped_commands_and_choices_exit_4_with_the_closest_and_the_list(
 
 
 def test_unknown_harness_and_dataset_names_get_the_closest_and_every_known_one(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Real subprocesses, from a folder with no harnesses or datasets of its own: `hemra run`'s
-    refusal of either is one line on stderr, exit 4, and nothing recorded."""
+    """From a folder with no harnesses or datasets of its own (a real subprocess, then in this
+    process): `hemra run` refuses either in one line on stderr, exit 4."""
     harness = subprocess.run(
         ["hemra", "run", "-H", "claud-code", "-d", "hemra-offline", "--dry-run"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
@@ -115,12 +115,9 @@ def test_unknown_harness_and_dataset_names_get_the_closest_and_every_known_one(
     assert harness.returncode == 4, harness.stderr
     assert "no harness named 'claud-code' (did you mean 'claude-code'" in harness.stderr
     assert "known: aider, claude-code, claude-code-acp, codex, harbor-oracle," in harness.stderr
-    dataset = subprocess.run(
-        ["hemra", "run", "-H", "oracle", "-d", "hemra-ofline"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert dataset.returncode == 4, dataset.stderr
-    assert "no dataset named 'hemra-ofline' (did you mean 'hemra-offline'?" in dataset.stderr
-    looked = dataset.stderr.split("looked in ", 1)[1].split(", ")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = hemra(capsys, "run", "-H", "oracle", "-d", "hemra-ofline", "--dry-run")
+    assert code == 4, err
+    assert "no dataset named 'hemra-ofline' (did you mean 'hemra-offline'?" in err
+    looked = err.strip().split("looked in ", 1)[1].split(", ")
     assert len(looked) == len(set(looked))  # each folder once
-    assert not (tmp_path / ".hemra").exists()
