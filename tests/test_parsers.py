@@ -145,7 +145,10 @@ Applied edit to hello.txt
 
 def test_aider_tokens_line_is_read_with_cached_input_out_of_sent() -> None:
     assert parse_output("aider", AIDER_STDOUT) == SelfReport(
-        input_tokens=120, output_tokens=50, turns=1, is_estimate=True  # aider's tokenizer's
+        input_tokens=120,
+        output_tokens=50,
+        turns=1,
+        is_estimate=True,  # aider's tokenizer's
     )
     own = parse_output("aider", "Tokens: 900 sent, 100 cache write, 300 cache hit, 40 received.")
     assert own is not None
