@@ -133,7 +133,9 @@ def pytest_argv(args: argparse.Namespace) -> list[str]:
             argv += [option, str(value)]
     if args.concurrency and args.concurrency > 1:
         argv += ["-n", str(args.concurrency)]
-    return ["-p", "no:cacheprovider", *argv, *args.pytest_args]
+    # a run's session measures nothing with pytest-benchmark, which warns under xdist when
+    # installed beside HEMRA: kept out, so a refusal stays one line
+    return ["-p", "no:cacheprovider", "-p", "no:benchmark", *argv, *args.pytest_args]
 
 
 def run_command(args: argparse.Namespace) -> int:
