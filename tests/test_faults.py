@@ -488,17 +488,28 @@ def test_the_stores_disk_full_for_a_moment_loses_no_trial(
     small_disk: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The disk of the store and the trial folders fills up for 4 s while trials run: what
-    they write waits for space, a trial whose folder could not be written runs again (using
-    up no retry), and every trial passes."""
+    """The disk of the store and the trial folders fills up while a trial's agent runs, and
+    stays full until the trial has tried to write its diff: what is written waits for space,
+    that trial runs again (using up no retry), and every trial passes."""
     for name, value in QUICK_WAITS.items():
         monkeypatch.setenv(name, value)
     store_path = small_disk / ".hemra" / "hemra.db"
     run_id = recorded_run(store_path, 3, 2)
     workers = work_run(store_path, run_id, 2)
-    wait_for(lambda: finished(store_path) >= 1 and running(store_path) >= 1, 120, "trials")
+    folders = small_disk / ".hemra" / "runs" / run_id / "ds"
+
+    def agent_running() -> list[Path]:
+        return [
+            started.parent.parent
+            for started in folders.glob("*/*/agent/stdout.txt")
+            if not (started.parent.parent / "diff.patch").exists()
+        ]
+
+    wait_for(lambda: bool(agent_running()), 120, "a trial's agent running")
+    (folder,) = agent_running()[:1]
     filler = fill(small_disk)
-    time.sleep(4)
+    wait_for(lambda: (folder / "diff.patch").exists(), 120, "the trial writing its diff")
+    time.sleep(1)
     filler.unlink()
     for worker in workers:
         worker.join(120)
@@ -507,10 +518,12 @@ def test_the_stores_disk_full_for_a_moment_loses_no_trial(
     assert len(current) == 3 and all(t.outcome == "pass" and t.retries == 0 for t in current)
     assert store.run(run_id).status == "finished"
     history = store.trials(run_id, history=True)
-    waited = [e for e in store.events([t.id for t in history]) if e.kind == "store_wait"]
-    rerun = [t for t in history if t.error_class == "runner_disk_full"]
-    assert rerun or waited  # the full disk was met, and waited out
-    assert all(t.status in ("finished", "replaced") for t in history)
+    (full,) = [t for t in history if t.trial_dir == str(folder)]
+    assert (full.status, full.outcome, full.error_class) == (
+        "replaced", "infra_error", "runner_disk_full"
+    )  # fmt: skip
+    assert "No space left on device" in (full.error or "")
+    assert json.loads((folder / "result.json").read_text())["error_class"] == "runner_disk_full"
     assert all(json.loads(Path(t.trial_dir or "", "result.json").read_text()) for t in current)
 
 

@@ -10,8 +10,9 @@ read when a runner starts (an xdist worker inherits them):
 | `HEMRA_BACKOFF_MAX_SECS`     | 30      | waits double up to this                                |
 | `HEMRA_ENGINE_GIVE_UP_SECS`  | 300     | an engine not answering this long: its trials give up  |
 | `HEMRA_STORE_GIVE_UP_SECS`   | 300     | the store unwritable this long: the session stops      |
-| `HEMRA_ENGINE_SETTLE_SECS`   | 3       | after the engine refused a trial, how long it must     |
-|                              |         | keep answering for that to count as the trial's fault  |
+| `HEMRA_ENGINE_SETTLE_SECS`   | 3       | how long a lost engine must answer on end to be back;  |
+|                              |         | after it refused a trial, how long it must keep        |
+|                              |         | answering for that to count as the trial's own fault   |
 
 Each wait is drawn between half and all of its bound (jitter), so runners that lost an engine at
 the same moment do not all ask it again at the same moment.
