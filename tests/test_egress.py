@@ -238,7 +238,7 @@ def test_an_allowlist_task_reaches_its_hosts_through_the_proxy_and_nothing_else(
         run_file.write_text('harnesses = ["prober"]\ndatasets = ["ds"]\nmodel = "hemra/scripted"\n')
         result = pytester.runpytest("--hemra-run", str(run_file))
         result.assert_outcomes(passed=1)
-    probes = json.loads(next(tmp_path.rglob("verifier/probe.json")).read_text())
+    probes = json.loads(next(pytester.path.rglob("verifier/probe.json")).read_text())
     assert probes["proxy_set"], probes
     assert probes["no_proxy"] == [gateway_host, gateway_host]  # the model calls go direct
     assert probes["allowed"] == 200 and probes["tunnel"] == 200, probes
@@ -247,14 +247,14 @@ def test_an_allowlist_task_reaches_its_hosts_through_the_proxy_and_nothing_else(
     assert probes["direct"] not in (200, 403, 407), probes  # no route but the proxy
     assert probes["no credential"] == 407 and probes["wrong credential"] == 407, probes
     assert sorted(served) == ["/allowed", "/tunnel"]
-    egress = json.loads(next(tmp_path.rglob("agent/egress.json")).read_text())
+    egress = json.loads(next(pytester.path.rglob("agent/egress.json")).read_text())
     assert egress["allowed_hosts"] == ["127.0.0.1"]
     assert egress["allowed"] == {"127.0.0.1": 2}
     assert set(egress["refused"]) == {gateway_host, "localhost", "169.254.169.254"}
     assert all(entry["count"] == 1 for entry in egress["refused"].values())
     text = "".join(
         p.read_text(errors="replace")
-        for p in tmp_path.rglob("*")
+        for p in pytester.path.rglob("*")
         if p.is_file() and p.suffix in (".json", ".txt", ".patch")
     )
     assert "hemra-egress-" not in text  # the credential is in no trial file
@@ -291,13 +291,13 @@ def test_a_verifiers_own_allowlist_reaches_its_hosts_through_the_proxy_and_nothi
         run_file = tmp_path / "run.toml"
         run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
         pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(passed=1)
-    probes = json.loads(next(tmp_path.rglob("verifier/probe.json")).read_text())
+    probes = json.loads(next(pytester.path.rglob("verifier/probe.json")).read_text())
     assert probes["proxy_set"], probes
     assert probes["allowed"] == 200 and probes["tunnel"] == 200, probes
     assert probes["gateway host"] == 403 and probes["localhost"] == 403, probes
     assert probes["direct"] not in (200, 403, 407), probes  # no route but the proxy
     assert probes["no credential"] == 407 and probes["wrong credential"] == 407, probes
     assert sorted(served) == ["/allowed", "/tunnel"]
-    egress = json.loads(next(tmp_path.rglob("verifier/egress.json")).read_text())
+    egress = json.loads(next(pytester.path.rglob("verifier/egress.json")).read_text())
     assert egress["allowed_hosts"] == ["127.0.0.1"] and egress["allowed"] == {"127.0.0.1": 2}
-    assert not list(tmp_path.rglob("agent/egress.json"))  # the agent had no pass: no network
+    assert not list(pytester.path.rglob("agent/egress.json"))  # the agent had no pass: no network

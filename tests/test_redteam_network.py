@@ -214,7 +214,7 @@ def test_a_sandbox_reaches_the_gateway_and_no_peer_host_port_or_metadata(
         )
         result = pytester.runpytest("--hemra-run", str(run_file))
         assert result.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), result.outlines
-    found = json.loads(next(tmp_path.rglob("verifier/probe.json")).read_text())
+    found = json.loads(next(pytester.path.rglob("verifier/probe.json")).read_text())
     assert found["gateway"] == 200  # the model call went through the gateway
     probes = found["probes"]
     for name in targets:
