@@ -350,8 +350,10 @@ def test_an_engine_killed_mid_run_loses_no_trial_and_is_used_again_when_back(
     assert pool.ping(pool.engines[2]) is None
     assert containers(c.address, run.id) == []
 
-    again = pytester.runpytest("--hemra-run", str(pool_run(3, 2, 2, name="again.toml")), "-n", "3")
-    again.assert_outcomes(passed=6)
+    # 9 trials of 3 s on 3 one-slot engines from 3 workers: with c up, main and b alone would
+    # keep a worker waiting for a slot at every turn
+    again = pytester.runpytest("--hemra-run", str(pool_run(3, 3, 3, name="again.toml")), "-n", "3")
+    again.assert_outcomes(passed=9)
     later = store.runs()[-1]
     assert "c" in {t.engine for t in store.trials(later.id)}  # used again
 
