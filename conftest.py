@@ -41,7 +41,9 @@ def docker_client() -> Any:
 
 
 @pytest.fixture
-def no_leftover_containers(docker_client: Any, tmp_path: Path) -> Iterator[None]:
+def no_leftover_containers(
+    docker_client: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[None]:
     """No sandbox outlives its test: none of the runs in this test's stores is left after it
     (tests run in parallel, so another test's live sandboxes do not count here). Under CI every
     HEMRA container still on the machine at the end fails the session too
@@ -49,8 +51,16 @@ def no_leftover_containers(docker_client: Any, tmp_path: Path) -> Iterator[None]
     yield
     left = docker_client.containers.list(all=True, filters={"label": "hemra"}, ignore_removed=True)
     mine = _run_ids(tmp_path)
+    if "pytester" in request.fixturenames:  # a session's store is in its own folder
+        mine |= _run_ids(request.getfixturevalue("pytester").path)
     left = [c for c in left if c.labels.get("hemra.run") in mine]
     assert left == [], f"containers left behind: {[c.name for c in left]}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite's own session is the first to load this file; sessions its tests start in
+    subprocesses (which find it again from the repository's folder) inherit the mark."""
+    os.environ.setdefault("HEMRA_SUITE_SESSION", str(os.getpid()))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -58,6 +68,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     container left on the machine's engine fails the session, naming it."""
     if not os.environ.get("CI") or hasattr(session.config, "workerinput"):
         return
+    if os.environ.get("HEMRA_SUITE_SESSION") != str(os.getpid()):
+        return  # a session a test started (in a subprocess): not the suite's
     try:
         import docker
 

@@ -54,7 +54,7 @@ def test_the_readme_path_runs_from_an_empty_folder_with_the_wheel_installed(
     (Path(found.stdout.strip()) / "dependencies.pth").write_text("\n".join(ours) + "\n")
     installed = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-         "--no-index", str(wheel)],
+         "--no-index", "--ignore-installed", str(wheel)],  # (tox's copy is seen as installed)
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr[-3000:]
