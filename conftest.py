@@ -48,11 +48,12 @@ def no_leftover_containers(
     (tests run in parallel, so another test's live sandboxes do not count here). Under CI every
     HEMRA container still on the machine at the end fails the session too
     (`pytest_sessionfinish`): a sandbox outside any run is caught there."""
+    folders = [tmp_path]
+    if "pytester" in request.fixturenames:  # a session's store is in its own folder
+        folders.append(request.getfixturevalue("pytester").path)  # (asked before the test)
     yield
     left = docker_client.containers.list(all=True, filters={"label": "hemra"}, ignore_removed=True)
-    mine = _run_ids(tmp_path)
-    if "pytester" in request.fixturenames:  # a session's store is in its own folder
-        mine |= _run_ids(request.getfixturevalue("pytester").path)
+    mine = {run for folder in folders for run in _run_ids(folder)}
     left = [c for c in left if c.labels.get("hemra.run") in mine]
     assert left == [], f"containers left behind: {[c.name for c in left]}"
 
