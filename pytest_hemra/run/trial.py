@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -213,14 +213,9 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
         with progress.phase("healthcheck"):
             healthy(context, sandbox, environment.healthcheck, "[environment] healthcheck")
         if task.config.steps:
-            try:
-                reward, rewards = run_steps(context, sandbox, progress, installed, request)
-            except VerifierError:
-                _note_offline(context, progress)
-                raise
-            if not is_pass(reward):
-                _note_offline(context, progress)
-            return reward, rewards
+            return _noting_offline(
+                context, progress, lambda: run_steps(context, sandbox, progress, installed, request)
+            )
         with progress.phase("setup"):
             put_instruction(context, sandbox, task.path, task.instruction)
             before = sandbox.read_start_tree(context.workdir)
@@ -241,17 +236,27 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
                 return verify_swe(context, room, progress, before, after)
             if hemra.track == "open":
                 return verify_open(context, room, progress, after)
-            try:
-                reward, rewards = verify_reward(context, room)
-            except VerifierError:
-                _note_offline(context, progress)
-                raise
-            if not is_pass(reward):
-                _note_offline(context, progress)
-            return reward, rewards
+            return _noting_offline(context, progress, lambda: verify_reward(context, room))
     finally:
         with progress.phase("teardown"):
             sandboxes.close()
+
+
+def _noting_offline(
+    context: TrialContext,
+    progress: Progress,
+    verify: Callable[[], tuple[float, dict[str, float]]],
+) -> tuple[float, dict[str, float]]:
+    """`verify`'s reward, the trial classed `verifier_offline` (`_note_offline`) when it fell
+    short of a pass or its verifier gave none."""
+    try:
+        reward, rewards = verify()
+    except VerifierError:
+        _note_offline(context, progress)
+        raise
+    if not is_pass(reward):
+        _note_offline(context, progress)
+    return reward, rewards
 
 
 def _note_offline(context: TrialContext, progress: Progress) -> None:
