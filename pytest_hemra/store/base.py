@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,16 +36,31 @@ UNAVAILABLE = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_FULL")
 
 
 class StoreBase:
-    """A handle on one store file; cheap to open, one per process."""
+    """A handle on one store file; cheap to open. Each thread that uses it gets a connection
+    of its own (opened on first use): a process running many trials at once on threads
+    (`run/lanes.py`) shares one handle, and one thread's transaction never takes in another's
+    writes."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        timeout = seconds(*TIMEOUT_SECS, os.environ)
-        connection = sqlite3.connect(path, timeout=timeout, check_same_thread=False)
-        self.db = sqlite_utils.Database(connection)
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
         self.db.enable_wal()
         self._create_schema()
+
+    @property
+    def db(self) -> sqlite_utils.Database:
+        """This thread's connection to the store."""
+        db: sqlite_utils.Database | None = getattr(self._local, "db", None)
+        if db is None:
+            timeout = seconds(*TIMEOUT_SECS, os.environ)
+            connection = sqlite3.connect(self.path, timeout=timeout, check_same_thread=False)
+            with self._lock:
+                self._connections.append(connection)
+            db = self._local.db = sqlite_utils.Database(connection)
+        return db
 
     def _create_schema(self) -> None:
         """Create the tables once, in a write transaction taken up front: a reader that
@@ -105,7 +121,12 @@ class StoreBase:
         return None if row is None else str(row[0])
 
     def close(self) -> None:
-        self.db.conn.close()
+        """Close every thread's connection."""
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for connection in connections:
+            connection.close()
+        self._local = threading.local()
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
