@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,6 +39,7 @@ from pytest_hemra.report.tables import RunReport, build_report, report_dict
 from pytest_hemra.resolve.overrides import Overrides, read_overrides
 from pytest_hemra.resolve.plan import load_recorded, record_plan, resolve_plan
 from pytest_hemra.run.job import Runner, sandbox_for
+from pytest_hemra.run.lanes import Lanes
 from pytest_hemra.store import Store
 from pytest_hemra.store.owner import is_alive, owner_name
 
@@ -54,6 +56,7 @@ class HemraSession:
     gate_reasons: list[str] = field(default_factory=list)
     report: RunReport | None = None
     comparison: RunComparison | None = None
+    lanes: Lanes | None = None  # several trials at once in this process (`run/lanes.py`)
 
 
 SESSION = pytest.StashKey[HemraSession]()
@@ -205,6 +208,51 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
         runner.store.deselect_trials(runner.run.id, [t.nodeid for t in trials])
 
 
+def _lane_count(config: pytest.Config, runner: Runner) -> int:
+    """This process's share of the run's concurrency (`--hemra-concurrency`, else the run's
+    `concurrency`): all of it, or under pytest-xdist its part among the workers."""
+    wanted = config.getoption("hemra_concurrency") or runner.run.spec.concurrency
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    return max(1, math.ceil(wanted / workers))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    """With more than one lane, start this process's lanes on its trials; without
+    pytest-xdist, report the items as their trials finish (an xdist worker's own loop runs
+    its items, each waiting for its trial)."""
+    config = session.config
+    hemra = config.stash.get(SESSION, None)
+    if hemra is None or hemra.runner is None or config.option.collectonly:
+        return None
+    if config.pluginmanager.has_plugin("dsession") or session.testsfailed:
+        return None  # the xdist controller; or collection errors (pytest's own loop says so)
+    size = _lane_count(config, hemra.runner)
+    items = {
+        i.trial.id: i
+        for i in session.items
+        if isinstance(i, TrialItem) and isinstance(i.trial, TrialRecord)
+    }
+    if size < 2 or not items:
+        return None
+    trials = [i.trial for i in items.values() if isinstance(i.trial, TrialRecord)]
+    hemra.lanes = Lanes(hemra.runner, size).start(trials)
+    if hasattr(config, "workerinput"):
+        return None
+    left = dict.fromkeys(session.items)
+    order = [i for i in session.items if i not in items.values()]
+    order += [items[t.id] for t in hemra.lanes.in_finish_order(trials)]
+    for item in order:
+        del left[item]
+        nextitem = next(iter(left), None)  # any item not run yet: nothing is set up per item
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        if session.shouldfail:
+            raise session.Failed(session.shouldfail)
+        if session.shouldstop:
+            raise session.Interrupted(session.shouldstop)
+    return True
+
+
 class DatasetCollector(pytest.Collector):
     def __init__(self, *, trials: list[PlannedTrial | TrialRecord], **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -240,8 +288,9 @@ class TrialItem(pytest.Item):
             pytest.fail("hemra: this session recorded no run", pytrace=False)
         self.user_properties.clear()
         self.record = None
+        lanes = self.config.stash[SESSION].lanes
         try:
-            elsewhere = runner.work(trial)
+            elsewhere = runner.work(trial) if lanes is None else lanes.work(trial)
         except StoreUnavailable as error:  # waited out in vain: this session runs no more
             pytest.fail(f"hemra: {error}", pytrace=False)
         if elsewhere is not None:
@@ -340,6 +389,13 @@ def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, str] 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     hemra = session.config.stash.get(SESSION, None)
+    if hemra is not None and hemra.lanes is not None:  # trials still running: stopped, recorded
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        hemra.lanes.stop(
+            "interrupted (Ctrl-C)"
+            if interrupted
+            else "the session stopped before its end (-x, --maxfail)"
+        )
     if hemra is None or hemra.runner is None or hasattr(session.config, "workerinput"):
         return
     runner = hemra.runner

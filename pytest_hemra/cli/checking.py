@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_hemra.cli.running import positive_int
 from pytest_hemra.core.store_location import STORE_HELP
 from pytest_hemra.report import SLOW_BUILD_SECS
+from pytest_hemra.resolve.overrides import positive_int
 
 if TYPE_CHECKING:
     from pytest_hemra.cli.arguments import Commands
@@ -28,7 +28,7 @@ def add_commands(commands: Commands) -> None:
     )
     check.add_argument("-k", "--attempts", type=positive_int, default=1, help="attempts per task")
     check.add_argument(
-        "-n", "--concurrency", type=positive_int, help="trials at once, via pytest-xdist"
+        "-n", "--concurrency", type=positive_int, help="trials at once (threads of one process)"
     )
     check.add_argument(
         "-t",

@@ -20,7 +20,7 @@ from pytest_hemra.cli.exits import Exit, exit_codes_text
 from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.store_location import STORE_HELP, store_location
-from pytest_hemra.resolve.overrides import OVERRIDE_FLAGS, Overrides, read_overrides
+from pytest_hemra.resolve.overrides import OVERRIDE_FLAGS, positive_int, read_overrides
 
 if TYPE_CHECKING:
     from pytest_hemra.cli.arguments import Commands
@@ -48,9 +48,6 @@ def add_commands(commands: Commands) -> None:
             action="append" if flag.repeats else "store",
             default=[] if flag.repeats else None,
         )
-    run.add_argument(
-        "--concurrency", type=positive_int, metavar="N", help="trials at once, via pytest-xdist -n"
-    )
     run.add_argument("--store", metavar="PATH", help=STORE_HELP)
     run.add_argument(
         "--detach", action="store_true", help="record and queue the run for `hemra serve`; return"
@@ -77,7 +74,10 @@ def add_commands(commands: Commands) -> None:
     serve = commands.add_parser("serve", help="work the queue of detached runs")
     add_store_argument(serve)
     serve.add_argument(
-        "--concurrency", type=positive_int, default=1, metavar="N", help="trials at once per run"
+        "--concurrency",
+        type=positive_int,
+        metavar="N",
+        help="trials at once per run (default: each run's own 'concurrency')",
     )
     serve.add_argument("--once", action="store_true", help="exit when the queue is empty")
     add_viewer_arguments(serve)
@@ -97,17 +97,6 @@ def add_commands(commands: Commands) -> None:
     )
     runs.add_argument("-q", "--quiet", action="store_true", help="run ids only, one a line")
     runs.set_defaults(handler=runs_command)
-
-
-def positive_int(text: str) -> int:
-    """A count of 1 or more (`--concurrency 0` would run nothing, silently)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
-    return value
 
 
 def pytest_argv(args: argparse.Namespace) -> list[str]:
@@ -131,8 +120,6 @@ def pytest_argv(args: argparse.Namespace) -> list[str]:
     ):
         if value is not None:
             argv += [option, str(value)]
-    if args.concurrency and args.concurrency > 1:
-        argv += ["-n", str(args.concurrency)]
     # a run's session measures nothing with pytest-benchmark, which warns under xdist when
     # installed beside HEMRA: kept out, so a refusal stays one line
     return ["-p", "no:cacheprovider", "-p", "no:benchmark", *argv, *args.pytest_args]
@@ -147,8 +134,6 @@ def run_command(args: argparse.Namespace) -> int:
         return int(Exit.REFUSED)
     if args.detach or args.dry_run:
         return detach_command(args)  # nothing runs: a refusal is hemra's own (exit 4 too)
-    if args.concurrency is None and args.run_file:
-        args.concurrency = _file_concurrency(Path(args.run_file))
     return int(pytest.main(pytest_argv(args)))
 
 
@@ -183,21 +168,6 @@ def detach_command(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
-
-
-def _file_concurrency(run_file: Path) -> int | None:
-    """The run file's `concurrency` (with `[[sandbox.engines]]` and none given: the engines'
-    capacities added up); a malformed file is left for pytest to report."""
-    from pytest_hemra.core.errors import SpecError
-    from pytest_hemra.resolve.spec import load_run_spec
-
-    try:
-        spec = load_run_spec(run_file, Overrides())
-    except SpecError:
-        return None
-    if spec.sandbox.engines and "concurrency" not in spec.model_fields_set:
-        return sum(engine.capacity for engine in spec.sandbox.engines)
-    return spec.concurrency
 
 
 def serve_command(args: argparse.Namespace) -> int:

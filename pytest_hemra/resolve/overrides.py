@@ -6,6 +6,7 @@ Light on purpose (no pydantic): the pytest options module and `hemra --help` imp
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,17 @@ def _table(value: Any) -> dict[str, Any]:
 
 def _list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list) else []
+
+
+def positive_int(text: str) -> int:
+    """A count of 1 or more (`--concurrency 0` would run nothing, silently)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -139,6 +151,16 @@ OVERRIDE_FLAGS = (
         "NAME",
         "harness others are compared to",
         repeats=False,
+    ),
+    OverrideFlag(
+        "concurrency",
+        "--hemra-concurrency",
+        ("--concurrency",),
+        "N",
+        "trials at once (threads of each pytest process; with -n, shared out among the"
+        " workers); replaces the run file's 'concurrency'",
+        repeats=False,
+        type=positive_int,
     ),
     OverrideFlag(
         "sandbox", "--hemra-sandbox", ("--sandbox",), "PROVIDER", "sandbox provider", repeats=False

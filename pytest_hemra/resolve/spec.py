@@ -20,6 +20,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from pytest_hemra.core.errors import SpecError
@@ -278,6 +279,24 @@ class RunSpec(Strict):
         if any(not value.strip() for value in values):
             raise ValueError("expected model names, got an empty one")
         return values
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pool_concurrency(cls, data: Any) -> Any:
+        """With `[[sandbox.engines]]` and no `concurrency`, as many trials at once as the
+        engines' capacities add up to (a capacity that is not a count is refused by its own
+        field's check)."""
+        if not isinstance(data, dict) or "concurrency" in data:
+            return data
+        sandbox = data.get("sandbox")
+        engines = sandbox.get("engines") if isinstance(sandbox, dict) else None
+        if not isinstance(engines, list) or not engines:
+            return data
+        capacities = [e.get("capacity") if isinstance(e, dict) else None for e in engines]
+        counts = [c for c in capacities if type(c) is int and c > 0]
+        if len(counts) == len(capacities):
+            return {**data, "concurrency": min(sum(counts), 1024)}
+        return data
 
     @property
     def is_matrix(self) -> bool:

@@ -104,9 +104,16 @@ class Runner:
     cell_budgets: dict[str, RunBudget] = field(default_factory=dict)  # cell -> its budget
     watch: EngineWatch | None = None  # made on first use (its bounds read from the environment)
     store_lost: str | None = None  # the store could not be written within its give-up total
+    # what the threads of a process running several trials at once (`run/lanes.py`) make once
+    _once: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _beats: dict[str, Heartbeat] = field(default_factory=dict, repr=False)  # running trials
 
     def started_gateway(self) -> Gateway:
         """This process's gateway, started on first use: loopback plus where sandboxes reach."""
+        with self._once:
+            return self._started_gateway()
+
+    def _started_gateway(self) -> Gateway:
         if self.gateway is None:
             host = self.provider.gateway_host()
             hosts = ["127.0.0.1", *([host] if host and host != "127.0.0.1" else [])]
@@ -127,14 +134,18 @@ class Runner:
         budgets = [self.budget] if self.budget is not None else []
         limit = self.run.spec.cell_budget_usd
         if limit is not None:
-            if trial.cell not in self.cell_budgets:
-                reader, run_id = Store(self.store.path), self.run.id
-                harness, model = trial.harness, trial.model
-                self.cell_budgets[trial.cell] = RunBudget(
-                    limit, lambda: reader.cell_cost(run_id, harness, model), "cell budget"
-                )
+            with self._once:
+                self._cell_budget(trial, limit)
             budgets.append(self.cell_budgets[trial.cell])
         return Budgets(budgets) if budgets else None
+
+    def _cell_budget(self, trial: TrialRecord, limit: float) -> None:
+        if trial.cell not in self.cell_budgets:
+            reader, run_id = Store(self.store.path), self.run.id
+            harness, model = trial.harness, trial.model
+            self.cell_budgets[trial.cell] = RunBudget(
+                limit, lambda: reader.cell_cost(run_id, harness, model), "cell budget"
+            )
 
     def work(self, trial: TrialRecord) -> str | None:
         """Claim the trial's job and, once leased, run the trial to a recorded result (read it
@@ -167,15 +178,18 @@ class Runner:
             self.provider.remove_sandboxes({"hemra.trial": trial.id})
 
         with Heartbeat(store.path, trial.id, self.worker, stop_sandbox) as beat:
+            with self._once:
+                self._beats[trial.id] = beat
             try:
                 result = self._run_waiting(trial, trial_dir, beat.cancelled)
             except KeyboardInterrupt:
                 store.cancel_trials([trial.id], "interrupted (Ctrl-C)")
                 raise
+            finally:
+                with self._once:
+                    self._beats.pop(trial.id, None)
         if beat.cancelled.is_set() or store.job_state(trial.id) == "cancelling":
-            result = replace(
-                result, outcome=Outcome.CANCELLED, reward=None, error="cancelled by hemra cancel"
-            )
+            result = replace(result, outcome=Outcome.CANCELLED, reward=None, error=beat.reason)
         elif result.is_scored:
             result = self._with_upstream_refusals(trial, result)
         self._durably(lambda: store.finish_trial(trial.id, asdict(result)), trial)
@@ -187,11 +201,7 @@ class Runner:
         error after which the engine does not answer, or that was the engine's (it could not
         be reached, or went away just after: `run_trial` says), is the engine's outage: waited
         out, and classed so the trial runs again without using up a retry."""
-        watch, run_id = self.watch, self.run.id
-        if watch is None:
-            watch = EngineWatch(self.provider, self.store, engine_backoff(), engine_settle_secs())
-            watch.sweep()  # what earlier runs of this store left on the engine
-            self.watch = watch.start()
+        watch, run_id = self._engine_watch(), self.run.id
         down = watch.error()
         if down is not None:
             waited = watch.wait(run_id, trial.id, cancelled, down)
@@ -216,6 +226,18 @@ class Runner:
             return result
         error_class = ENGINE_OUTAGE if waited.is_back else ENGINE_GONE
         return replace(result, error_class=error_class, error=f"{waited.note()}: {result.error}")
+
+    def _engine_watch(self) -> EngineWatch:
+        """The process's watch on its engine, made (and what earlier runs of this store left on
+        the engine swept) before its first trial."""
+        with self._once:
+            if self.watch is None:
+                watch = EngineWatch(
+                    self.provider, self.store, engine_backoff(), engine_settle_secs()
+                )
+                watch.sweep()
+                self.watch = watch.start()
+            return self.watch
 
     def _context(self, trial: TrialRecord, trial_dir: Path) -> TrialContext:
         """What the trial runs with; its task's files are read again (they may have changed
@@ -277,6 +299,13 @@ class Runner:
         in HEMRA's own sandbox."""
         own = kind_of(context.harness).run_trial(context, self.run, self.store, trial)
         return run_trial(context) if own is None else own
+
+    def stop_running(self, reason: str) -> None:
+        """Stop every trial this process runs: each is recorded cancelled, with `reason`."""
+        with self._once:
+            beats = list(self._beats.values())
+        for beat in beats:
+            beat.stop(reason)
 
     def next_attempt(self, record: TrialRecord) -> TrialRecord | None:
         """After an infrastructure error with retries left, the row that runs the trial again

@@ -35,6 +35,7 @@ class Heartbeat:
         self.owner = owner
         self.on_cancel = on_cancel
         self.cancelled = threading.Event()
+        self.reason = "cancelled by hemra cancel"  # what stopped the trial, once cancelled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"hemra-lease-{trial}", daemon=True)
 
@@ -45,6 +46,14 @@ class Heartbeat:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+    def stop(self, reason: str) -> None:
+        """Stop the trial from this process (its session stopping): as a cancel would."""
+        if not self.cancelled.is_set():
+            self.reason = reason
+            self.cancelled.set()
+            with contextlib.suppress(HemraError):
+                self.on_cancel()
 
     def _beat(self) -> None:
         store = Store(Path(self.store_path))

@@ -31,15 +31,16 @@ POLL_SECS = 1.0
 USAGE_EXITS = (2, 3, 4)  # interrupted, internal error, usage error: do not try the run again
 
 
-def session_argv(run_id: str, store: Path, concurrency: int) -> list[str]:
-    """The pytest session that finishes one run."""
+def session_argv(run_id: str, store: Path, concurrency: int | None) -> list[str]:
+    """The pytest session that finishes one run: as many trials at once as the run says
+    (its recorded `concurrency`), unless the server was told otherwise."""
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN"]
     argv += ["--hemra-resume", run_id, "--hemra-store", str(store)]
-    return argv + (["-n", str(concurrency)] if concurrency > 1 else [])
+    return argv + (["--hemra-concurrency", str(concurrency)] if concurrency else [])
 
 
 class Supervisor:
-    def __init__(self, store_path: Path, concurrency: int) -> None:
+    def __init__(self, store_path: Path, concurrency: int | None) -> None:
         self.store_path = store_path.resolve()
         self.store = Store(self.store_path)
         self.concurrency = concurrency
