@@ -121,6 +121,41 @@ def store(tmp_path: Path) -> Any:
     return Store(tmp_path / "calls.db")
 
 
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A throwaway PostgreSQL server (tests/postgres.py) for the session. Under CI=true missing
+    PostgreSQL binaries fail the tests that need it; elsewhere they skip."""
+    from tests.postgres import PostgresServer, binaries
+
+    found = binaries()
+    if found is None:
+        message = "needs PostgreSQL's server programs (apt-get install postgresql)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    server = PostgresServer(found)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: Any) -> str:
+    """A new, empty PostgreSQL database of the session's server: its URL."""
+    return str(postgres_server.create_database())
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_address(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new store's address, once for each kind of store: a SQLite file, a PostgreSQL
+    database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "s.db")
+    return str(request.getfixturevalue("postgres_url"))
+
+
 @pytest.fixture
 def gateway(upstream: Any, store: Any) -> Iterator[Any]:
     """A real gateway on loopback forwarding `anthropic` and `openai` to the loopback upstream

@@ -86,7 +86,7 @@ def _open_session(config: pytest.Config) -> HemraSession:
     if hasattr(config, "workerinput"):
         if "hemra_run_id" not in config.workerinput:
             raise HemraError("xdist worker got no run id from the controller")
-        store = Store(Path(config.workerinput["hemra_store"]))
+        store = Store(config.workerinput["hemra_store"])
         run = load_recorded(store, config.workerinput["hemra_run_id"])
         runner = Runner(store, run, sandbox_for(run.spec, store, found), owner_name())
         return HemraSession(runner, (), run.dataset_paths)
@@ -102,7 +102,7 @@ def _open_session(config: pytest.Config) -> HemraSession:
     paths = {dataset.name: dataset.path for dataset in plan.datasets}
     if collect_only:
         return HemraSession(None, plan.trials, paths)
-    store = Store(store_location(config.getoption("hemra_store"), "--hemra-store").path)
+    store = Store(store_location(config.getoption("hemra_store"), "--hemra-store").address)
     _check_run_named(config, store, "hemra_compare")
     provider = sandbox_for(plan.spec, store, found)
     run = load_recorded(store, record_plan(plan, store))
@@ -119,9 +119,9 @@ def _resume_session(config: pytest.Config, found: dict[str, ProviderFactory]) ->
     """Finish a recorded run: trials whose runner is gone, that hit an infrastructure error
     (or were cancelled, if asked) run again under new rows; finished ones are reported."""
     location = store_location(config.getoption("hemra_store"), "--hemra-store")
-    if not location.path.is_file():
+    if not location.exists():
         raise HemraError(f"--hemra-resume: no store at {location.describe()}")
-    store = Store(location.path)
+    store = Store(location.address)
     _check_run_named(config, store, "hemra_resume")
     _check_run_named(config, store, "hemra_compare")
     run_id = config.getoption("hemra_resume")
@@ -161,7 +161,7 @@ def pytest_configure_node(node: Any) -> None:
     runner = _runner(node.config)
     if runner is not None:
         node.workerinput["hemra_run_id"] = runner.run.id
-        node.workerinput["hemra_store"] = str(runner.store.path)
+        node.workerinput["hemra_store"] = runner.store.address
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -169,7 +169,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     if runner is None:
         return None
     run = runner.run
-    return [f"hemra: run {run.id}, {len(run.trials)} trials, store {runner.store.path}"]
+    return [f"hemra: run {run.id}, {len(run.trials)} trials, store {runner.store.name}"]
 
 
 def pytest_collection(session: pytest.Session) -> bool | None:

@@ -1,8 +1,8 @@
-"""The store: WAL mode, the plan recorded in one transaction, results kept."""
+"""The store: the plan recorded in one transaction, results kept, the queue's leases; each on
+both kinds of store (a SQLite file, a PostgreSQL database: `store_address` in conftest.py)."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -14,26 +14,25 @@ from pytest_hemra.store import SCHEMA_VERSION, Store
 PLAN = [PlannedTrial("ds", "t", "h", 1), PlannedTrial("ds", "t", "h", 2)]
 
 
-def test_plan_is_recorded_with_its_jobs(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db")
+def test_plan_is_recorded_with_its_jobs(tmp_path: Path, store_address: str) -> None:
+    store = Store(store_address)
     store.record_plan("r1", "run", {"spec": {}}, tmp_path, PLAN)
-    assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert [t.item_id for t in store.trials("r1")] == ["ds::t[h-1]", "ds::t[h-2]"]
     assert store.count("jobs") == 2 and store.count("runs") == 1
     assert store.run("r1").spec == {"spec": {}}
 
 
-def test_a_failed_record_leaves_nothing(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db")
+def test_a_failed_record_leaves_nothing(tmp_path: Path, store_address: str) -> None:
+    store = Store(store_address)
     store.record_plan("r1", "run", {}, tmp_path, PLAN)
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(Exception, match=r"(?i)unique"):
         store.record_plan("r1", "again", {}, tmp_path, PLAN)  # same run id: refused whole
     assert store.count("runs") == 1 and store.count("trials") == 2 and store.count("jobs") == 2
     assert store.count("events") == 1
 
 
-def test_finished_trial_closes_its_job_and_the_run(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db")
+def test_finished_trial_closes_its_job_and_the_run(tmp_path: Path, store_address: str) -> None:
+    store = Store(store_address)
     store.record_plan("r1", "run", {}, tmp_path, PLAN[:1])
     (trial,) = store.trials("r1")
     assert store.claim(trial.id, "w", 30) == "leased"
@@ -58,8 +57,10 @@ def test_finished_trial_closes_its_job_and_the_run(tmp_path: Path) -> None:
     assert store.db.execute("SELECT state FROM jobs").fetchone()[0] == "done"
 
 
-def test_a_job_is_leased_once_and_its_lease_is_renewed_by_its_owner_only(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db")
+def test_a_job_is_leased_once_and_its_lease_is_renewed_by_its_owner_only(
+    tmp_path: Path, store_address: str
+) -> None:
+    store = Store(store_address)
     store.record_plan("r1", "run", {}, tmp_path, PLAN[:1])
     (trial,) = store.trials("r1")
     assert store.claim(trial.id, "gw0@elsewhere:1", 30) == "leased"
@@ -70,8 +71,10 @@ def test_a_job_is_leased_once_and_its_lease_is_renewed_by_its_owner_only(tmp_pat
     assert store.stale_trials("r1", lambda owner: False) == [trial.id]  # its runner died
 
 
-def test_an_expired_lease_is_stale_even_if_its_owner_may_live(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db")
+def test_an_expired_lease_is_stale_even_if_its_owner_may_live(
+    tmp_path: Path, store_address: str
+) -> None:
+    store = Store(store_address)
     store.record_plan("r1", "run", {}, tmp_path, PLAN[:1])
     (trial,) = store.trials("r1")
     store.claim(trial.id, "gw0@elsewhere:1", -1)
@@ -79,8 +82,10 @@ def test_an_expired_lease_is_stale_even_if_its_owner_may_live(tmp_path: Path) ->
     assert store.runnable_runs(lambda owner: True) == ["r1"]
 
 
-def test_replacing_a_trial_links_a_new_attempt_row_and_queues_its_job(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db")
+def test_replacing_a_trial_links_a_new_attempt_row_and_queues_its_job(
+    tmp_path: Path, store_address: str
+) -> None:
+    store = Store(store_address)
     store.record_plan("r1", "run", {}, tmp_path, PLAN)
     first, second = store.trials("r1")
     store.claim(first.id, "w", 30)
@@ -98,8 +103,10 @@ def test_replacing_a_trial_links_a_new_attempt_row_and_queues_its_job(tmp_path: 
     assert store.replace_trial(again.id, retry=False).retries == 1  # a resume is no retry
 
 
-def test_cancel_run_cancels_queued_now_and_asks_live_runners(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db")
+def test_cancel_run_cancels_queued_now_and_asks_live_runners(
+    tmp_path: Path, store_address: str
+) -> None:
+    store = Store(store_address)
     store.record_plan("r1", "run", {}, tmp_path, PLAN)
     running, queued = store.trials("r1")
     store.claim(running.id, "w", 30)
@@ -113,13 +120,19 @@ def test_cancel_run_cancels_queued_now_and_asks_live_runners(tmp_path: Path) -> 
     assert store.runnable_runs(lambda owner: True) == []
 
 
-def test_a_dead_runners_trials_are_cancelled_at_once(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db")
+def test_a_dead_runners_trials_are_cancelled_at_once(tmp_path: Path, store_address: str) -> None:
+    store = Store(store_address)
     store.record_plan("r1", "run", {}, tmp_path, PLAN[:1])
     (trial,) = store.trials("r1")
     store.claim(trial.id, "w", 30)
     assert store.cancel_run("r1", lambda owner: False) == (1, 0)
     assert store.trial(trial.id).status == "cancelled"
+
+
+def test_a_sqlite_store_is_in_wal_mode(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store.path == tmp_path / "s.db" and store.address == str(tmp_path / "s.db")
 
 
 def test_an_older_store_is_brought_forward_and_its_runs_stay_readable(tmp_path: Path) -> None:
@@ -155,14 +168,14 @@ def test_a_store_too_old_to_migrate_is_refused_clearly(tmp_path: Path) -> None:
 
 
 def test_a_shared_board_lock_holds_up_no_other_writer_and_one_holder_at_a_time(
-    tmp_path: Path,
+    tmp_path: Path, store_address: str
 ) -> None:
     import threading
     import time
 
-    store = Store(tmp_path / "s.db")
+    store = Store(store_address)
     store.record_plan("r1", "run", {}, tmp_path, PLAN)
-    other = Store(store.path)
+    other = Store(store.address)
     entered: list[str] = []
     with store.locked_shared_board("r1", "harbor", owner="a@here:1") as board:
         board.jobs.append({"name": "job-1"})
@@ -183,10 +196,10 @@ def test_a_shared_board_lock_holds_up_no_other_writer_and_one_holder_at_a_time(
     assert store.count("shared_locks") == 0
 
 
-def test_a_dead_holders_board_lock_is_taken_over(tmp_path: Path) -> None:
+def test_a_dead_holders_board_lock_is_taken_over(tmp_path: Path, store_address: str) -> None:
     import socket
 
-    store = Store(tmp_path / "s.db")
+    store = Store(store_address)
     store.record_plan("r1", "run", {}, tmp_path, PLAN)
     dead = f"main@{socket.gethostname()}:999999999"
     with store._transaction() as tx:

@@ -57,12 +57,12 @@ def open_store(option: str | None) -> Store:
     from pytest_hemra.store import Store
 
     location = store_location(option)
-    if not location.path.is_file():
+    if not location.exists():
         raise HemraError(
             f"no store at {location.describe()}: `hemra run` records one there when run from"
             " this folder"
         )
-    return Store(location.path)
+    return Store(location.address)
 
 
 def find_run(store: Store, option: str | None, run_id: str) -> str:

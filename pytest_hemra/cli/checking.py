@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_hemra.core.store_location import STORE_HELP
@@ -73,7 +72,7 @@ class RunSeen:
         hemra = session.config.stash.get(SESSION, None)
         if hemra is not None and hemra.runner is not None:
             self.run_id = hemra.runner.run.id
-            self.store = str(hemra.runner.store.path)
+            self.store = hemra.runner.store.address
 
 
 def run_words(args: argparse.Namespace) -> list[str]:
@@ -110,7 +109,7 @@ def check_command(args: argparse.Namespace) -> int:
         status = int(pytest.main(pytest_argv(run_args), plugins=[seen]))
     if seen.run_id is None or seen.store is None:
         return status or int(pytest.ExitCode.USAGE_ERROR)  # nothing was recorded
-    store = Store(Path(seen.store))
+    store = Store(seen.store)
     (dataset,) = store.run(seen.run_id).plan.datasets
     health = check_health(store, seen.run_id, dataset, args.slow_build_secs)
     if args.format == "json":

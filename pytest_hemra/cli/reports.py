@@ -143,6 +143,6 @@ def view_command(args: argparse.Namespace) -> int:
     from pytest_hemra.viewer.server import running_viewer, wait_for_signal
 
     store = open_store(args.store)
-    with running_viewer(store.path, args.host, args.port, required=True):
+    with running_viewer(store.address, args.host, args.port, required=True):
         wait_for_signal()
     return 0

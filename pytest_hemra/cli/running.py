@@ -160,11 +160,11 @@ def detach_command(args: argparse.Namespace) -> int:
         return 0
     plan = resolve_plan(run_file, overrides, Path.cwd())
     provision(plan, found, note=lambda line: print(line, file=sys.stderr))
-    store = Store(store_location(args.store).path)
+    store = Store(store_location(args.store).address)
     run_id = record_plan(plan, store, status="queued")
     print(run_id)
     print(
-        f"queued {len(plan.trials)} trials in {store.path}; `hemra serve` runs them",
+        f"queued {len(plan.trials)} trials in {store.name}; `hemra serve` runs them",
         file=sys.stderr,
     )
     return 0
@@ -181,10 +181,10 @@ def serve_command(args: argparse.Namespace) -> int:
     viewer = (
         nullcontext()
         if args.no_viewer
-        else running_viewer(store.path, args.host, args.port, required=False)
+        else running_viewer(store.address, args.host, args.port, required=False)
     )
     with viewer:
-        return Supervisor(store.path, args.concurrency).serve(once=args.once)
+        return Supervisor(store.address, args.concurrency).serve(once=args.once)
 
 
 def cancel_command(args: argparse.Namespace) -> int:

@@ -284,8 +284,8 @@ def engines_command(args: argparse.Namespace) -> int:
     spec = load_run_spec(run_file, Overrides())
     if not spec.sandbox.engines:
         raise SpecError(f"{run_file}: no [[sandbox.engines]] (see docs/scaling.md)")
-    store_path = store_location(args.store).path
-    store = Store(store_path) if store_path.is_file() else None
+    location = store_location(args.store)
+    store = Store(location.address) if location.exists() else None
     statuses = engine_statuses(spec.sandbox.engines, store)
     print(render_engines(statuses))
     return 0 if any(status.answers for status in statuses) else 1
@@ -375,6 +375,6 @@ def calibrate_command(args: argparse.Namespace) -> int:
         f" {result.anchors} anchors ({anchors_path}); threshold {result.threshold:g}:"
         f" {result.verdict}"
     )
-    store = Store(store_location(args.store).path)
+    store = Store(store_location(args.store).address)
     store.record_calibration(calibration_row(result))
     return 0 if result.reliable else 1

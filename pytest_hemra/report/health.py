@@ -124,7 +124,7 @@ def check_health(
     missing = [h for h in (ORACLE, NOP) if h not in plan.harness_names]
     if entry is None or missing:
         raise StoreError(
-            f"{store.path}: run {run_id} is not a check of {dataset!r}"
+            f"{store.name}: run {run_id} is not a check of {dataset!r}"
             f" (it ran {', '.join(plan.harness_names)} on {', '.join(plan.datasets)})"
         )
     trials = [t for t in store.trials(run_id) if t.dataset == dataset and t.status != "deselected"]
@@ -142,7 +142,7 @@ def check_health(
         tasks.append(_with_build(health, entry.build_secs.get(task), slow_build_secs))
     return DatasetHealth(
         run_id=run_id,
-        store=str(store.path),
+        store=store.name,
         dataset=dataset,
         digest=entry.digest or "",
         attempts=max((t.attempt for t in trials), default=1),

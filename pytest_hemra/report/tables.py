@@ -183,7 +183,7 @@ def build_report(store: Store, run_id: str) -> RunReport:
     run = store.run(run_id)
     plan = run.plan
     if plan.baseline is None:
-        raise StoreError(f"{store.path}: run {run_id} was recorded without harnesses")
+        raise StoreError(f"{store.name}: run {run_id} was recorded without harnesses")
     trials = store.trials(run_id)
     judges = [(j.name, j.model) for j in plan.judges]
     calibrations = {
@@ -205,7 +205,7 @@ def build_report(store: Store, run_id: str) -> RunReport:
         tables[0].flags.extend(judge_flags)
         tables[0] = replace(tables[0], variance=_variance(plan, mine))
         datasets += tables
-    return RunReport(run.id, run.name, str(store.path), run.status, plan.baseline, plan.model,
+    return RunReport(run.id, run.name, store.name, run.status, plan.baseline, plan.model,
                      datasets)  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from pytest_hemra.core import registry
 from pytest_hemra.core.errors import SpecError, StoreError
 from pytest_hemra.core.records import PlannedTrial, TrialRecord
+from pytest_hemra.core.store_location import TRIALS_DIR_VARIABLE
 from pytest_hemra.resolve.datasets import Dataset, Task, load_task, resolve_dataset
 from pytest_hemra.resolve.harnesses import Harness, is_isolated, resolve_harness
 from pytest_hemra.resolve.judges import Judge, resolve_judges
@@ -390,20 +391,39 @@ def new_run_id() -> str:
 def record_plan(plan: Plan, store: Store, status: str = "recorded") -> str:
     """Phase 2: the run, its spec and every trial and job in one transaction; the run's id."""
     run_id = new_run_id()
-    trials_dir = store.path.parent / "runs" / run_id
+    trials_dir = trials_folder(plan, store) / run_id
     store.record_plan(run_id, plan.spec.name, plan.record(), trials_dir, plan.trials, status)
     return run_id
+
+
+def trials_folder(plan: Plan, store: Store) -> Path:
+    """Where a run's trial folders go (`<folder>/RUN_ID/...`): the run file's `trials_dir`
+    (relative to the run file's folder), else `$HEMRA_TRIALS_DIR`, else `runs/` beside a
+    SQLite store. A PostgreSQL store has no folder: it is refused without one of the first
+    two, since trial folders must be where every machine sharing the store reads them."""
+    if plan.spec.trials_dir is not None:
+        return (plan.base_dir / plan.spec.trials_dir).resolve()
+    named = os.environ.get(TRIALS_DIR_VARIABLE, "").strip()
+    if named:
+        return Path(named).resolve()
+    if store.path is None:
+        raise SpecError(
+            f"{plan.source}: key 'trials_dir' is required with a PostgreSQL store"
+            f" ({store.name}): expected a folder every machine sharing the store reads at the"
+            f" same path (or set {TRIALS_DIR_VARIABLE})"
+        )
+    return store.path.parent / "runs"
 
 
 def load_recorded(store: Store, run_id: str) -> RecordedRun:
     run = store.run(run_id)
     stored = run.plan
     if stored.schema_version != PLAN_SCHEMA_VERSION:
-        raise StoreError(f"{store.path}: run {run_id} was recorded by another HEMRA version")
+        raise StoreError(f"{store.name}: run {run_id} was recorded by another HEMRA version")
     missing = [h.name for h in stored.harnesses.values() if h.path is None]
     missing += [d.name for d in stored.datasets.values() if d.path is None]
     if missing:
-        raise StoreError(f"{store.path}: run {run_id} has no recorded path for {missing}")
+        raise StoreError(f"{store.name}: run {run_id} has no recorded path for {missing}")
     harnesses = {
         name: Harness(name, Path(h.path or ""), HarnessSpec.model_validate(h.settings))
         for name, h in stored.harnesses.items()

@@ -242,8 +242,17 @@ class RunSpec(Strict):
     cell_budget_usd: float | None = Field(default=None, gt=0)  # each harness (x model) cell's
     # harnesses the run trusts to run outside HEMRA's sandbox (a harbor harness): docs/security.md
     trust_unisolated: list[str] = Field(default_factory=list)
+    # where trial folders go (relative to the run file's folder); required with a shared store
+    trials_dir: str | None = None
 
     _name = field_validator("name")(_check_name)
+
+    @field_validator("trials_dir")
+    @classmethod
+    def _trials_dir(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip() or "\0" in value):
+            raise ValueError("expected a folder's path")
+        return value
 
     @field_validator("harnesses")
     @classmethod

@@ -119,12 +119,12 @@ class Runner:
             hosts = ["127.0.0.1", *([host] if host and host != "127.0.0.1" else [])]
             if isinstance(self.provider, EnginePool):  # every engine's sandboxes reach it
                 hosts = list(dict.fromkeys([*hosts, *self.provider.gateway_hosts()]))
-            writer = Store(self.store.path)  # its own connection, for the gateway's writer thread
+            writer = Store(self.store.address)  # its own connection, for the gateway's writer
             upstreams = configured_upstreams(self.run.spec.providers)
             self.gateway = Gateway(upstreams, writer.record_call, hosts).start()
             self.gateway_host = host or "127.0.0.1"
             if self.run.spec.budget_usd is not None:
-                reader, run_id = Store(self.store.path), self.run.id
+                reader, run_id = Store(self.store.address), self.run.id
                 self.budget = RunBudget(self.run.spec.budget_usd, lambda: reader.run_cost(run_id))
         return self.gateway
 
@@ -141,7 +141,7 @@ class Runner:
 
     def _cell_budget(self, trial: TrialRecord, limit: float) -> None:
         if trial.cell not in self.cell_budgets:
-            reader, run_id = Store(self.store.path), self.run.id
+            reader, run_id = Store(self.store.address), self.run.id
             harness, model = trial.harness, trial.model
             self.cell_budgets[trial.cell] = RunBudget(
                 limit, lambda: reader.cell_cost(run_id, harness, model), "cell budget"
@@ -177,7 +177,7 @@ class Runner:
         def stop_sandbox() -> None:
             self.provider.remove_sandboxes({"hemra.trial": trial.id})
 
-        with Heartbeat(store.path, trial.id, self.worker, stop_sandbox) as beat:
+        with Heartbeat(store.address, trial.id, self.worker, stop_sandbox) as beat:
             with self._once:
                 self._beats[trial.id] = beat
             try:

@@ -28,7 +28,7 @@ class Heartbeat:
     """Renews one trial's lease in a thread; calls `on_cancel` once if the job is cancelled."""
 
     def __init__(
-        self, store_path: Path, trial: str, owner: str, on_cancel: Callable[[], None]
+        self, store_path: str | Path, trial: str, owner: str, on_cancel: Callable[[], None]
     ) -> None:
         self.store_path = store_path
         self.trial = trial
@@ -56,7 +56,7 @@ class Heartbeat:
                 self.on_cancel()
 
     def _beat(self) -> None:
-        store = Store(Path(self.store_path))
+        store = Store(self.store_path)  # a connection of its own: a path or a URL
         try:
             while not self._stop.wait(HEARTBEAT_SECS):
                 try:

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 
 from pytest_hemra.core.errors import HemraError
+from pytest_hemra.core.store_location import STORE_VARIABLE
 from pytest_hemra.resolve.plan import load_recorded, missing_variables
 from pytest_hemra.run.job import run_provider
 from pytest_hemra.store import Store
@@ -31,20 +32,26 @@ POLL_SECS = 1.0
 USAGE_EXITS = (2, 3, 4)  # interrupted, internal error, usage error: do not try the run again
 
 
-def session_argv(run_id: str, store: Path, concurrency: int | None) -> list[str]:
+def session_argv(run_id: str, concurrency: int | None) -> list[str]:
     """The pytest session that finishes one run: as many trials at once as the run says
-    (its recorded `concurrency`), unless the server was told otherwise."""
+    (its recorded `concurrency`), unless the server was told otherwise. Its store is handed
+    over in `HEMRA_STORE` (`session_env`), where a URL's password is not on every `ps`."""
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN"]
-    argv += ["--hemra-resume", run_id, "--hemra-store", str(store)]
+    argv += ["--hemra-resume", run_id]
     return argv + (["--hemra-concurrency", str(concurrency)] if concurrency else [])
 
 
+def session_env(store: Store) -> dict[str, str]:
+    return {**os.environ, STORE_VARIABLE: store.address}
+
+
 class Supervisor:
-    def __init__(self, store_path: Path, concurrency: int | None) -> None:
-        self.store_path = store_path.resolve()
-        self.store = Store(self.store_path)
+    def __init__(self, store: str | Path, concurrency: int | None) -> None:
+        self.store = Store(store)
         self.concurrency = concurrency
-        self.logs = self.store_path.parent / "serve"
+        # sessions run in the store's folder (a server's store: the current folder)
+        self.folder = Path.cwd() if self.store.path is None else self.store.path.parent
+        self.logs = self.folder / "serve"
         self.stopping = False
         self.given_up: set[str] = set()
         self.told: set[tuple[str, str]] = set()  # (run, harness) lacking variables, said once
@@ -107,8 +114,9 @@ class Supervisor:
         before = self.store.job_counts(run_id)
         with log_path.open("ab") as log:
             self.child = subprocess.Popen(
-                session_argv(run_id, self.store_path, self.concurrency),
-                cwd=self.store_path.parent,
+                session_argv(run_id, self.concurrency),
+                cwd=self.folder,
+                env=session_env(self.store),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -42,7 +42,7 @@ class EventStore(StoreBase):
             "SELECT e.run_id, e.at, e.data, j.lease_owner, j.lease_expires FROM events e"
             " JOIN jobs j ON j.id = e.trial_id"
             f" WHERE e.kind = ? AND j.state IN {LIVE_JOBS}"
-            " AND (? IS NULL OR e.run_id = ?)"
+            " AND (CAST(? AS TEXT) IS NULL OR e.run_id = ?)"
             " AND NOT EXISTS (SELECT 1 FROM events l WHERE l.trial_id = e.trial_id"
             "  AND l.kind IN (SELECT value FROM json_each(?)) AND l.id > e.id)"
             " AND NOT EXISTS (SELECT 1 FROM events d WHERE d.trial_id = e.trial_id"

@@ -15,6 +15,7 @@ from pytest_hemra.core.records import (
     PlannedTrial,
     TrialRecord,
 )
+from pytest_hemra.store.dialect import Connection
 from pytest_hemra.store.results import ResultStore
 from pytest_hemra.store.schema import (
     SCHEMA_VERSION,
@@ -101,28 +102,58 @@ class QueueStore(ResultStore):
                     " WHERE id = ? AND status = 'planned'",
                     [now, trial],
                 )
-            claimed = tx.execute(
-                "UPDATE jobs SET state = 'leased', lease_owner = ?, lease_expires = ?,"
-                " heartbeat_at = ? WHERE id = ? AND state = 'queued'",
-                [worker, now + lease_secs, now, trial],
-            ).rowcount
-            if claimed:
-                tx.execute(
-                    "UPDATE trials SET status = 'running', started_at = ?, worker = ? WHERE id = ?",
-                    [now, worker, trial],
-                )
-                tx.execute(
-                    "UPDATE runs SET status = 'running' WHERE id ="
-                    " (SELECT run_id FROM trials WHERE id = ?) AND status != 'cancelled'",
-                    [trial],
-                )
+            if self._lease(tx, trial, worker, lease_secs, now):
                 return "leased"
             found = tx.execute(
                 "SELECT state, lease_owner FROM jobs WHERE id = ?", [trial]
             ).fetchone()
         if found is None:
-            raise StoreError(f"{self.path}: no job for trial {trial!r}")
+            raise StoreError(f"{self.name}: no job for trial {trial!r}")
         return "taken" if found[0] == "leased" else str(found[0])
+
+    def claim_next(self, worker: str, lease_secs: float, run_id: str | None = None) -> str | None:
+        """Lease the next queued job to `worker` (of `run_id`, else of any run still open,
+        the oldest run first) and return its trial's id; None when no job is queued.
+
+        For workers on several machines working one queue: on PostgreSQL the job's row is
+        taken `FOR UPDATE SKIP LOCKED`, so workers claiming at once each take another job
+        without waiting on one another (on SQLite the write transaction holds the store)."""
+        now = time.time()
+        with self._transaction() as tx:
+            found = tx.execute(
+                "SELECT jobs.id FROM jobs JOIN runs ON runs.id = jobs.run_id"
+                " WHERE jobs.state = 'queued' AND runs.status NOT IN ('cancelled', 'finished')"
+                " AND (CAST(? AS TEXT) IS NULL OR jobs.run_id = ?)"
+                " ORDER BY runs.created_at, jobs.id LIMIT 1" + self.dialect.skip_locked,
+                [run_id, run_id],
+            ).fetchone()
+            if found is None:
+                return None
+            self._lease(tx, str(found[0]), worker, lease_secs, now)
+        return str(found[0])
+
+    def _lease(
+        self, tx: Connection, trial: str, worker: str, lease_secs: float, now: float
+    ) -> bool:
+        """Lease a queued job (the job, then its trial, then its run: the order every write
+        of the queue takes rows in, so that none waits on another in a cycle)."""
+        claimed = tx.execute(
+            "UPDATE jobs SET state = 'leased', lease_owner = ?, lease_expires = ?,"
+            " heartbeat_at = ? WHERE id = ? AND state = 'queued'",
+            [worker, now + lease_secs, now, trial],
+        ).rowcount
+        if not claimed:
+            return False
+        tx.execute(
+            "UPDATE trials SET status = 'running', started_at = ?, worker = ? WHERE id = ?",
+            [now, worker, trial],
+        )
+        tx.execute(  # not when already running: each claim would wait on the run's row
+            "UPDATE runs SET status = 'running' WHERE id ="
+            " (SELECT run_id FROM trials WHERE id = ?) AND status NOT IN ('cancelled', 'running')",
+            [trial],
+        )
+        return True
 
     def heartbeat(self, trial: str, worker: str, lease_secs: float) -> str | None:
         """Renew `worker`'s lease on a running trial; return the job's state (`cancelling`
@@ -144,17 +175,17 @@ class QueueStore(ResultStore):
         now = time.time()
         cancelled = 0
         with self._transaction() as tx:
-            for trial in trials:
-                cancelled += tx.execute(
-                    "UPDATE trials SET status = 'cancelled', outcome = 'cancelled', error = ?,"
-                    " finished_at = ? WHERE id = ? AND status IN ('planned', 'running')",
-                    [reason, now, trial],
-                ).rowcount
+            for trial in trials:  # the job first, then the trial, as `claim` takes them
                 tx.execute(
                     "UPDATE jobs SET state = 'cancelled', lease_owner = NULL"
                     " WHERE id = ? AND state IN ('queued', 'leased', 'cancelling')",
                     [trial],
                 )
+                cancelled += tx.execute(
+                    "UPDATE trials SET status = 'cancelled', outcome = 'cancelled', error = ?,"
+                    " finished_at = ? WHERE id = ? AND status IN ('planned', 'running')",
+                    [reason, now, trial],
+                ).rowcount
             for (run_id,) in tx.execute(
                 "SELECT DISTINCT run_id FROM trials WHERE id IN (SELECT value FROM json_each(?))",
                 [json.dumps(list(trials))],
@@ -200,8 +231,9 @@ class QueueStore(ResultStore):
                 [trial],
             ).fetchone()
             if old is None:
-                raise StoreError(f"{self.path}: no trial {trial!r}")
+                raise StoreError(f"{self.name}: no trial {trial!r}")
             run_id = old[0]
+            self.dialect.lock_row(tx, "runs", run_id)  # the next seq is this one's alone
             seq = tx.execute("SELECT max(seq) + 1 FROM trials WHERE run_id = ?", [run_id])
             new_id = trial_id(run_id, seq.fetchone()[0])
             tx.execute("UPDATE trials SET status = 'replaced' WHERE id = ?", [trial])
@@ -254,6 +286,7 @@ class QueueStore(ResultStore):
         """
         now = time.time()
         with self._transaction() as tx:
+            self.dialect.lock(tx, "hemra placements")  # the count and the place, as one
             held = tx.execute(
                 "SELECT p.trial_id, p.owner, j.state, j.lease_expires FROM placements p"
                 " LEFT JOIN jobs j ON j.id = p.trial_id"
@@ -286,8 +319,11 @@ class QueueStore(ResultStore):
                 ),
             )
             tx.execute(
-                "INSERT OR REPLACE INTO placements (trial_id, run_id, engine, address, owner, at)"
-                " VALUES (?, (SELECT run_id FROM trials WHERE id = ?), ?, ?, ?, ?)",
+                "INSERT INTO placements (trial_id, run_id, engine, address, owner, at)"
+                " VALUES (?, (SELECT run_id FROM trials WHERE id = ?), ?, ?, ?, ?)"
+                " ON CONFLICT (trial_id) DO UPDATE SET run_id = excluded.run_id,"
+                " engine = excluded.engine, address = excluded.address, owner = excluded.owner,"
+                " at = excluded.at",
                 [trial, trial, chosen.name, chosen.address, owner, now],
             )
             tx.execute("UPDATE trials SET engine = ? WHERE id = ?", [chosen.name, trial])

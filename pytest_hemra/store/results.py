@@ -41,7 +41,7 @@ class ResultStore(StoreBase):
             [run_id],
         ).fetchone()
         if row is None:
-            raise StoreError(f"{self.path}: no run {run_id!r}")
+            raise StoreError(f"{self.name}: no run {run_id!r}")
         return RunRecord(row[0], row[1], row[2], row[3], json.loads(row[4]), Path(row[5]))
 
     def runs(self) -> list[RunRecord]:
@@ -61,7 +61,7 @@ class ResultStore(StoreBase):
         query = f"SELECT {TRIAL_COLUMNS} FROM trials WHERE id = ?"
         row = self.db.execute(query, [trial]).fetchone()
         if row is None:
-            raise StoreError(f"{self.path}: no trial {trial!r}")
+            raise StoreError(f"{self.name}: no trial {trial!r}")
         return trial_record(row)
 
     def trial_page(
@@ -84,7 +84,7 @@ class ResultStore(StoreBase):
         rows = self.db.execute(
             f"SELECT {TRIAL_COLUMNS} FROM trials WHERE {' AND '.join(clauses)}"
             " ORDER BY plan_seq, seq LIMIT ? OFFSET ?",
-            [*args, -1 if limit is None else limit, offset],
+            [*args, self.dialect.no_limit if limit is None else limit, offset],
         ).fetchall()
         return [trial_record(row) for row in rows]
 
@@ -123,7 +123,7 @@ class ResultStore(StoreBase):
             [trial],
         ).fetchone()
         if row is None:
-            raise StoreError(f"{self.path}: no trial {trial!r}")
+            raise StoreError(f"{self.name}: no trial {trial!r}")
         return TrialDetail(
             trial=self.trial(trial),
             phases=json_column(row[0]) or {},
@@ -300,7 +300,7 @@ class ResultStore(StoreBase):
         reads `is_usage_known=False`, its counts 0 and its cost None."""
         where, args = ("trial_id = ?", [trial]) if trial else ("run_id = ?", [run_id])
         if trial is None and run_id is None:
-            where, args = ("1", [])
+            where, args = ("1 = 1", [])
         rows = self.db.execute(
             f"SELECT {', '.join(CALL_COLUMNS[:-1])}, coalesce(role, 'agent')"
             f" FROM calls WHERE {where} ORDER BY id",
@@ -328,8 +328,8 @@ class ResultStore(StoreBase):
         found = self.db.execute(
             "SELECT coalesce(sum(calls.cost), 0) FROM calls JOIN trials"
             " ON calls.trial_id = trials.id WHERE trials.run_id = ? AND trials.harness = ?"
-            " AND trials.model IS ?",
-            [run_id, harness, model],
+            " AND (trials.model = ? OR (trials.model IS NULL AND CAST(? AS TEXT) IS NULL))",
+            [run_id, harness, model, model],
         ).fetchone()
         return float(found[0])
 

@@ -10,7 +10,6 @@ record (JSON); a claim is a result key (unique in the run) and the trial that to
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_hemra.store.base import StoreBase
+from pytest_hemra.store.dialect import Connection
 from pytest_hemra.store.owner import is_alive, owner_name
 
 LOCK_SECS = 600.0  # a holder on another host that stopped answering is taken over after this
@@ -86,6 +86,7 @@ class SharedJobStore(StoreBase):
         while True:
             now = time.time()
             with self._transaction() as tx:
+                self.dialect.lock(tx, f"hemra shared lock {lock_id}")  # the read and the take
                 row = tx.execute(
                     "SELECT owner, expires_at FROM shared_locks WHERE id = ?", [lock_id]
                 ).fetchone()
@@ -101,7 +102,7 @@ class SharedJobStore(StoreBase):
 
     @staticmethod
     def _write_board(
-        tx: sqlite3.Connection,
+        tx: Connection,
         run_id: str,
         kind: str,
         board: SharedBoard,
@@ -119,8 +120,8 @@ class SharedJobStore(StoreBase):
                     [f"{run_id}/{job['name']}", run_id, kind, job["name"], seq, data, now],
                 )
         tx.executemany(
-            "INSERT OR IGNORE INTO shared_claims (id, run_id, kind, result, trial_id, at)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO shared_claims (id, run_id, kind, result, trial_id, at)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
             [
                 (f"{run_id}/{key}", run_id, kind, key, trial, now)
                 for key, trial in board.claims.items()

@@ -40,7 +40,7 @@ SECURITY_HEADERS = {
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def make_app(store_path: Path, *, token: str | None, is_loopback: bool) -> web.Application:
+def make_app(store_path: str | Path, *, token: str | None, is_loopback: bool) -> web.Application:
     app = web.Application(middlewares=[guard])
     pool = StorePool(store_path)
     app[VIEWER] = Viewer(pool, ReportCache(pool), token, is_loopback)

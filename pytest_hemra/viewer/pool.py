@@ -18,7 +18,7 @@ T = TypeVar("T")
 
 
 class StorePool:
-    def __init__(self, path: Path, workers: int = 4) -> None:
+    def __init__(self, path: str | Path, workers: int = 4) -> None:
         self.path = path
         self._local = threading.local()
         self._stores: list[Store] = []

@@ -48,7 +48,7 @@ def viewer_token(host: str) -> str | None:
 
 
 class ViewerThread:
-    def __init__(self, store_path: Path, host: str, port: int) -> None:
+    def __init__(self, store_path: str | Path, host: str, port: int) -> None:
         self.store_path = store_path
         self.host = host
         self.port = port
@@ -124,7 +124,7 @@ class ViewerThread:
 
 @contextmanager
 def running_viewer(
-    store_path: Path, host: str, port: int, *, required: bool
+    store_path: str | Path, host: str, port: int, *, required: bool
 ) -> Iterator[ViewerThread | None]:
     """The viewer, listening for the block's length. When it cannot listen: an error if it is
     `required`, else a warning and None (`hemra serve` works the queue all the same)."""
