@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_hemra.core import hookspecs
+from pytest_hemra.core.store_location import STORE_HELP
 from pytest_hemra.resolve.overrides import OVERRIDE_FLAGS
 
 PLUGIN = "pytest_hemra.plugin"
@@ -27,8 +28,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--hemra-run", metavar="RUN_FILE", help="run file (TOML) to evaluate")
     group.addoption(
         "--hemra-store",
-        metavar="PATH",
-        help="SQLite store (default: $HEMRA_STORE, else .hemra/hemra.db in the current folder)",
+        metavar="PATH|URL",
+        help=STORE_HELP,
     )
     for flag in OVERRIDE_FLAGS:
         if flag.repeats:

@@ -1,13 +1,15 @@
 """What the test suite needs from the machine, checked before it starts (`tox` runs this first).
 
 The suite runs real Docker sandboxes, the real harness CLIs (installed from npm on the host),
-and opens the HTML report and the viewer in Debian's chromium. Rather than fail ten minutes in,
+opens the HTML report and the viewer in Debian's chromium, and starts a throwaway PostgreSQL
+server (Debian's postgresql) for the shared store. Rather than fail ten minutes in,
 this names everything missing in one line, with how to get it, and exits 1. `.ci/run` installs
 all of it on a Debian machine.
 """
 
 from __future__ import annotations
 
+import glob
 import shutil
 import subprocess
 import sys
@@ -37,6 +39,8 @@ def missing() -> list[str]:
     for command, package in (("node", "nodejs"), ("npm", "npm"), ("chromium", "chromium")):
         if shutil.which(command) is None:
             found.append(f"{command} (apt-get install {package})")
+    if not glob.glob("/usr/lib/postgresql/*/bin/initdb") and shutil.which("initdb") is None:
+        found.append("PostgreSQL's initdb, for the shared store (apt-get install postgresql)")
     return found
 
 

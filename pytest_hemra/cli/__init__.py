@@ -27,8 +27,9 @@ from pytest_hemra.core.errors import HemraError
 
 DESCRIPTION = f"""\
 Evaluate coding-agent harnesses on datasets of tasks (a pytest plugin), and read what runs left.
-Every command finds runs in one store: --store PATH, else $HEMRA_STORE, else .hemra/hemra.db in
-the current folder. `hemra COMMAND --help` describes a command; {DOCS_URL}/cli.md all of them."""
+Every command finds runs in one store: --store PATH|URL (a SQLite file, or postgresql://...),
+else $HEMRA_STORE, else .hemra/hemra.db in the current folder. `hemra COMMAND --help`
+describes a command; {DOCS_URL}/cli.md all of them."""
 
 
 def build_parser() -> argparse.ArgumentParser:

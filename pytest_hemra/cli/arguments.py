@@ -41,7 +41,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_store_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", metavar="PATH", help=STORE_HELP)
+    parser.add_argument("--store", metavar="PATH|URL", help=STORE_HELP)
 
 
 def add_viewer_arguments(parser: argparse.ArgumentParser) -> None:

@@ -41,7 +41,7 @@ def add_commands(commands: Commands) -> None:
     check.add_argument(
         "-x", "--exclude", action="append", default=[], metavar="GLOB", help="tasks to leave out"
     )
-    check.add_argument("--store", metavar="PATH", help=STORE_HELP)
+    check.add_argument("--store", metavar="PATH|URL", help=STORE_HELP)
     check.add_argument(
         "--slow-build-secs",
         type=float,

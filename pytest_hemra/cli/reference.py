@@ -18,8 +18,10 @@ You want the exact flags of a command. Every command and option is here, as `hem
 --help` prints them; what the words mean is in [concepts.md](concepts.md), and the run-file keys
 the `hemra run` flags replace are in [run-files.md](run-files.md).
 
-Every command finds its store the same way: `--store PATH` when given, else the `HEMRA_STORE`
-environment variable, else `.hemra/hemra.db` in the current folder. Under plain pytest, the
+Every command finds its store the same way: `--store PATH|URL` when given, else the
+`HEMRA_STORE` environment variable, else `.hemra/hemra.db` in the current folder. A store is a
+SQLite file, or a PostgreSQL database several machines share (`postgresql://...`, see
+[store.md](store.md#a-shared-store-postgresql)). Under plain pytest, the
 `--hemra-*` options (`pytest --help`) are the same as `hemra run`'s flags.
 """
 

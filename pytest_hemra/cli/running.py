@@ -48,7 +48,7 @@ def add_commands(commands: Commands) -> None:
             action="append" if flag.repeats else "store",
             default=[] if flag.repeats else None,
         )
-    run.add_argument("--store", metavar="PATH", help=STORE_HELP)
+    run.add_argument("--store", metavar="PATH|URL", help=STORE_HELP)
     run.add_argument(
         "--detach", action="store_true", help="record and queue the run for `hemra serve`; return"
     )

@@ -69,7 +69,7 @@ def add_commands(commands: Commands) -> None:
     )
     engines.add_argument("run_file", help="run file whose [[sandbox.engines]] to list")
     engines.add_argument(
-        "--store", metavar="PATH", help=f"store whose placements to count ({STORE_DEFAULT})"
+        "--store", metavar="PATH|URL", help=f"store whose placements to count ({STORE_DEFAULT})"
     )
     engines.set_defaults(handler=engines_command)
 
@@ -113,7 +113,7 @@ def add_commands(commands: Commands) -> None:
     calibrate.add_argument("--anchors", help="anchor file (default: the rubric's bundled anchors)")
     calibrate.add_argument("--threshold", type=float, default=0.15, help="drift past this MAE")
     calibrate.add_argument(
-        "--store", metavar="PATH", help=f"store to keep the result in ({STORE_DEFAULT})"
+        "--store", metavar="PATH|URL", help=f"store to keep the result in ({STORE_DEFAULT})"
     )
     calibrate.set_defaults(handler=calibrate_command)
 

@@ -358,6 +358,7 @@ class _PostgresConnection:
 def translate(sql: str) -> str:
     """A statement in the store's SQLite spelling, as PostgreSQL (psycopg) takes it."""
     text = JSON_EACH.sub("json_array_elements_text(CAST(? AS json))", sql)
+    text = text.replace(" LIKE ", " ILIKE ")  # SQLite's LIKE ignores case (ASCII)
     return text.replace("%", "%%").replace("?", "%s")
 
 
