@@ -11,6 +11,7 @@ import docker.errors
 import pytest
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_bootstrap_builds_an_image_that_runs(pytester: pytest.Pytester, docker_client: Any) -> None:
     if shutil.which("debootstrap") is None:

@@ -38,6 +38,7 @@ def hemra(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Callabl
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_check_names_broken_trivial_and_offline_verifier_tasks_and_exits_1(
     hemra: Callable[..., pytest.RunResult],
@@ -104,6 +105,7 @@ def test_check_names_broken_trivial_and_offline_verifier_tasks_and_exits_1(
     assert "5 tasks: 3 broken, 2 verifier_offline, 1 trivial, 1 healthy" in text
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_the_bundled_offline_dataset_is_healthy(
     hemra: Callable[..., pytest.RunResult], tmp_path: Path
@@ -270,6 +272,7 @@ def test_a_network_error_counts_only_when_the_verifier_had_its_network_cut(
     assert check_health(bridged, "check", "ds").tasks[0].verdicts == (Verdict.BROKEN,)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_a_task_whose_image_built_slowly_at_resolve_is_slow_build(
     hemra: Callable[..., pytest.RunResult], tmp_path: Path, make_task: TaskMaker

@@ -58,6 +58,7 @@ def left_of_run(docker_client: Any, store: Path) -> tuple[list[str], list[str]]:
     return containers, networks
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_the_oracle_reads_an_answer_only_a_service_knows_and_nop_does_not(
     pytester: pytest.Pytester,
@@ -163,6 +164,7 @@ def test_unsupported_compose_keys_are_refused_at_resolve_by_name_and_nothing_rec
     assert not (pytester.path / ".hemra").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_an_allowlist_tasks_services_are_reached_directly_not_through_the_proxy(
     pytester: pytest.Pytester, tmp_path: Path, docker_client: Any

@@ -31,6 +31,7 @@ def test_the_pages_a_reader_acts_on_mark_their_commands_runnable() -> None:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 @pytest.mark.parametrize("page", RUNNABLE, ids=lambda p: p.name)
 def test_a_docs_pages_runnable_commands_exit_as_it_says(page: Path, tmp_path: Path) -> None:

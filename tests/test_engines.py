@@ -226,6 +226,7 @@ def test_runners_placing_at_once_never_fill_an_engine_past_its_capacity(tmp_path
     assert store.engine_load() == {}
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_trials_are_spread_over_every_engine_of_the_pool(
     pytester: pytest.Pytester,
@@ -276,6 +277,7 @@ def test_trials_are_spread_over_every_engine_of_the_pool(
     assert "3/3 engines up, 3 trial slots" in listing
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_an_engine_killed_mid_run_loses_no_trial_and_is_used_again_when_back(
     pytester: pytest.Pytester,
@@ -398,6 +400,7 @@ def test_a_tcp_engine_behind_tls_is_reached_with_the_run_files_certificates(
 ) -> None:
     pool_run(tasks=2, attempts=1, sleep=0, name="unused.toml")  # the tasks and the harness
     (host,) = free_loopback_hosts(1, first=20)
+@pytest.mark.slow
     tls = UnixForwarder(
         host, 2375, extra_engines[0].socket_path, make_certificates(tmp_path / "certs", host)
     )
@@ -438,6 +441,7 @@ def test_a_compose_tasks_services_run_on_the_engine_its_trial_is_placed_on(
     shutil.copytree(
         REPO / "datasets" / "harbor-features" / "compose-service",
         tmp_path / "datasets" / "ds" / "compose-service",
+@pytest.mark.slow
     )
     b, c = extra_engines
     engines = "".join(

@@ -26,6 +26,7 @@ def test_own_harness_example_passes_with_its_harness_and_fails_with_nop(
     result.stdout.fnmatch_lines(["nop (baseline)*2/2*0*", "echo-agent*2/2*2*1*1*"])
 
 
+@pytest.mark.slow
 def test_examples_collect(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     run_files = sorted((REPO / "examples").glob("*.toml")) + sorted(
         (REPO / "examples").glob("*/run.toml")
@@ -77,6 +78,7 @@ def test_scripted_agent_example_solves_tasks_through_the_gateway_counted_to_the_
         assert tokens == (2 * SCRIPTED_USAGE.total_tokens if "mini-agent" in item else 0), item
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_sdk_agent_example_solves_both_datasets_from_the_host(
     pytester: pytest.Pytester, tmp_path: Path

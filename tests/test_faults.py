@@ -186,6 +186,7 @@ def finish(runner: subprocess.Popen[bytes], tmp_path: Path, timeout: float) -> i
         raise AssertionError((tmp_path / "runner.log").read_text()[-4000:]) from None
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_a_daemon_stopped_then_killed_mid_run_costs_no_retry_and_leaves_nothing(
     tmp_path: Path,
@@ -244,6 +245,7 @@ def sandboxes(docker_client: Any, run_id: str) -> list[Any]:
     return list(docker_client.containers.list(all=True, filters={"label": f"hemra.run={run_id}"}))
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_hemra_cancel_racing_trials_that_finish_exits_0_every_time_and_leaves_nothing(
     tmp_path: Path,
@@ -410,6 +412,7 @@ def running(store_path: Path) -> int:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_a_store_locked_by_another_process_past_its_timeout_loses_nothing(
     tmp_path: Path, recorded_run: Callable[..., str], monkeypatch: pytest.MonkeyPatch

@@ -8,6 +8,7 @@ import tracemalloc
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.resolve.upstreams import BUILTIN_UPSTREAMS, ModelApi
@@ -45,6 +46,7 @@ async def stream_all(urls: list[tuple[str, str]]) -> list[int]:
         return await asyncio.gather(*(one(base, token) for base, token in urls))
 
 
+@pytest.mark.slow
 def test_500_concurrent_streams_are_each_recorded_once_in_bounded_memory(tmp_path: Path) -> None:
     store = Store(tmp_path / "load.db")
     with running_upstream() as upstream:

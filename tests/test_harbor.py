@@ -17,6 +17,7 @@ from pytest_hemra.store import Store
 HARBOR = 'kind = "harbor"\npackage = "pypi:harbor==0.26.0"\n'
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_harbor_oracle_passes_offline_tasks_imported_under_the_run(
     pytester: pytest.Pytester, tmp_path: Path, docker_client: Any

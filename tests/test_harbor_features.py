@@ -26,6 +26,7 @@ def rows(store: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_oracle_passes_and_nop_fails_every_harbor_features_task(
     pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -17,7 +17,7 @@ from pytest_hemra.resolve.harnesses import resolve_harness
 from pytest_hemra.store import Store
 from tests.upstream import running_upstream
 
-pytestmark = pytest.mark.usefixtures("docker_test")
+pytestmark = [pytest.mark.usefixtures("docker_test"), pytest.mark.slow]  # real agents, installed
 WIRE_OF = {
     "claude-code": Wire.ANTHROPIC,
     "codex": Wire.RESPONSES,

@@ -39,6 +39,7 @@ open('/app/model.txt', 'w').write(model)
 TASKS = ("fix-test",)  # one task keeps the suite short: 12 trials
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_a_matrix_run_has_a_cell_per_harness_and_model_with_its_own_items_tokens_and_tables(
     pytester: pytest.Pytester, tmp_path: Path, write_harness: Callable[..., Path]

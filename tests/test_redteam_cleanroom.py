@@ -205,6 +205,7 @@ chmod +x /usr/local/bin/cat''']
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["shared", "task", "run"])
 def test_a_separate_verifier_room_ignores_a_tool_the_agent_replaced_outside_app(
     pytester: pytest.Pytester,

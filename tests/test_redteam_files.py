@@ -249,6 +249,7 @@ def peak_rss_mb(tmp_path: Path, harness: str) -> float:
     return int(result.stdout.strip().splitlines()[-1]) / 1024
 
 
+@pytest.mark.slow
 def test_a_100_gb_sparse_file_left_in_app_is_skipped_and_the_trial_ends_normally(
     tmp_path: Path,
     make_task: TaskMaker,

@@ -177,6 +177,7 @@ command = ["bash", "-c", 'test "${VARIABLE}" = {SENTINEL} && echo hi > /app/out.
 """
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_a_serve_worker_without_a_harness_variable_leaves_its_trials_queued(
     tmp_path: Path,

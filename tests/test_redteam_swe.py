@@ -135,6 +135,7 @@ def pytest_task(folder: Path) -> None:
     (folder / "hidden" / "tests.patch").write_text("".join(diff))
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_each_attack_on_the_hidden_tests_scores_what_doing_nothing_scores(
     pytester: pytest.Pytester, tmp_path: Path, write_harness: Callable[[str, str], Path]

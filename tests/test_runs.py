@@ -129,6 +129,7 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
             child.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
 def test_infra_errors_are_retried_as_linked_attempts_and_junit_has_one_case_per_trial(
     pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker, xdist: list[str]
@@ -187,6 +188,7 @@ def test_retries_exhausted_end_in_an_error_and_a_failing_exit(
     assert [t.retries for t in store.trials(run.id, history=True)] == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_a_runner_killed_mid_run_is_resumed_with_every_trial_finished_exactly_once(
     pytester: pytest.Pytester,
     sleeper_run: Callable[..., tuple[Path, Path]],
@@ -228,6 +230,7 @@ def test_a_runner_killed_mid_run_is_resumed_with_every_trial_finished_exactly_on
     assert hemra_containers(docker_client, run.id) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("xdist", [[], ["--concurrency", "2"]], ids=["serial", "xdist"])
 def test_ctrl_c_cancels_what_did_not_finish_and_removes_its_containers(
     xdist: list[str],
@@ -267,6 +270,7 @@ def detached(
     return record
 
 
+@pytest.mark.slow
 def test_hemra_cancel_stops_a_served_run_within_seconds(
     detached: Callable[[float], tuple[str, Path]],
     spawn: Callable[..., subprocess.Popen[bytes]],
@@ -301,6 +305,7 @@ def test_hemra_cancel_stops_a_served_run_within_seconds(
     assert hemra_containers(docker_client, run_id) == []
 
 
+@pytest.mark.slow
 def test_exit_gates_for_ci(pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker) -> None:
     make_task("one")
     store = str(tmp_path / "s.db")
@@ -317,6 +322,7 @@ def test_exit_gates_for_ci(pytester: pytest.Pytester, tmp_path: Path, make_task:
     assert bad.ret == 4 and "expected 'unfinished', 'failure'" in bad.stderr.str()
 
 
+@pytest.mark.slow
 def test_a_stopped_server_leaves_its_run_to_the_next_one(
     detached: Callable[[float], tuple[str, Path]],
     spawn: Callable[..., subprocess.Popen[bytes]],
@@ -342,6 +348,7 @@ def test_a_stopped_server_leaves_its_run_to_the_next_one(
     assert store.run(run_id).status == "finished"
 
 
+@pytest.mark.slow
 def test_a_cancelled_run_resumes_only_when_asked(
     pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
 ) -> None:

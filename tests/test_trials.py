@@ -29,6 +29,7 @@ def outcomes(store: Path) -> dict[str, tuple[str, float | None]]:
     return {r["item_id"]: (r["outcome"], r["reward"]) for r in run_rows(store)}
 
 
+@pytest.mark.slow
 def test_oracle_passes_and_nop_fails_every_bundled_task(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
@@ -236,6 +237,7 @@ def test_agent_diff_is_kept_in_the_trial_folder(
     assert result["schema_version"] == 1 and result["outcome"] == "pass"
 
 
+@pytest.mark.slow
 def test_every_trial_of_an_image_diffs_against_it_and_agent_logs_are_kept_when_written(
     pytester: pytest.Pytester,
     tmp_path: Path,
@@ -401,6 +403,7 @@ def test_secret_values_reach_the_harness_but_never_the_store_or_trial_folder(
     assert "HEMRA_SENTINEL_KEY" in spec  # the name is recorded, never the value
 
 
+@pytest.mark.slow
 def test_hemra_run_takes_concurrency_from_the_run_file(
     pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
 ) -> None:

@@ -447,6 +447,7 @@ def test_hemra_view_prints_its_token_and_stops_on_sigterm(fixture: Fixture) -> N
             child.wait()
 
 
+@pytest.mark.slow
 def test_hemra_serve_runs_the_viewer_beside_the_queue(tmp_path: Path) -> None:
     """A store with nothing queued: the server serves the viewer, and SIGTERM stops both."""
     finished = make_store(tmp_path, live=False)

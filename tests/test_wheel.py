@@ -39,6 +39,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_the_readme_path_runs_from_an_empty_folder_with_the_wheel_installed(
     wheel: Path, tmp_path: Path

@@ -38,12 +38,15 @@ class Upstream:
     seen: list[dict[str, Any]] = field(default_factory=list)
 
 
+STATE = web.AppKey("state", Upstream)  # the upstream's record of what it was sent
+
+
 def _sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
-    state: Upstream = request.app["state"]
+    state: Upstream = request.app[STATE]
     body = await request.json()
     state.seen.append({"path": request.path, "headers": dict(request.headers), "body": body})
     mode = request.headers.get("x-test-mode", "")
@@ -129,7 +132,7 @@ async def echo_key(request: web.Request, body: dict[str, Any]) -> web.StreamResp
 
 async def anything(request: web.Request) -> web.Response:
     """Any other path answers 200: a call the gateway forwarded would succeed, and be seen."""
-    state: Upstream = request.app["state"]
+    state: Upstream = request.app[STATE]
     state.seen.append({"path": request.path, "headers": dict(request.headers), "body": None})
     return web.json_response({"ok": True})
 
@@ -242,7 +245,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     """Chat Completions; streamed as OpenAI streams (`x-test-mode`: `reset` cuts the stream after
     its first delta, `no-usage` ignores `stream_options` as some compatible servers do,
     `usage-on-finish` puts usage on the finishing chunk instead of a chunk of its own)."""
-    state: Upstream = request.app["state"]
+    state: Upstream = request.app[STATE]
     body = await request.json()
     state.seen.append({"path": request.path, "headers": dict(request.headers), "body": body})
     model = body.get("model") or CHAT_MODEL
@@ -308,7 +311,7 @@ def _responses_usage() -> dict[str, Any]:
 
 async def responses(request: web.Request) -> web.StreamResponse:
     """The Responses API; `x-test-mode: reset` cuts a stream after its first delta."""
-    state: Upstream = request.app["state"]
+    state: Upstream = request.app[STATE]
     body = await request.json()
     state.seen.append({"path": request.path, "headers": dict(request.headers), "body": body})
     model = body.get("model") or CHAT_MODEL
@@ -345,7 +348,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    state: Upstream = request.app["state"]
+    state: Upstream = request.app[STATE]
     state.seen.append({"path": request.path, "headers": dict(request.headers), "body": None})
     return web.json_response({"data": [{"id": MODEL}]})
 
@@ -359,7 +362,7 @@ def running_upstream() -> Iterator[Upstream]:
 
     async def serve() -> web.AppRunner:
         app = web.Application()
-        app["state"] = state
+        app[STATE] = state
         app.router.add_post("/v1/messages", messages)
         app.router.add_post("/v1/chat/completions", chat)
         app.router.add_post("/v1/responses", responses)
@@ -387,6 +390,7 @@ def running_upstream() -> Iterator[Upstream]:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
+        loop.close()
 
 
 def closed_port() -> int:

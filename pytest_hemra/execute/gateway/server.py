@@ -91,14 +91,17 @@ class Gateway:
         def run() -> None:
             asyncio.set_event_loop(self._loop)
             try:
-                self._loop.run_until_complete(self._serve())
-            except BaseException as error:
-                with contextlib.suppress(Exception):  # what did listen stops listening
-                    self._loop.run_until_complete(self._shutdown())
-                ready.set_exception(error)
-                return
-            ready.set_result(None)
-            self._loop.run_forever()
+                try:
+                    self._loop.run_until_complete(self._serve())
+                except BaseException as error:
+                    with contextlib.suppress(Exception):  # what did listen stops listening
+                        self._loop.run_until_complete(self._shutdown())
+                    ready.set_exception(error)
+                    return
+                ready.set_result(None)
+                self._loop.run_forever()
+            finally:
+                self._loop.close()  # its selector's file descriptors with it
 
         self._thread = threading.Thread(target=run, name="hemra-gateway", daemon=True)
         self._thread.start()
