@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import REPO
 from pytest_hemra import DOCS_URL
@@ -178,3 +180,53 @@ def test_every_readme_command_is_run_by_a_test_but_the_two_that_cannot_be() -> N
     assert len(not_run) == 2
     assert "export OPENAI_API_KEY=sk-" in not_run[0]
     assert "git clone" in not_run[1] and "\ntox " in not_run[1]
+
+
+def test_the_github_actions_example_is_yaml_whose_hemra_commands_the_cli_takes() -> None:
+    """GitHub cannot run here: the job is checked for what can go wrong before it runs."""
+    job = yaml.safe_load((REPO / "examples" / "ci" / "github-actions.yml").read_text())
+    steps = job["jobs"]["evaluate"]["steps"]
+    assert all("@v" in step["uses"] for step in steps if "uses" in step)
+    commands = [
+        shlex.split(line.replace('"$(command -v hemra)"', "hemra"), comments=True)
+        for step in steps
+        for line in step.get("run", "").splitlines()
+        if "hemra" in line
+    ]
+    assert [words[:4] for words in commands] == [
+        ["sudo", "-E", "hemra", "run"],
+        ["sudo", "-E", "hemra", "report"],
+    ]
+    for words in commands:
+        ours = words[3 : words.index("--")] if "--" in words else words[3:]
+        build_parser().parse_args(ours)  # an unknown flag exits 2 here
+    assert (REPO / commands[0][4]).is_file()  # the run file, from the repository's root
+    (upload,) = [s for s in steps if s.get("uses", "").startswith("actions/upload-artifact")]
+    assert ".hemra/" in upload["with"]["path"] and upload["with"]["include-hidden-files"]
+
+
+def test_the_readme_links_work_where_pypi_shows_it() -> None:
+    """PyPI shows the README without the repository around it: a relative link is dead there.
+    Its links are references to absolute addresses in the repository of `[project.urls]`, each
+    checked here against the checkout, file and heading."""
+    readme = prose((REPO / "README.md").read_text())
+    repository = DOCS_URL.removesuffix("/blob/main/docs")
+    assert (
+        tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]["Homepage"]
+        == repository
+    )
+    assert [t for t in LINK.findall(readme) if not re.match(r"[a-z]+:", t)] == []
+    defined = dict(re.findall(r"^\[([^\]]+)\]: (\S+)$", readme, re.MULTILINE))
+    used = set(re.findall(r"\]\[([^\]]+)\]", readme))
+    used |= set(re.findall(r"\[((?:docs|examples)/[^\]]+|CHANGELOG\.md)\](?![\[(:])", readme))
+    assert used == defined.keys()
+    wrong = []
+    for label, url in defined.items():
+        path_part, _, anchor = label.partition("#")
+        linked = REPO / path_part
+        kind = "tree" if linked.is_dir() else "blob"
+        if url != f"{repository}/{kind}/main/{label}" or not linked.exists():
+            wrong.append(f"[{label}]: {url}")
+        elif anchor and anchor not in anchors(linked.read_text()):
+            wrong.append(f"[{label}]: no heading #{anchor} in {linked.name}")
+    assert wrong == []
