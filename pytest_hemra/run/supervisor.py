@@ -37,7 +37,8 @@ def session_argv(run_id: str, concurrency: int | None) -> list[str]:
     (its recorded `concurrency`), unless the server was told otherwise. Its store is handed
     over in `HEMRA_STORE` (`session_env`), where a URL's password is not on every `ps`."""
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN"]
-    argv += ["--hemra-resume", run_id]
+    # it exits as `hemra run` would: 0 when every trial has a result, failing tasks included
+    argv += ["--hemra-resume", run_id, "--hemra-fail-on", "unfinished"]
     return argv + (["--hemra-concurrency", str(concurrency)] if concurrency else [])
 
 
@@ -136,4 +137,5 @@ class Supervisor:
             print(f"hemra serve: run {run_id} made no progress (exit {code}); see {log_path}")
         else:
             counts = self.store.job_counts(run_id)
-            print(f"hemra serve: run {run_id} done (exit {code}): {counts}", flush=True)
+            counted = ", ".join(f"{n} {state}" for state, n in counts.items())  # "12 done"
+            print(f"hemra serve: run {run_id} done (exit {code}): {counted}", flush=True)
