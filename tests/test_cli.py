@@ -102,12 +102,12 @@ def test_runs_table_is_unchanged_by_the_other_forms(
 def test_every_override_flag_of_hemra_run_reaches_its_plugin_option() -> None:
     words: list[str] = []
     for flag in OVERRIDE_FLAGS:
-        words += [flag.flags[0], "3" if flag.type is int else f"{flag.field}-value"]
+        words += [flag.flags[0], "3" if flag.type is not str else f"{flag.field}-value"]
     args = build_parser().parse_args(["run", *words])
     args.pytest_args = []
     argv = pytest_argv(args)
     for flag in OVERRIDE_FLAGS:
-        value = "3" if flag.type is int else f"{flag.field}-value"
+        value = "3" if flag.type is not str else f"{flag.field}-value"
         assert argv[argv.index(flag.option) + 1] == value
 
 

@@ -71,6 +71,20 @@ def test_a_job_is_leased_once_and_its_lease_is_renewed_by_its_owner_only(
     assert store.stale_trials("r1", lambda owner: False) == [trial.id]  # its runner died
 
 
+def test_one_write_renews_many_leases_and_says_which_are_cancelling(
+    tmp_path: Path, store_address: str
+) -> None:
+    """A process running many trials at once beats them all in one transaction."""
+    store = Store(store_address)
+    store.record_plan("r1", "run", {}, tmp_path, PLAN)
+    first, second = store.trials("r1")
+    assert store.claim(first.id, "gw0@elsewhere:1", 30) == "leased"
+    assert store.claim(second.id, "gw1@elsewhere:2", 30) == "leased"
+    assert store.cancel_run("r1", lambda owner: True) == (0, 2)
+    beats = store.heartbeats([first.id, second.id], "gw0@elsewhere:1", 30)
+    assert beats == {first.id: "cancelling", second.id: None}  # the second is not its lease
+
+
 def test_an_expired_lease_is_stale_even_if_its_owner_may_live(
     tmp_path: Path, store_address: str
 ) -> None:

@@ -4,6 +4,10 @@ A lease names its owner (`worker@host:pid`). A runner that dies stops renewing: 
 expires and another runner reclaims the trial; on the same host a dead owner's process is seen
 gone at once. The heartbeat is also how a running trial hears `hemra cancel`. A beat the store
 cannot take for now (its disk full, its lock held) is skipped: the lease outlasts a few.
+
+One thread a process beats for every trial it runs (`Beats`), all of them in one write: a
+process running hundreds of trials at once (`run/lanes.py`) costs the store one write a beat,
+not hundreds.
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 from pytest_hemra.core.errors import HemraError, StoreUnavailable
 from pytest_hemra.store import Store
@@ -25,7 +31,8 @@ HEARTBEAT_SECS = 1.0  # also how soon a running trial hears `hemra cancel`
 
 
 class Heartbeat:
-    """Renews one trial's lease in a thread; calls `on_cancel` once if the job is cancelled."""
+    """One trial's lease, renewed while it runs (`with`); calls `on_cancel` once if its job is
+    cancelled."""
 
     def __init__(
         self, store_path: str | Path, trial: str, owner: str, on_cancel: Callable[[], None]
@@ -36,36 +43,74 @@ class Heartbeat:
         self.on_cancel = on_cancel
         self.cancelled = threading.Event()
         self.reason = "cancelled by hemra cancel"  # what stopped the trial, once cancelled
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"hemra-lease-{trial}", daemon=True)
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        Beats.of(str(self.store_path), self.owner).add(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        Beats.of(str(self.store_path), self.owner).remove(self)
 
     def stop(self, reason: str) -> None:
         """Stop the trial from this process (its session stopping): as a cancel would."""
+        self._cancel(reason)
+
+    def _cancel(self, reason: str) -> None:
         if not self.cancelled.is_set():
             self.reason = reason
             self.cancelled.set()
-            with contextlib.suppress(HemraError):
+            with contextlib.suppress(HemraError):  # its engine down: reaped when back
                 self.on_cancel()
 
+
+class Beats:
+    """The one thread that beats a process's leases on one store, as one owner: started with
+    its first lease, ended with its last."""
+
+    _all: ClassVar[dict[tuple[str, str], Beats]] = {}
+    _made: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, address: str, owner: str) -> None:
+        self.address = address
+        self.owner = owner
+        self.leases: dict[str, Heartbeat] = {}
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    @classmethod
+    def of(cls, address: str, owner: str) -> Beats:
+        with cls._made:
+            return cls._all.setdefault((address, owner), cls(address, owner))
+
+    def add(self, lease: Heartbeat) -> None:
+        with self.lock:
+            self.leases[lease.trial] = lease
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._beat, name="hemra-leases", daemon=True)
+                self.thread.start()
+
+    def remove(self, lease: Heartbeat) -> None:
+        with self.lock:
+            self.leases.pop(lease.trial, None)
+
     def _beat(self) -> None:
-        store = Store(self.store_path)  # a connection of its own: a path or a URL
+        store: Store | None = None  # a connection of its own (a path or a URL), once it opens
         try:
-            while not self._stop.wait(HEARTBEAT_SECS):
+            while True:
+                time.sleep(HEARTBEAT_SECS)
+                with self.lock:
+                    leases = dict(self.leases)
+                    if not leases:
+                        self.thread = None  # the next lease starts another
+                        return
                 try:
-                    state = store.heartbeat(self.trial, self.owner, LEASE_SECS)
+                    store = store or Store(self.address)
+                    states = store.heartbeats(list(leases), self.owner, LEASE_SECS)
                 except StoreUnavailable:
-                    continue  # its disk full, or locked by another process: beat again later
-                if state == "cancelling" and not self.cancelled.is_set():
-                    self.cancelled.set()
-                    with contextlib.suppress(HemraError):  # its engine down: reaped when back
-                        self.on_cancel()
+                    continue  # its disk full, its lock held, its server away: beat again later
+                for trial, state in states.items():
+                    if state == "cancelling":
+                        leases[trial]._cancel("cancelled by hemra cancel")
         finally:
-            store.close()
+            if store is not None:
+                store.close()

@@ -469,8 +469,8 @@ class DockerProvider:
             self._networks.clear()  # one was removed meanwhile: find (or make) them again
         if not request.network:
             return self._place(request, options, run_id, whole=False)
-        lock = engine_lock(self.engine, f"connect {run_network(run_id)}", NETWORK_LOCK_SECS)
-        with lock:
+        name = run_network(run_id)
+        with engine_lock(self.engine, f"connect {name}", NETWORK_LOCK_SECS, shared=True):
             return self._place(request, options, run_id, whole=True)
 
     def _place(
@@ -484,8 +484,8 @@ class DockerProvider:
         lock: AbstractContextManager[Any] = contextlib.nullcontext()
         if request.network:
             name = run_network(run_id)
-            if not whole:
-                lock = engine_lock(self.engine, f"connect {name}", NETWORK_LOCK_SECS)
+            if not whole:  # shared: sandboxes join at once; only its removal waits for them
+                lock = engine_lock(self.engine, f"connect {name}", NETWORK_LOCK_SECS, shared=True)
             network = self._network(name, internal=False, labels={"hemra.run": run_id})
         admits = [(network, request.gateway_port), (network, request.proxy_port)]
         if network is not gateway:  # a verifier's allowlist moves it to hemra-gateway

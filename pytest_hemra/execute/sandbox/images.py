@@ -70,8 +70,11 @@ def copy_image(source: Any, target: Any, reference: str) -> None:
 
 
 @contextmanager
-def engine_lock(engine: str, what: str, timeout: float) -> Iterator[None]:
-    """Hold the runner host's lock on (`engine`, `what`) for up to `timeout` seconds of waiting."""
+def engine_lock(engine: str, what: str, timeout: float, *, shared: bool = False) -> Iterator[None]:
+    """Hold the runner host's lock on (`engine`, `what`) for up to `timeout` seconds of waiting;
+    `shared`: with every other shared holder (its users), only never with an exclusive one (the
+    one that removes what they use). Each call opens the lock's file anew, so the threads of one
+    process exclude each other as other processes do."""
     folder = Path(tempfile.gettempdir()) / "hemra-locks"
     folder.mkdir(mode=0o700, exist_ok=True)
     name = hashlib.sha256(f"{engine}\0{what}".encode()).hexdigest()[:32]
@@ -79,7 +82,7 @@ def engine_lock(engine: str, what: str, timeout: float) -> Iterator[None]:
     with (folder / f"{name}.lock").open("a") as handle:
         while True:
             try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(handle, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:

@@ -246,7 +246,7 @@ def _join_egress(provider: DockerProvider, container: Any, request: SandboxReque
         provider.client.networks.get("bridge").connect(container)
         return
     name = run_network(run_id)
-    with engine_lock(provider.engine, f"connect {name}", NETWORK_LOCK_SECS):
+    with engine_lock(provider.engine, f"connect {name}", NETWORK_LOCK_SECS, shared=True):
         network = provider._network(name, internal=False, labels={"hemra.run": run_id})
         network.connect(container)
 
