@@ -39,7 +39,7 @@ from pytest_hemra.report.tables import RunReport, build_report, report_dict
 from pytest_hemra.resolve.overrides import Overrides, read_overrides
 from pytest_hemra.resolve.plan import load_recorded, record_plan, resolve_plan
 from pytest_hemra.run.job import Runner, sandbox_for
-from pytest_hemra.run.lanes import Lanes
+from pytest_hemra.run.lanes import Lanes, settle
 from pytest_hemra.store import Store
 from pytest_hemra.store.owner import is_alive, owner_name
 
@@ -127,14 +127,16 @@ def _resume_session(config: pytest.Config, found: dict[str, ProviderFactory]) ->
     run_id = config.getoption("hemra_resume")
     run = load_recorded(store, run_id)
     provider = sandbox_for(run.spec, store, found)
-    again = set(store.stale_trials(run_id, is_alive))
-    again |= {t.id for t in run.trials if t.outcome == Outcome.INFRA_ERROR}
+    for stale in store.stale_trials(run_id, is_alive):
+        if store.take_over(stale, is_alive) is not None:  # unless another worker just did
+            provider.remove_sandboxes({"hemra.trial": stale})
+    again = {t.id for t in run.trials if t.outcome == Outcome.INFRA_ERROR}
     if config.getoption("hemra_resume_cancelled"):
         again |= {t.id for t in run.trials if t.outcome == Outcome.CANCELLED}
         store.reopen_run(run_id)
     for trial in sorted(again):
         provider.remove_sandboxes({"hemra.trial": trial})
-        store.replace_trial(trial, retry=False)
+        store.replace_trial(trial, retry=False)  # once: another worker's resume gets its row
     run = load_recorded(store, run_id)
     return HemraSession(Runner(store, run, provider, owner_name()), (), run.dataset_paths)
 
@@ -290,14 +292,19 @@ class TrialItem(pytest.Item):
         self.record = None
         lanes = self.config.stash[SESSION].lanes
         try:
-            elsewhere = runner.work(trial) if lanes is None else lanes.work(trial)
+            # its result: run here, or by another runner, or by the row that took it over
+            # from a runner that is gone (`run/lanes.settle`); without lanes, not waited for
+            settled = (
+                settle(runner, trial, runner.work, wait=False)
+                if lanes is None
+                else lanes.work(trial)
+            )
         except StoreUnavailable as error:  # waited out in vain: this session runs no more
             pytest.fail(f"hemra: {error}", pytrace=False)
-        if elsewhere is not None:
-            pytest.skip(elsewhere)
-        record = runner.store.trial(trial.id)
-        self.record = record
-        self._report(record)
+        if isinstance(settled, str):
+            pytest.skip(settled)
+        self.trial = self.record = settled  # a row that took the trial over: its own
+        self._report(settled)
 
     def _report(self, record: TrialRecord) -> None:
         own = record.own_report

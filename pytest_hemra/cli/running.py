@@ -1,5 +1,6 @@
 """Running and the queue: `hemra run` (a pytest session, or `--detach`ed onto the queue),
-`hemra serve` working the queue, `hemra cancel`, and `hemra runs` listing what the store holds."""
+`hemra worker` working the queue (`hemra serve`: a worker and the viewer), `hemra cancel`, and
+`hemra runs` listing what the store holds."""
 
 from __future__ import annotations
 
@@ -50,7 +51,9 @@ def add_commands(commands: Commands) -> None:
         )
     run.add_argument("--store", metavar="PATH|URL", help=STORE_HELP)
     run.add_argument(
-        "--detach", action="store_true", help="record and queue the run for `hemra serve`; return"
+        "--detach",
+        action="store_true",
+        help="record and queue the run for `hemra worker` or `hemra serve`; return",
     )
     run.add_argument(
         "--dry-run", action="store_true", help="print the resolved plan; run and record nothing"
@@ -71,15 +74,20 @@ def add_commands(commands: Commands) -> None:
     run.add_argument("--summary", metavar="PATH", help="write the report as JSON here, for CI")
     run.set_defaults(handler=run_command)
 
-    serve = commands.add_parser("serve", help="work the queue of detached runs")
-    add_store_argument(serve)
-    serve.add_argument(
-        "--concurrency",
-        type=positive_int,
-        metavar="N",
-        help="trials at once per run (default: each run's own 'concurrency')",
+    worker = commands.add_parser(
+        "worker",
+        help="work the shared queue on this machine's Docker engine",
+        description="Work the store's queue: run the trials of every runnable run (or --run's)"
+        " on this machine's engine (DOCKER_HOST, or the run's engine pool), with this"
+        " machine's gateway and keys, beside other workers of the same store (a PostgreSQL"
+        " store: on other machines). Stopped (SIGINT, SIGTERM), it queues its running"
+        " trials again for the others; killed, its leases expire and the others take them.",
     )
-    serve.add_argument("--once", action="store_true", help="exit when the queue is empty")
+    add_worker_arguments(worker)
+    worker.set_defaults(handler=worker_command)
+
+    serve = commands.add_parser("serve", help="work the queue of detached runs, with the viewer")
+    add_worker_arguments(serve)
     add_viewer_arguments(serve)
     serve.add_argument("--no-viewer", action="store_true", help="work the queue only")
     serve.set_defaults(handler=serve_command)
@@ -97,6 +105,18 @@ def add_commands(commands: Commands) -> None:
     )
     runs.add_argument("-q", "--quiet", action="store_true", help="run ids only, one a line")
     runs.set_defaults(handler=runs_command)
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    add_store_argument(parser)
+    parser.add_argument("--run", metavar="RUN_ID", help="work this run only")
+    parser.add_argument(
+        "--concurrency",
+        type=positive_int,
+        metavar="N",
+        help="trials at once per run (default: each run's own 'concurrency')",
+    )
+    parser.add_argument("--once", action="store_true", help="exit when the queue is empty")
 
 
 def pytest_argv(args: argparse.Namespace) -> list[str]:
@@ -170,21 +190,32 @@ def detach_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def worker_command(args: argparse.Namespace) -> int:
+    """Work the queue until stopped (or, with --once, until it is empty)."""
+    from pytest_hemra.run.supervisor import Worker
+
+    store = open_store(args.store)
+    run_id = find_run(store, args.store, args.run) if args.run else None
+    return Worker(store.address, args.concurrency, run_id).serve(once=args.once)
+
+
 def serve_command(args: argparse.Namespace) -> int:
-    """Work the queue, with the viewer beside it (a warning, not an error, if it cannot listen)."""
+    """A worker, with the viewer beside it (a warning, not an error, if it cannot listen)."""
     from contextlib import nullcontext
 
-    from pytest_hemra.run.supervisor import Supervisor
+    from pytest_hemra.run.supervisor import Worker
     from pytest_hemra.viewer.server import running_viewer
 
     store = open_store(args.store)
+    run_id = find_run(store, args.store, args.run) if args.run else None
     viewer = (
         nullcontext()
         if args.no_viewer
         else running_viewer(store.address, args.host, args.port, required=False)
     )
     with viewer:
-        return Supervisor(store.address, args.concurrency).serve(once=args.once)
+        worker = Worker(store.address, args.concurrency, run_id, name="hemra serve")
+        return worker.serve(once=args.once)
 
 
 def cancel_command(args: argparse.Namespace) -> int:

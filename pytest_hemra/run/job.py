@@ -56,7 +56,7 @@ from pytest_hemra.run.lease import LEASE_SECS, Heartbeat
 from pytest_hemra.run.outage import EngineWatch, durably
 from pytest_hemra.run.trial import run_trial
 from pytest_hemra.store import Store
-from pytest_hemra.store.owner import owner_name
+from pytest_hemra.store.owner import is_alive, owner_name
 
 T = TypeVar("T")
 MAX_OUTAGE_RERUNS = 5  # a trial run again this often for outages: the next counts as a retry
@@ -169,6 +169,17 @@ class Runner:
         elif state in ("replaced", "deselected"):
             return f"hemra: {trial.id} was {state} by another runner"
         return None
+
+    def take_over(self, trial: str) -> TrialRecord | None:
+        """A running trial whose runner is gone (its lease expired, or its process seen dead
+        on this host), resumed under a new row queued for this runner (`run/lanes.settle`
+        runs it), what that runner left on this runner's engine removed. None when its runner
+        may still live, or the trial is not running any more."""
+        replacement = self.store.take_over(trial, is_alive)
+        if replacement is not None:
+            with contextlib.suppress(HemraError):  # its engine down: swept when it is back
+                self.provider.remove_sandboxes({"hemra.trial": trial})
+        return replacement
 
     def _run(self, trial: TrialRecord) -> None:
         store = self.store

@@ -11,6 +11,12 @@ reported in the order their trials finish (`in_finish_order`). Under pytest-xdis
 has lanes of its own, each taking from the whole session (the store's claim gives each trial to
 one of them), and a worker asked for an item whose trial a sibling runs waits for its result.
 
+An item's trial may be another runner's (a worker of the same run on another machine, a
+sibling under xdist): the item waits while that runner lives, and reports its result. When that
+runner is gone (its lease expired, or its process seen dead on this host), this process takes
+the trial over (`settle`): a new row, run here, whose result the item reports; every trial of
+the run such a runner held is taken over at once, each on a lane. One item, one result.
+
 A retry (a new attempt after an infrastructure error) runs on the thread of the item that
 asked for it. `stop` ends the lanes: trials not started are never started, running ones are
 stopped and recorded cancelled, and it returns once every lane has recorded its trial.
@@ -19,7 +25,7 @@ stopped and recorded cancelled, and it returns once every lane has recorded its 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
@@ -45,7 +51,7 @@ class Lanes:
 
     def start(self, trials: Sequence[TrialRecord]) -> Lanes:
         """Queue the trials in order: a lane takes the next as it comes free."""
-        for trial in trials:
+        for trial in trials if self.stopping is None else ():
             if trial.id not in self.futures and not trial.is_finished:
                 self.futures[trial.id] = self.pool.submit(self._work, trial)
         return self
@@ -55,32 +61,30 @@ class Lanes:
             return f"hemra: {trial.id} not started: {self.stopping}"
         return self.runner.work(trial)
 
-    def work(self, trial: TrialRecord) -> str | None:
-        """`Runner.work` for an item: its trial's result is recorded (here or by another
-        process of the session) when this returns None; otherwise the text says why not."""
+    def work(self, trial: TrialRecord) -> TrialRecord | str:
+        """An item's trial to its result: the row that holds it (the trial's own, or the one
+        that took it over), or a text saying why it has none."""
+        return settle(self.runner, trial, self._in_lane, wait=True, on_stale=self._take_over_all)
+
+    def _in_lane(self, trial: TrialRecord) -> str | None:
+        """`Runner.work` for an item: on its lane when the lanes queued the trial, else (a
+        retry, a row made as another runner's trial was taken over) on the item's thread."""
         future = self.futures.get(trial.id)
         if future is None:
-            note = self.runner.work(trial)
-        elif future.cancelled():
-            note = f"hemra: {trial.id} not started: {self.stopping}"
-        else:
-            note = future.result()
-        if note is not None and self._wait_for_holder(trial):
-            return None
-        return note
+            return self._work(trial)
+        if future.cancelled():
+            return f"hemra: {trial.id} not started: {self.stopping}"
+        return future.result()
 
-    def _wait_for_holder(self, trial: TrialRecord) -> bool:
-        """Wait while another live runner holds the trial's job; whether it then finished."""
-        store = self.runner.store
-        while True:
-            detail = store.trial_detail(trial.id)
-            if detail.trial.is_finished:
-                return True
-            if detail.job_state not in ("leased", "cancelling"):
-                return False
-            if detail.worker is None or not is_alive(detail.worker):
-                return False
-            time.sleep(POLL_SECS)
+    def _take_over_all(self) -> bool:
+        """Every trial of the run a gone runner held, taken over and queued on the lanes;
+        whether there was any."""
+        runner = self.runner
+        taken = [
+            runner.take_over(stale) for stale in runner.store.stale_trials(runner.run.id, is_alive)
+        ]
+        self.start([replacement for replacement in taken if replacement is not None])
+        return any(taken)
 
     def in_finish_order(self, trials: Sequence[TrialRecord]) -> Iterator[TrialRecord]:
         """The trials as their first attempts finish (those the lanes did not queue first)."""
@@ -96,3 +100,45 @@ class Lanes:
             self.stopping = reason
             self.runner.stop_running(reason)
         self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def settle(
+    runner: Runner,
+    trial: TrialRecord,
+    run: Callable[[TrialRecord], str | None],
+    *,
+    wait: bool,
+    on_stale: Callable[[], bool] | None = None,
+) -> TrialRecord | str:
+    """A trial to its result: `run` (`Runner.work`, here or on a lane) claims and runs it; a
+    trial another runner holds is waited for while that runner lives (with `wait`; else the
+    text says it runs elsewhere), taken over when it is gone (`on_stale` first: every trial
+    it held taken over at once), and followed to the row that replaced it. Returns the row
+    with the trial's result, or a text saying why it has none (deselected, left queued,
+    stopped)."""
+    store = runner.store
+    current = trial
+    note = run(current)
+    while True:
+        detail = store.trial_detail(current.id)
+        if detail.trial.is_finished:
+            return detail.trial
+        state = detail.job_state
+        if state == "replaced":
+            following = store.replacement(current.id)
+            if following is None:
+                return note or f"hemra: {current.id} was replaced, and its new row is gone"
+            current = following
+            note = None
+        elif state == "queued":
+            before, note = note, run(current)
+            if note is not None and note == before:
+                return note  # left queued, or not started: this runner will not run it
+        elif state in ("leased", "cancelling"):
+            if (on_stale is not None and on_stale()) or runner.take_over(current.id):
+                continue  # its runner is gone: the new row is followed
+            if not wait:
+                return note or f"hemra: {current.id} is running in another runner"
+            time.sleep(POLL_SECS)
+        else:
+            return note or f"hemra: {current.id} was {state}"

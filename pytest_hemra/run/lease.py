@@ -2,7 +2,10 @@
 
 A lease names its owner (`worker@host:pid`). A runner that dies stops renewing: its lease
 expires and another runner reclaims the trial; on the same host a dead owner's process is seen
-gone at once. The heartbeat is also how a running trial hears `hemra cancel`. A beat the store
+gone at once. A runner that finds its lease gone (it was cut off from the store past its
+expiry, and another runner took the trial over) stops the trial: only the new row's result
+counts (`store.finish_trial` leaves a replaced row alone). The heartbeat is also how a running
+trial hears `hemra cancel`. A beat the store
 cannot take for now (its disk full, its lock held) is skipped: the lease outlasts a few.
 
 One thread a process beats for every trial it runs (`Beats`), all of them in one write: a
@@ -28,6 +31,9 @@ __all__ = ["HEARTBEAT_SECS", "LEASE_SECS", "Heartbeat", "is_alive", "owner_name"
 
 LEASE_SECS = float(os.environ.get("HEMRA_LEASE_SECS", "30"))
 HEARTBEAT_SECS = 1.0  # also how soon a running trial hears `hemra cancel`
+# a lease this runner held is no longer its own: it could not renew it in time (cut off from
+# the store) and another runner took the trial over; the trial stops here, its result not kept
+LEASE_LOST = "its runner lost its lease: another runner took the trial over"
 
 
 class Heartbeat:
@@ -111,6 +117,8 @@ class Beats:
                 for trial, state in states.items():
                     if state == "cancelling":
                         leases[trial]._cancel("cancelled by hemra cancel")
+                    elif state is None and trial in self.leases:
+                        leases[trial]._cancel(LEASE_LOST)
         finally:
             if store is not None:
                 store.close()

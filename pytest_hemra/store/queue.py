@@ -243,51 +243,98 @@ class QueueStore(ResultStore):
     def replace_trial(self, trial: str, *, retry: bool, cause: str | None = None) -> TrialRecord:
         """Run a trial again under a new row linked to it (`replaces`): an infrastructure
         retry (`retry`), or a resume of a trial whose runner died or that was cancelled; with
-        a `cause` (an outage the runner waited out), a `rerun` that uses up no retry."""
+        a `cause` (an outage the runner waited out), a `rerun` that uses up no retry.
+
+        A row already replaced is not replaced twice: its replacement is returned (two
+        runners resuming one run at once make one new row, not two)."""
         with self._transaction() as tx:
-            old = tx.execute(
-                "SELECT run_id, item_id, dataset, task, harness, attempt, coalesce(retries, 0),"
-                " plan_seq FROM trials WHERE id = ?",
-                [trial],
-            ).fetchone()
-            if old is None:
-                raise StoreError(f"{self.name}: no trial {trial!r}")
-            run_id = old[0]
-            self.dialect.lock_row(tx, "runs", run_id)  # the next seq is this one's alone
-            seq = tx.execute("SELECT max(seq) + 1 FROM trials WHERE run_id = ?", [run_id])
-            new_id = trial_id(run_id, seq.fetchone()[0])
-            tx.execute("UPDATE trials SET status = 'replaced' WHERE id = ?", [trial])
-            tx.execute(
-                "UPDATE jobs SET state = 'replaced', lease_owner = NULL WHERE id = ?", [trial]
-            )
-            tx.execute(
-                "INSERT INTO trials (id, run_id, seq, plan_seq, item_id, dataset, task, harness,"
-                " attempt, replaces, retries, status)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'planned')",
-                [
-                    new_id,
-                    run_id,
-                    int(new_id.rsplit(".", 1)[1]),
-                    old[7],
-                    *old[1:6],
-                    trial,
-                    old[6] + int(retry and cause is None),
-                ],
-            )
-            tx.execute(
-                "INSERT INTO jobs (id, run_id, trial_id, state, created_at)"
-                " VALUES (?, ?, ?, 'queued', ?)",
-                [new_id, run_id, new_id, time.time()],
-            )
-            tx.execute(
-                "UPDATE runs SET status = 'running' WHERE id = ? AND status = 'finished'",
-                [run_id],
-            )
-            if cause is not None:
-                self._event(tx, run_id, new_id, RERUN, {"replaces": trial, "cause": cause})
-            else:
-                self._event(tx, run_id, new_id, RETRY if retry else "resume", {"replaces": trial})
+            new_id = self._replace(tx, trial, retry=retry, cause=cause)
         return self.trial(new_id)
+
+    def take_over(self, trial: str, is_alive: Callable[[str], bool]) -> TrialRecord | None:
+        """Resume a running trial whose runner is gone (its lease expired, or its process seen
+        dead on this host) under a new row, queued: for a live runner to run it. None when
+        its runner may still live, or it is not running any more (finished, or another runner
+        took it over first: the check and the new row are one transaction)."""
+        if not self._is_stale(self.db, trial, is_alive):
+            return None  # read first: a runner waiting on a live one writes nothing
+        with self._transaction() as tx:
+            run_id = tx.execute("SELECT run_id FROM trials WHERE id = ?", [trial]).fetchone()
+            if run_id is None:
+                raise StoreError(f"{self.name}: no trial {trial!r}")
+            self.dialect.lock_row(tx, "runs", run_id[0])  # as `_replace` takes it, first
+            if not self._is_stale(tx, trial, is_alive):
+                return None
+            new_id = self._replace(tx, trial, retry=False, cause=None)
+        return self.trial(new_id)
+
+    @staticmethod
+    def _is_stale(db: Any, trial: str, is_alive: Callable[[str], bool]) -> bool:
+        found = db.execute(
+            "SELECT state, lease_owner, lease_expires FROM jobs WHERE id = ?", [trial]
+        ).fetchone()
+        if found is None or found[0] not in ("leased", "cancelling"):
+            return False
+        _, owner, expires = found
+        return (expires or 0) < time.time() or not is_alive(owner)
+
+    def replacement(self, trial: str) -> TrialRecord | None:
+        """The row that runs a replaced trial again, if any."""
+        found = self.db.execute(
+            "SELECT r.id FROM trials t JOIN trials r ON r.run_id = t.run_id"
+            " AND r.plan_seq = t.plan_seq AND r.replaces = t.id WHERE t.id = ?",
+            [trial],
+        ).fetchone()
+        return None if found is None else self.trial(str(found[0]))
+
+    def _replace(self, tx: Connection, trial: str, *, retry: bool, cause: str | None) -> str:
+        old = tx.execute(
+            "SELECT run_id, item_id, dataset, task, harness, attempt, coalesce(retries, 0),"
+            " plan_seq FROM trials WHERE id = ?",
+            [trial],
+        ).fetchone()
+        if old is None:
+            raise StoreError(f"{self.name}: no trial {trial!r}")
+        run_id = old[0]
+        self.dialect.lock_row(tx, "runs", run_id)  # the next seq is this one's alone
+        done = tx.execute(
+            "SELECT id FROM trials WHERE run_id = ? AND plan_seq = ? AND replaces = ?",
+            [run_id, old[7], trial],
+        ).fetchone()
+        if done is not None:
+            return str(done[0])
+        seq = tx.execute("SELECT max(seq) + 1 FROM trials WHERE run_id = ?", [run_id])
+        new_id = trial_id(run_id, seq.fetchone()[0])
+        tx.execute("UPDATE trials SET status = 'replaced' WHERE id = ?", [trial])
+        tx.execute("UPDATE jobs SET state = 'replaced', lease_owner = NULL WHERE id = ?", [trial])
+        tx.execute(
+            "INSERT INTO trials (id, run_id, seq, plan_seq, item_id, dataset, task, harness,"
+            " attempt, replaces, retries, status)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'planned')",
+            [
+                new_id,
+                run_id,
+                int(new_id.rsplit(".", 1)[1]),
+                old[7],
+                *old[1:6],
+                trial,
+                old[6] + int(retry and cause is None),
+            ],
+        )
+        tx.execute(
+            "INSERT INTO jobs (id, run_id, trial_id, state, created_at)"
+            " VALUES (?, ?, ?, 'queued', ?)",
+            [new_id, run_id, new_id, time.time()],
+        )
+        tx.execute(
+            "UPDATE runs SET status = 'running' WHERE id = ? AND status = 'finished'",
+            [run_id],
+        )
+        if cause is not None:
+            self._event(tx, run_id, new_id, RERUN, {"replaces": trial, "cause": cause})
+        else:
+            self._event(tx, run_id, new_id, RETRY if retry else "resume", {"replaces": trial})
+        return new_id
 
     def claim_engine(
         self,

@@ -136,17 +136,21 @@ class ResultStore(StoreBase):
         )
 
     def finish_trial(self, trial: str, result: dict[str, Any]) -> None:
-        """Store a trial's result and close its job, before pytest reports the item."""
+        """Store a trial's result and close its job, before pytest reports the item. A row
+        another runner replaced meanwhile (this runner was cut off from the store past its
+        lease, and the trial taken over) is left as it is: the trial has one result, the new
+        row's."""
         usage = result.get("usage") or EMPTY_USAGE
         status = CANCELLED if result["outcome"] == Outcome.CANCELLED else FINISHED
         with self._transaction() as tx:
-            tx.execute(
+            written = tx.execute(
                 "UPDATE trials SET status = ?, outcome = ?, reward = ?, rewards = ?,"
                 " exit_code = ?, error = ?, finished_at = ?, duration = ?, phases = ?,"
                 " trial_dir = ?, calls = ?, input_tokens = ?, output_tokens = ?,"
                 " cache_read_tokens = ?, cache_write_tokens = ?, cost = ?, cost_known = ?,"
                 " usage_unknown = ?, models = ?, other_model_tokens = ?, stopped_by = ?,"
-                " own_report = ?, judges = ?, error_class = ?, agent_user = ? WHERE id = ?",
+                " own_report = ?, judges = ?, error_class = ?, agent_user = ?"
+                " WHERE id = ? AND status != 'replaced'",
                 [
                     status,
                     result["outcome"],
@@ -175,7 +179,9 @@ class ResultStore(StoreBase):
                     result.get("agent_user"),
                     trial,
                 ],
-            )
+            ).rowcount
+            if not written:
+                return
             run_id = tx.execute("SELECT run_id FROM trials WHERE id = ?", [trial]).fetchone()[0]
             tx.executemany(
                 "INSERT INTO steps (run_id, trial_id, seq, name, reward, rewards, exit_code,"
