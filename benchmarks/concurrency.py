@@ -1,21 +1,34 @@
-"""Concurrency: 40 trials whose harness sleeps 2 s, run by `pytest --hemra-run ... -n 4`.
+"""Concurrency: many sleeping trials at once from one runner.
 
-The ideal is 40 * 2 / 4 = 20 s of sleeping plus each worker's share of the per-trial floor,
-measured in the same run: one trial of the same task with a harness that does not sleep (image,
-container, verifier, store), run by a serial `pytest --hemra-run` session of 4 trials. Printed:
-the wall time of the -n 4 session, the ideal, and their ratio (target: at most 1.3).
+For each level N (default 16, 64 and 200), N trials whose harness sleeps 10 s are run by one
+`pytest --hemra-run` process with `concurrency = N` (threads: `run/lanes.py`). Printed per
+level: the wall time, the ideal (one wave: the sleep plus the per-trial floor, measured in the
+same run as one trial of the same task with a harness that does not sleep, run serially), their
+ratio (targets: at most 1.3 at 64, 2.0 at 200), the runner's peak memory (every process of the
+session, sampled; target: under 1 GB at 200), the JUnit testcases and the store's rows (each
+trial once), and the plain-Docker floor at N: N containers of the same image created, started
+and removed with force at once through the Docker SDK, the engine's own cost before any of
+HEMRA's.
 
-    python benchmarks/concurrency.py [--trials 40] [--workers 4] [--sleep 2]
+`--before` also runs 64 trials the way a runner did before lanes: `-n 16` workers, one trial at
+once each.
+
+    python benchmarks/concurrency.py [--levels 16 64 200] [--sleep 10] [--before]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
+import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 BASE_IMAGE = "debian:bookworm-slim"
@@ -52,42 +65,145 @@ def write_harness(root: Path, name: str, seconds: float) -> None:
     )
 
 
-def session(root: Path, harness: str, attempts: int, workers: int) -> float:
-    run_file = root / f"{harness}.toml"
-    run_file.write_text(f'harnesses = ["{harness}"]\ndatasets = ["bench"]\nattempts = {attempts}\n')
+def tree_rss(root_pid: int) -> int:
+    """Resident memory of a process and all its descendants, in bytes."""
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                rss[int(entry.name)] = int(line.split()[1]) * 1024
+    wanted, total = {root_pid}, 0
+    changed = True
+    while changed:
+        changed = False
+        for pid, parent in parents.items():
+            if parent in wanted and pid not in wanted:
+                wanted.add(pid)
+                changed = True
+    for pid in wanted:
+        total += rss.get(pid, 0)
+    return total
+
+
+def session(
+    root: Path, harness: str, trials: int, concurrency: int, workers: int = 1
+) -> tuple[float, int]:
+    """One pytest session of `trials` trials (one task each); its wall time and peak memory."""
+    run_file = root / f"{harness}-{trials}-{concurrency}-{workers}.toml"
+    names = ", ".join(f'"task-{n:02d}"' for n in range(trials))
+    run_file.write_text(
+        f'harnesses = ["{harness}"]\ndatasets = ["bench"]\nattempts = 1\n'
+        f"concurrency = {concurrency}\ntasks = [{names}]\n"
+    )
+    junit = root / f"{run_file.stem}.xml"
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--hemra-run"]
-    argv += [str(run_file), *(["-n", str(workers)] if workers > 1 else [])]
+    argv += [str(run_file), f"--junitxml={junit}"]
+    argv += ["-n", str(workers)] if workers > 1 else []
     started = time.monotonic()
-    done = subprocess.run(argv, cwd=root, capture_output=True, text=True)
+    child = subprocess.Popen(argv, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(0.2):
+            peak = max(peak, tree_rss(child.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, _ = child.communicate()
     elapsed = time.monotonic() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{harness}: pytest exited {done.returncode}\n{done.stdout[-2000:]}")
-    return elapsed
+    done.set()
+    sampler.join()
+    if child.returncode != 0:
+        raise SystemExit(f"{harness}: pytest exited {child.returncode}\n{out.decode()[-3000:]}")
+    cases = ET.parse(junit).getroot().iter("testcase")
+    names = [c.get("name") for c in cases]
+    if len(names) != trials or len(set(names)) != trials:
+        raise SystemExit(
+            f"{junit}: {len(names)} testcases ({len(set(names))} distinct), not {trials}"
+        )
+    return elapsed, peak
+
+
+def check_store(root: Path, trials: int) -> str:
+    """The latest run's rows: each trial once, every one finished."""
+    db = sqlite3.connect(root / ".hemra" / "hemra.db")
+    (run,) = db.execute("SELECT id FROM runs ORDER BY created_at DESC LIMIT 1").fetchone()
+    rows = db.execute(
+        "SELECT item_id, status, outcome FROM trials WHERE run_id = ? AND status != 'replaced'",
+        [run],
+    ).fetchall()
+    items = {item for item, _, _ in rows}
+    passed = sum(1 for _, status, outcome in rows if status == "finished" and outcome == "pass")
+    if len(rows) != trials or len(items) != trials:
+        raise SystemExit(f"run {run}: {len(rows)} current rows for {len(items)} items")
+    return f"{passed}/{trials} passed, each once"
+
+
+def docker_floor(count: int) -> float:
+    """`count` containers created, started and removed with force at once (SDK, threads)."""
+    import docker
+
+    client = docker.from_env(timeout=300, max_pool_size=count)
+
+    def one(_: int) -> None:
+        container = client.containers.create(
+            BASE_IMAGE, ["sleep", "infinity"], labels={"hemra-bench": "1"}
+        )
+        container.start()
+        container.remove(force=True)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(count) as pool:
+        list(pool.map(one, range(count)))
+    return time.monotonic() - started
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--trials", type=int, default=40)
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--sleep", type=float, default=2.0)
+    parser.add_argument("--levels", type=int, nargs="+", default=[16, 64, 200])
+    parser.add_argument("--sleep", type=float, default=10.0)
+    parser.add_argument("--before", action="store_true", help="also 64 trials on -n 16")
     args = parser.parse_args()
-    tasks = 10
+    tasks = max([*args.levels, 64])
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         write_dataset(root, tasks)
         write_harness(root, "sleeper", args.sleep)
         write_harness(root, "instant", 0)
-        session(root, "instant", 1, 1)  # builds the task images once; not measured
+        session(root, "instant", 1, 1)  # builds the task image once; not measured
         floor_trials = 4
-        serial = session(root, "instant", floor_trials // tasks + 1, 1) / (
-            (floor_trials // tasks + 1) * tasks
-        )
-        wall = session(root, "sleeper", args.trials // tasks, args.workers)
-    ideal = args.trials * (args.sleep + serial) / args.workers
-    print(f"per-trial floor (serial, no sleep): {serial:.2f} s")
-    print(f"{args.trials} trials x {args.sleep:g} s on -n {args.workers}: {wall:.1f} s")
-    print(f"ideal {args.trials}*({args.sleep:g}+floor)/{args.workers} = {ideal:.1f} s")
-    print(f"ratio wall/ideal: {wall / ideal:.2f}x (target <= 1.30)")
+        serial = session(root, "instant", floor_trials, 1)[0] / floor_trials
+        print(f"per-trial floor (serial, no sleep, session start included): {serial:.2f} s")
+        print(f"cpus: {os.cpu_count()}; load before: {os.getloadavg()[0]:.1f}")
+        if args.before:
+            wall, peak = session(root, "sleeper", 64, 1, workers=16)
+            ideal = 64 * (args.sleep + serial) / 16
+            print(
+                f"before (-n 16, one trial a worker): 64 trials {wall:.1f} s, ideal {ideal:.1f} s,"
+                f" ratio {wall / ideal:.2f}x, peak memory {peak / 2**20:.0f} MiB"
+            )
+        for level in args.levels:
+            floor = docker_floor(level)
+            wall, peak = session(root, "sleeper", level, level)
+            ideal = args.sleep + serial
+            print(
+                f"concurrency {level}: {level} trials {wall:.1f} s, ideal {ideal:.1f} s,"
+                f" ratio {wall / ideal:.2f}x; peak memory {peak / 2**20:.0f} MiB;"
+                f" {check_store(root, level)}; plain docker at {level}: {floor:.1f} s"
+                f" (sleep + docker floor {args.sleep + floor:.1f} s: ratio"
+                f" {wall / (args.sleep + floor):.2f}x)"
+            )
 
 
 if __name__ == "__main__":

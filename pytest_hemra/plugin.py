@@ -9,6 +9,7 @@ store. Working a trial's job (claim, heartbeat, run, retry, cancel) is `run.job.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 from collections.abc import Callable
@@ -242,11 +243,15 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     if hasattr(config, "workerinput"):
         return None
     left = dict.fromkeys(session.items)
-    order = [i for i in session.items if i not in items.values()]
-    order += [items[t.id] for t in hemra.lanes.in_finish_order(trials)]
-    for item in order:
+    not_trials = [i for i in session.items if i not in items.values()]
+    finished = (items[t.id] for t in hemra.lanes.in_finish_order(trials))  # as each finishes
+    for item in itertools.chain(not_trials, finished):
         del left[item]
-        nextitem = next(iter(left), None)  # any item not run yet: nothing is set up per item
+        # which item runs next is known only when its trial finishes: an item of another
+        # dataset, if any is left, tears this one's dataset down (pytest's setup state holds
+        # one dataset at a time, and a trial of any dataset may finish next)
+        others = (i for i in left if i.parent is not item.parent)
+        nextitem = next(others, next(iter(left), None))
         item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         if session.shouldfail:
             raise session.Failed(session.shouldfail)
@@ -396,13 +401,13 @@ def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, str] 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     hemra = session.config.stash.get(SESSION, None)
-    if hemra is not None and hemra.lanes is not None:  # trials still running: stopped, recorded
-        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
-        hemra.lanes.stop(
-            "interrupted (Ctrl-C)"
-            if interrupted
-            else "the session stopped before its end (-x, --maxfail)"
-        )
+    if hemra is not None and hemra.lanes is not None:  # trials still running: recorded
+        if exitstatus == pytest.ExitCode.INTERRUPTED:
+            hemra.lanes.stop("interrupted (Ctrl-C)")
+        elif session.shouldfail or session.shouldstop:
+            hemra.lanes.stop("the session stopped before its end (-x, --maxfail)")
+        else:  # its items done (an xdist worker's: its lanes may run a sibling's trials)
+            hemra.lanes.stop("the session ended", running=False)
     if hemra is None or hemra.runner is None or hasattr(session.config, "workerinput"):
         return
     runner = hemra.runner

@@ -93,12 +93,15 @@ class Lanes:
         for future in as_completed(queued):
             yield queued[future]
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str, *, running: bool = True) -> None:
         """No trial started after this; running ones stopped (recorded cancelled with
-        `reason`); returns once each lane has recorded its trial."""
+        `reason`), or with `running=False` let finish; returns once each lane has recorded
+        its trial. An xdist worker whose items are done finishes, not stops: its lanes may be
+        running trials of a sibling's items, which wait for them."""
         if self.stopping is None:
             self.stopping = reason
-            self.runner.stop_running(reason)
+            if running:
+                self.runner.stop_running(reason)
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
