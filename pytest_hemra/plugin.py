@@ -26,6 +26,7 @@ from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import PlannedTrial, TrialRecord
 from pytest_hemra.core.store_location import store_location
 from pytest_hemra.core.usage import Usage
+from pytest_hemra.core.words import plural
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.provisioning import ProviderFactory, provision
 from pytest_hemra.report.comparison import (
@@ -172,7 +173,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     if runner is None:
         return None
     run = runner.run
-    return [f"hemra: run {run.id}, {len(run.trials)} trials, store {runner.store.name}"]
+    return [f"hemra: run {run.id}, {plural(len(run.trials), 'trial')}, store {runner.store.name}"]
 
 
 def pytest_collection(session: pytest.Session) -> bool | None:

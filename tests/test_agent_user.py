@@ -64,7 +64,7 @@ def test_a_root_task_installs_a_package_only_when_the_agent_runs_as_the_tasks_us
     assert row["result"]["agent_user"] == row["agent_user"] == user  # result.json and store
     shown = pytester.run("hemra", "show", row["id"])  # the store of the folder the run was in
     assert f"agent user {user}" in shown.stdout.str()
-    flagged = "*! agents ran as root in 1 of 1 trial(s)*"
+    flagged = "*! agents ran as root in 1 of 1 trial *"
     if mode == "task":  # the report says the agent ran as root
         result.stdout.fnmatch_lines([flagged])
     else:
@@ -85,8 +85,8 @@ def test_agents_of_one_task_run_as_different_users_are_flagged() -> None:
     assert [f.kind for f in dataset_flags(same, ["a", "b"], None)] == ["task_set", "agent_root"]
     mixed = [*same, trial("b", "t2", root)]
     flags = {f.kind: f.message for f in dataset_flags(mixed, ["a", "b"], None)}
-    assert "on 1 task(s) (e.g. t2: a as 1000:1000, b as 0:0)" in flags["agent_user_differs"]
-    assert flags["agent_root"].startswith("agents ran as root in 3 of 4 trial(s)")
+    assert "on 1 task (e.g. t2: a as 1000:1000, b as 0:0)" in flags["agent_user_differs"]
+    assert flags["agent_root"].startswith("agents ran as root in 3 of 4 trials")
     neither = [trial("a", "t1", hemra), trial("b", "t1", hemra)]
     assert dataset_flags(neither, ["a", "b"], None) == []
 

@@ -11,6 +11,7 @@ import pytest
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.stored import StoredPlan
 from pytest_hemra.core.usage import Usage, disagrees
+from pytest_hemra.core.words import plural
 
 
 def test_outcomes_are_their_stored_strings() -> None:
@@ -123,3 +124,10 @@ def test_a_partial_or_empty_record_reads_as_defaults() -> None:
     partial = StoredPlan.read({"spec": {"harnesses": ["h"]}, "harnesses": {"h": {"digest": "x"}}})
     assert partial.baseline == "h" and partial.harnesses["h"].path is None
     assert partial.harnesses["h"].metered
+
+
+def test_a_count_reads_with_its_noun_in_the_number_it_has() -> None:
+    assert [plural(n, "task") for n in (0, 1, 2)] == ["0 tasks", "1 task", "2 tasks"]
+    assert plural(1, "sandbox", "sandboxes") == "1 sandbox"
+    assert plural(3, "sandbox", "sandboxes") == "3 sandboxes"
+    assert plural(1200, "trial") == "1,200 trials"

@@ -496,5 +496,5 @@ def test_a_pool_run_warns_by_name_of_the_allowlists_its_engines_cannot_serve(
     )
     (warning,) = [w for w in resolve_plan(run_file, Overrides(), tmp_path).warnings if "pool" in w]
     assert warning.startswith(f"{run_file}: [sandbox] engines: a pool's engines reach no egress")
-    assert warning.endswith("of 2 task(s) are reached by none of their phases (the network is"
+    assert warning.endswith("of 2 tasks are reached by none of their phases (the network is"
                             " cut): agent-list, verifier-list")  # fmt: skip

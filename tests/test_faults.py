@@ -306,7 +306,7 @@ def test_hemra_cancel_racing_trials_that_finish_exits_0_every_time_and_leaves_no
     assert all(store.run(run_id).status == "cancelled" for run_id in run_ids)
     for run_id in run_ids:
         assert f"run {run_id}: " in said.out
-    assert said.out.count(" sandboxes removed") == 20
+    assert said.out.count(" removed") == 20  # N sandboxes, or 1 sandbox
 
 
 @pytest.mark.usefixtures("docker_test")

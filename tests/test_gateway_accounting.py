@@ -289,6 +289,6 @@ def test_reports_flag_the_share_of_calls_of_unknown_usage_and_the_cost_unknown(
     (trial,) = store.trials("run")
     assert (trial.calls, trial.usage_unknown, trial.cost, trial.is_priced) == (3, 1, None, True)
     text = render(build_report(store, "run"), "text")
-    assert "! h: usage unknown on 1 of 3 model calls (33.3%, in 1 trial(s))" in text
+    assert "! h: usage unknown on 1 of 3 model calls (33.3%, in 1 trial)" in text
     assert "no price for" not in text  # the price is known: it is the usage that is not
     assert "unknown" in text.split("\n! ")[0]  # the cost column

@@ -111,7 +111,7 @@ def test_a_verifier_that_failed_for_lack_of_a_network_is_classed_and_flagged(
     # only where the network was cut: a task whose verifier kept it failed for its own reasons
     assert classes == {"offline": "verifier_offline", "public": None, "plain": None}
     result.stdout.fnmatch_lines(
-        ["! oracle: 1 trial(s) failed in a verifier that tried to reach the network*(offline)*"]
+        ["! oracle: 1 trial failed in a verifier that tried to reach the network*(offline)*"]
     )
 
 

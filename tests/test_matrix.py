@@ -93,7 +93,7 @@ def test_a_matrix_run_has_a_cell_per_harness_and_model_with_its_own_items_tokens
     assert across_models.versus is not None and across_models.versus.diff == 0.0
 
     text = result.stdout.str()  # both table shapes in the summary
-    assert "(1 tasks) - model hemra/scripted-a" in text and "(1 tasks) - harness chatty" in text
+    assert "(1 task) - model hemra/scripted-a" in text and "(1 task) - harness chatty" in text
     narrow = render_text(report, width=80)
     assert max(len(line) for line in narrow.splitlines() if "|" not in line and "!" not in line
                and "left out" not in line and "HEMRA run" not in line) <= 80  # fmt: skip

@@ -262,7 +262,7 @@ def test_an_upstream_refusing_the_runners_key_is_flagged_never_silently_scored(
         result = pytester.runpytest("--hemra-run", str(run_file))
     result.assert_outcomes(failed=1)  # its score stands: a refusal is no way out of a fail
     result.stdout.fnmatch_lines(
-        ["! mini-agent: 1 scored trial(s) had model calls the upstream refused (401/403*"]
+        ["! mini-agent: 1 scored trial had model calls the upstream refused (401/403*"]
     )
     store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()

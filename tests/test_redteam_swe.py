@@ -152,8 +152,8 @@ def test_each_attack_on_the_hidden_tests_scores_what_doing_nothing_scores(
     found = {t.harness: t for t in store.trials(run.id)}
     assert (found["oracle"].error_class, found["oracle"].reward) == ("success", 1.0)
     assert (found["nop"].error_class, found["nop"].reward) == ("no_change", 0.25)
-    result.stdout.fnmatch_lines(["! conftest-hook: 1 trial(s) tampered with what steers *"])
-    assert "! nop: 1 trial(s) tampered" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["! conftest-hook: 1 trial tampered with what steers *"])
+    assert "! nop: 1 trial tampered" not in result.stdout.str()
     scores = {name: found[name].reward for name in ATTACKS}
     assert scores == dict.fromkeys(ATTACKS, 0.25)
     classes = {name for name in ATTACKS if found[name].error_class == "tampered"}

@@ -394,7 +394,7 @@ def test_oracle_passes_a_registry_task_and_the_run_records_its_digest(
 
     result.assert_outcomes(passed=1)
     digest = resolve_dataset("hemra-offline", tmp_path, "x", ["create-file"], []).digest
-    result.stdout.fnmatch_lines([f"*offline@{digest[:12]}* (1 tasks)*"])
+    result.stdout.fnmatch_lines([f"*offline@{digest[:12]}* (1 task)*"])
     connection = sqlite3.connect(store)
     (plan,) = connection.execute("SELECT spec FROM runs").fetchone()
     connection.close()

@@ -89,11 +89,59 @@ def unfair(tmp_path: Path) -> Store:
 def test_each_unfair_condition_is_flagged_under_its_table(unfair: Store) -> None:
     text = render(build_report(unfair, "unfair"), "text")
     assert "! short: no scored trial on 3 of 8 tasks (task-0, task-1, task-2)" in text
-    assert "! short: unfinished cells: 2 infra_error, 4 planned (excluded from scores)" in text
+    assert "! short: 6 trials unfinished, excluded from scores: 2 infra_error, 4 planned" in text
     assert "! chatty: 40% of its tokens went to other models than m-1 (m-big)" in text
     assert "! unpriced: cost unknown: no price for m-secret" in text
     assert "! short: its difference from the baseline" in text  # 5 tasks cannot tell
     assert text.splitlines()[5].startswith("base (baseline)")
+
+
+def test_a_cancelled_runs_report_says_so_in_a_few_lines_none_of_the_baseline_alone(
+    tmp_path: Path,
+) -> None:
+    """Cancelled after 2 of 8 tasks: one line says how many trials were cancelled and whose,
+    one how many tasks the comparison covers; nothing is said of the baseline against itself
+    (it said `nop: ... compared on the tasks both ran`), nor repeated per harness."""
+    store = Store(tmp_path / "s.db")
+    done = TASKS[:2]
+    record_run(
+        store,
+        "r",
+        {
+            "nop": lambda task, attempt: result(0.0) if task in done else None,
+            "oracle": lambda task, attempt: result(1.0) if task in done else None,
+        },
+    )
+    left = [t.id for t in store.trials("r") if not t.is_finished]
+    assert store.cancel_trials(left, "cancelled by hemra cancel") == 24
+
+    text = render(build_report(store, "r"), "text")
+
+    flags = [line for line in text.splitlines() if line.startswith("!")]
+    assert flags[:2] == [
+        "! 24 trials cancelled (nop 12, oracle 12), excluded from scores",
+        "! nop, oracle: no scored trial on 6 of 8 tasks (task-2, task-3, task-4, task-5, task-6"
+        " and 1 more): the comparison covers 2 of 8 tasks",
+    ]
+    assert len(flags) <= 3  # and perhaps: too few tasks to tell oracle from nop
+    assert not [line for line in flags if line.startswith("! nop:")]
+    assert "(8 tasks)" in text and "1 tasks" not in text
+
+
+def test_a_baseline_short_of_tasks_is_said_to_narrow_every_comparison(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    record_run(
+        store,
+        "r",
+        {
+            "base": lambda task, attempt: None if task == TASKS[0] else result(1.0),
+            "other": lambda task, attempt: result(1.0),
+        },
+    )
+    text = render(build_report(store, "r"), "text")
+    assert "! base: no scored trial on 1 of 8 tasks (task-0): left out of every comparison" in text
+    assert "! base: 2 trials planned, excluded from scores" in text
+    assert "! other:" not in text
 
 
 def test_statistics_in_the_table_are_paired_and_clustered(unfair: Store) -> None:
@@ -237,7 +285,7 @@ def test_hemra_show_prints_one_trial(pytester: pytest.Pytester, unfair: Store) -
             f"trial {trial.id}: {trial.item_id}",
             "  status finished, outcome pass, reward 1",
             '  rewards {"reward": 1.0}',
-            "  tokens 150 (input 100, output 50, cache read 0, cache write 0); 1 calls*",
+            "  tokens 150 (input 100, output 50, cache read 0, cache write 0); 1 call;*",
             "folder x",
         ]
     )

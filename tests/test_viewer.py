@@ -564,7 +564,7 @@ def test_runs_page_to_a_run_its_filtered_grid_and_a_trial(
     page.wait_for_function("document.querySelectorAll('#grid a.cell').length === 12")
     assert page.text_content("#report table.report tbody tr td") == "base (baseline)"
     assert page.locator("#report svg circle").count() == 2
-    assert "unfinished cells" in (page.text_content("#report .flags") or "")
+    assert "excluded from scores" in (page.text_content("#report .flags") or "")
     shot(page, tmp_path, "run")
 
     page.select_option("#grid select[name=harness]", "rival")

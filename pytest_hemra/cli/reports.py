@@ -18,6 +18,7 @@ from pytest_hemra.cli.arguments import (
 )
 from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.store_location import store_location
+from pytest_hemra.core.words import plural
 from pytest_hemra.report import FORMATS
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def show_command(args: argparse.Namespace) -> int:
     reward = "-" if trial.reward is None else f"{trial.reward:g}"
     cost = "unknown" if trial.cost is None else f"${trial.cost:.4f}"
     if trial.usage_unknown:
-        cost += f" (usage unknown on {trial.usage_unknown} of {trial.calls} calls)"
+        cost += f" (usage unknown on {trial.usage_unknown} of {plural(trial.calls, 'call')})"
     lines = [
         f"trial {trial.id}: {trial.item_id}",
         f"  status {trial.status}, outcome {trial.outcome or '-'}, reward {reward}"
@@ -107,7 +108,7 @@ def show_command(args: argparse.Namespace) -> int:
         f"  rewards {json.dumps(trial.rewards, sort_keys=True)}",
         f"  tokens {trial.tokens} (input {detail.input_tokens}, output {detail.output_tokens},"
         f" cache read {detail.cache_read_tokens}, cache write {detail.cache_write_tokens});"
-        f" {detail.calls} calls; cost {cost}",
+        f" {plural(detail.calls, 'call')}; cost {cost}",
         "  phases " + ", ".join(f"{k} {v:.2f}s" for k, v in detail.phases.items()),
         f"  worker {detail.worker or '-'}, job {detail.job_state or '-'}"
         + (f", agent user {trial.agent_user}" if trial.agent_user else ""),

@@ -21,6 +21,7 @@ from pytest_hemra.cli.exits import Exit, exit_codes_text
 from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.store_location import STORE_HELP, store_location
+from pytest_hemra.core.words import plural
 from pytest_hemra.resolve.overrides import OVERRIDE_FLAGS, positive_int, read_overrides
 
 if TYPE_CHECKING:
@@ -184,7 +185,7 @@ def detach_command(args: argparse.Namespace) -> int:
     run_id = record_plan(plan, store, status="queued")
     print(run_id)
     print(
-        f"queued {len(plan.trials)} trials in {store.name}; `hemra serve` runs them",
+        f"queued {plural(len(plan.trials), 'trial')} in {store.name}; `hemra serve` runs them",
         file=sys.stderr,
     )
     return 0
@@ -227,7 +228,9 @@ def cancel_command(args: argparse.Namespace) -> int:
     store = open_store(args.store)
     find_run(store, args.store, args.run_id)
     done = cancel_run(store, args.run_id, run_provider(store, args.run_id), args.wait)
-    print(f"run {args.run_id}: {done.cancelled} trials cancelled, {done.removed} sandboxes removed")
+    cancelled = plural(done.cancelled, "trial")
+    removed = plural(done.removed, "sandbox", "sandboxes")
+    print(f"run {args.run_id}: {cancelled} cancelled, {removed} removed")
     if done.engine_down:  # the run is cancelled: its engine's sandboxes go when it is back
         print(
             f"run {args.run_id}: its engine does not answer ({done.sandbox_error}); its"

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from pytest_hemra.core.errors import HemraError, SpecError
 from pytest_hemra.core.names import unknown_name
 from pytest_hemra.core.store_location import STORE_DEFAULT, store_location
+from pytest_hemra.core.words import plural
 from pytest_hemra.resolve.overrides import Overrides
 
 if TYPE_CHECKING:
@@ -316,9 +317,8 @@ def canary_command(args: argparse.Namespace) -> int:
     for probe in probes:
         print(probe.describe())
     failed = [probe for probe in probes if not probe.ok]
-    print(
-        f"canary: {len(probes) - len(failed)}/{len(probes)} calls counted as the upstream reports"
-    )
+    counted = f"{len(probes) - len(failed)}/{plural(len(probes), 'call')}"
+    print(f"canary: {counted} counted as the upstream reports")
     return 1 if failed else 0
 
 

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Mapping
 
 from pytest_hemra.core.errors import CapabilityError, InfraError, SpecError
+from pytest_hemra.core.words import plural
 from pytest_hemra.execute.builds import build_images, tasks_to_build
 from pytest_hemra.execute.gateway.prices import price_table
 from pytest_hemra.execute.installs import ensure_installed
@@ -96,9 +97,8 @@ def describe(plan: Plan, provider: SandboxProvider | None) -> str:
         )
     lines += ["", "datasets:"]
     for dataset in plan.datasets:
-        lines.append(
-            f"  {dataset.name}@{dataset.digest[:12]}: {len(dataset.tasks)} tasks ({dataset.path})"
-        )
+        counted = plural(len(dataset.tasks), "task")
+        lines.append(f"  {dataset.name}@{dataset.digest[:12]}: {counted} ({dataset.path})")
     tasks = sum(len(dataset.tasks) for dataset in plan.datasets)
     cells = sorted({trial.cell for trial in plan.trials})
     if spec.is_matrix:
@@ -107,7 +107,8 @@ def describe(plan: Plan, provider: SandboxProvider | None) -> str:
     lines += [
         "",
         f"cells: {len(cells)} ({'harness x model' if spec.is_matrix else 'harnesses'})",
-        f"trials: {tasks} tasks x {len(cells)} cells x {spec.attempts} attempts"
+        f"trials: {plural(tasks, 'task')} x {plural(len(cells), 'cell')} x"
+        f" {plural(spec.attempts, 'attempt')}"
         f" = {len(plan.trials)}",
         cost_bound(plan),
     ]

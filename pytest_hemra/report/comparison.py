@@ -17,6 +17,7 @@ from tabulate import tabulate
 
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.core.stored import StoredPlan
+from pytest_hemra.core.words import plural
 from pytest_hemra.report.fairness import Flag
 from pytest_hemra.report.stats import Comparison, Estimate, mean_ci, paired_difference
 from pytest_hemra.report.tables import by_task
@@ -94,8 +95,8 @@ def compare_runs(store: Store, before_id: str, after_id: str) -> RunComparison:
                     Flag(
                         "task_set",
                         cell,
-                        f"compared on {change.n_tasks} shared tasks; {change.only_b} scored"
-                        f" only before, {change.only_a} only after",
+                        f"compared on {plural(change.n_tasks, 'shared task')}; {change.only_b}"
+                        f" scored only before, {change.only_a} only after",
                     )
                 )
         datasets.append(DatasetChange(name, changes, flags))

@@ -15,6 +15,10 @@ from pytest_hemra.core.network import NETWORK_FIX
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import UPSTREAM_REFUSED, TrialRecord
 from pytest_hemra.core.usage import Usage, disagrees
+from pytest_hemra.core.words import plural
+
+# kinds said of a dataset's every trial, whichever table (one per model in a matrix) shows them
+WHOLE_DATASET = frozenset({"agent_user_differs", "agent_root"})
 
 
 @dataclass(frozen=True)
@@ -37,18 +41,17 @@ def dataset_flags(
     unisolated: frozenset[str] = frozenset(),
 ) -> list[Flag]:
     """The flags a dataset's trials raise by themselves (statistics add `too_few_tasks`);
-    `unmetered` names the harnesses whose tokens the gateway cannot count, `unisolated` those
-    whose agents ran outside HEMRA's sandbox (`StoredPlan`)."""
+    `harnesses` are the table's rows, the baseline first; `unmetered` names the harnesses whose
+    tokens the gateway cannot count, `unisolated` those whose agents ran outside HEMRA's sandbox
+    (`StoredPlan`). What several rows share (a cancel leaves every row short) is one line."""
     counted = [t for t in trials if t.status != "deselected"]
     by_harness: dict[str, list[TrialRecord]] = defaultdict(list)
     for trial in counted:
         by_harness[trial.harness].append(trial)
     every_task = {t.task for t in counted}
-    flags: list[Flag] = []
+    flags = _unfinished(harnesses, by_harness) + _task_set(harnesses, by_harness, every_task)
     for harness in harnesses:
         mine = by_harness.get(harness, [])
-        flags += _task_set(harness, mine, every_task)
-        flags += _unfinished(harness, mine)
         flags += _other_models(harness, mine, model)
         if harness in unmetered:  # its own numbers have nothing at the wire to agree with
             message = "tokens not counted at the wire: a harbor harness (its agent calls the"
@@ -77,13 +80,14 @@ def dataset_flags(
                 failed_judges[judge] += score is None
         for judge, count in sorted(failed_judges.items()):
             if count:
-                message = f"judge {judge} gave no score on {count} trial(s)"
+                message = f"judge {judge} gave no score on {plural(count, 'trial')}"
                 flags.append(Flag("judge_failed", harness, message))
         flags += _upstream_refused(harness, mine)
         stopped = [t for t in mine if t.stopped_by]
         if stopped:
             reasons = ", ".join(sorted({t.stopped_by or "" for t in stopped}))
-            flags.append(Flag("stopped", harness, f"{len(stopped)} trial(s) stopped by {reasons}"))
+            message = f"{plural(len(stopped), 'trial')} stopped by {reasons}"
+            flags.append(Flag("stopped", harness, message))
         flags += _tampered(harness, mine)
         flags += _verifier_offline(harness, mine)
     return flags + _agent_users(counted)
@@ -101,14 +105,14 @@ def _agent_users(trials: Sequence[TrialRecord]) -> list[Flag]:
     differs = sorted(task for task, seen in users.items() if len(set(seen.values())) > 1)
     if differs:
         first = ", ".join(f"{h} as {u}" for h, u in sorted(users[differs[0]].items()))
-        message = f"the agents ran as different users on {len(differs)} task(s) (e.g. {differs[0]}:"
-        message += f" {first}): what one could do as its user another could not"
+        message = f"the agents ran as different users on {plural(len(differs), 'task')} (e.g."
+        message += f" {differs[0]}: {first}): what one could do as its user another could not"
         flags.append(Flag("agent_user_differs", None, message))
     root = [t for t in ran if (t.agent_user or "").startswith("0:")]
     if root:
-        message = f"agents ran as root in {len(root)} of {len(ran)} trial(s) (the task's user or"
-        message += ' its image\'s, as Harbor runs them; [sandbox] agent_user = "non-root" runs'
-        message += " every agent as uid 1000)"
+        message = f"agents ran as root in {len(root)} of {plural(len(ran), 'trial')} (the task's"
+        message += ' user or its image\'s, as Harbor runs them; [sandbox] agent_user = "non-root"'
+        message += " runs every agent as uid 1000)"
         flags.append(Flag("agent_root", None, message))
     return flags
 
@@ -119,9 +123,9 @@ def _verifier_offline(harness: str, mine: list[TrialRecord]) -> list[Flag]:
     if not offline:
         return []
     tasks = sorted({t.task for t in offline})
-    message = f"{len(offline)} trial(s) failed in a verifier that tried to reach the network with"
-    message += f" it cut ({', '.join(tasks[:3])}{', ...' if len(tasks) > 3 else ''}): they may"
-    message += f" have failed for lack of it; {NETWORK_FIX}"
+    message = f"{plural(len(offline), 'trial')} failed in a verifier that tried to reach the"
+    message += f" network with it cut ({', '.join(tasks[:3])}{', ...' if len(tasks) > 3 else ''}):"
+    message += f" they may have failed for lack of it; {NETWORK_FIX}"
     return [Flag("verifier_offline", harness, message)]
 
 
@@ -130,36 +134,75 @@ def _tampered(harness: str, mine: list[TrialRecord]) -> list[Flag]:
     tampered = [t for t in mine if t.error_class == "tampered"]
     if not tampered:
         return []
-    message = f"{len(tampered)} trial(s) tampered with what steers the hidden tests (conftest.py,"
-    message += f" pytest settings, test files; run as shipped instead), e.g. {tampered[0].item_id}"
+    message = f"{plural(len(tampered), 'trial')} tampered with what steers the hidden tests"
+    message += " (conftest.py, pytest settings, test files; run as shipped instead), e.g."
+    message += f" {tampered[0].item_id}"
     return [Flag("tampered", harness, message)]
 
 
-def _task_set(harness: str, mine: list[TrialRecord], every_task: set[str]) -> list[Flag]:
-    scored_tasks = {t.task for t in mine if t.outcome in Outcome.SCORED}
-    missing = sorted(every_task - scored_tasks)
-    if not missing:
+def _task_set(
+    harnesses: Sequence[str], by_harness: dict[str, list[TrialRecord]], every_task: set[str]
+) -> list[Flag]:
+    """Tasks a row has no scored trial on: each harness is compared with the baseline on the
+    tasks both scored. Rows missing the same tasks share one line; when every row misses the
+    same ones (a cancelled run), that line says how many tasks the comparison covers."""
+    groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for harness in harnesses:
+        scored = {t.task for t in by_harness.get(harness, []) if t.outcome in Outcome.SCORED}
+        groups[tuple(sorted(every_task - scored))].append(harness)
+    total = plural(len(every_task), "task")
+    flags = []
+    for missing, names in groups.items():
+        if not missing:
+            continue
+        message = f"no scored trial on {len(missing)} of {total} ({_shown(missing)})"
+        if len(harnesses) == 1:
+            pass  # no comparison to narrow
+        elif len(names) == len(harnesses):
+            covered = len(every_task) - len(missing)
+            message += f": the comparison covers {covered} of {total}" if covered else ""
+            message += "" if covered else ": nothing to compare"
+        elif names[0] == harnesses[0]:
+            message += ": left out of every comparison with the baseline"
+        else:
+            message += ": compared with the baseline on the tasks both scored"
+        if len(names) == 1:
+            flags.append(Flag("task_set", names[0], message))
+        else:
+            flags.append(Flag("task_set", None, f"{', '.join(names)}: {message}"))
+    return flags
+
+
+def _shown(names: Sequence[str], most: int = 5) -> str:
+    """The first names, and how many more."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
+def _unfinished(harnesses: Sequence[str], by_harness: dict[str, list[TrialRecord]]) -> list[Flag]:
+    """The trials without a score, one line for every row: how many, why, and whose."""
+    found: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # why -> row -> n
+    for harness in harnesses:
+        for trial in by_harness.get(harness, []):
+            if trial.outcome not in Outcome.SCORED:
+                found[trial.outcome or trial.status][harness] += 1
+    if not found:
         return []
-    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-    return [
-        Flag(
-            "task_set",
-            harness,
-            f"no scored trial on {len(missing)} of {len(every_task)} tasks ({shown}):"
-            " compared on the tasks both ran",
+    rows = [h for h in harnesses if any(h in per for per in found.values())]
+    total = plural(sum(n for per in found.values() for n in per.values()), "trial")
+
+    def whose(per: dict[str, int]) -> str:
+        return "" if len(rows) == 1 else f" ({', '.join(f'{h} {per[h]}' for h in per)})"
+
+    if len(found) == 1:
+        ((why, per),) = found.items()
+        message = f"{total} {why}{whose(per)}, excluded from scores"
+    else:
+        each = ", ".join(
+            f"{sum(per.values())} {why}{whose(per)}" for why, per in sorted(found.items())
         )
-    ]
-
-
-def _unfinished(harness: str, mine: list[TrialRecord]) -> list[Flag]:
-    unfinished: dict[str, int] = defaultdict(int)
-    for trial in mine:
-        if trial.outcome not in Outcome.SCORED:
-            unfinished[trial.outcome or trial.status] += 1
-    if not unfinished:
-        return []
-    counts = ", ".join(f"{count} {name}" for name, count in sorted(unfinished.items()))
-    return [Flag("unfinished", harness, f"unfinished cells: {counts} (excluded from scores)")]
+        message = f"{total} unfinished, excluded from scores: {each}"
+    return [Flag("unfinished", rows[0] if len(rows) == 1 else None, message)]
 
 
 def _upstream_refused(harness: str, mine: list[TrialRecord]) -> list[Flag]:
@@ -170,8 +213,8 @@ def _upstream_refused(harness: str, mine: list[TrialRecord]) -> list[Flag]:
     ]
     if not refused:
         return []
-    message = f"{len(refused)} scored trial(s) had model calls the upstream refused (401/403:"
-    message += f" the runner's key, not the harness), e.g. {refused[0].item_id}"
+    message = f"{plural(len(refused), 'scored trial')} had model calls the upstream refused"
+    message += f" (401/403: the runner's key, not the harness), e.g. {refused[0].item_id}"
     return [Flag("upstream_refused", harness, message)]
 
 
@@ -201,8 +244,9 @@ def _usage_unknown(harness: str, mine: list[TrialRecord]) -> list[Flag]:
         return []
     calls = sum(t.calls for t in mine)
     trials = sum(1 for t in mine if t.usage_unknown)
-    message = f"usage unknown on {unknown} of {calls} model calls ({unknown / max(calls, 1):.1%},"
-    message += f" in {trials} trial(s)): their tokens are not counted and its cost is unknown"
+    message = f"usage unknown on {unknown} of {plural(calls, 'model call')}"
+    message += f" ({unknown / max(calls, 1):.1%}, in {plural(trials, 'trial')}): their tokens are"
+    message += " not counted and its cost is unknown"
     return [Flag("usage_unknown", harness, message)]
 
 
@@ -226,7 +270,7 @@ def _self_reports(harness: str, mine: list[TrialRecord]) -> list[Flag]:
         Flag(
             "self_report",
             harness,
-            f"its own token counts disagree with the gateway's on {len(off)} trial(s)"
+            f"its own token counts disagree with the gateway's on {plural(len(off), 'trial')}"
             f" (e.g. {first.item_id}: reports {own}, the gateway counted {first.tokens})",
         )
     ]

@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 from tabulate import tabulate
 
+from pytest_hemra.core.words import plural
 from pytest_hemra.report import FORMATS
 from pytest_hemra.report.stats import Estimate, Spread
 from pytest_hemra.report.tables import DatasetReport, HarnessSummary, RunReport, report_dict
@@ -134,7 +135,7 @@ def _width(names: list[str], rows: list[list[str]], keep: list[str]) -> int:
 def title(dataset: DatasetReport) -> str:
     """`name@digest (N tasks)`, and in a matrix run which table: `- model M` / `- harness H`."""
     view = f" - {dataset.view}" if dataset.view else ""
-    return f"{dataset.name}@{dataset.digest[:12]} ({dataset.tasks} tasks){view}"
+    return f"{dataset.name}@{dataset.digest[:12]} ({plural(dataset.tasks, 'task')}){view}"
 
 
 def render_text(report: RunReport, tablefmt: str = "simple", width: int | None = None) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
+from pytest_hemra.core.words import plural
 from pytest_hemra.report.comparison import RunComparison
 from pytest_hemra.report.tables import RunReport
 
@@ -61,13 +62,14 @@ def tripped(
             missing = [t for t in counted if not t.is_finished or t.outcome in Outcome.UNFINISHED]
             if missing:
                 outcomes = sorted({t.outcome or t.status for t in missing})
-                reasons.append(f"{len(missing)} trial(s) without a result ({', '.join(outcomes)})")
+                without = f"{plural(len(missing), 'trial')} without a result"
+                reasons.append(f"{without} ({', '.join(outcomes)})")
         elif gate.kind == "failure":
             failed = [
                 t for t in counted if t.outcome in Outcome.SCORED and t.outcome != Outcome.PASS
             ]
             if failed:
-                reasons.append(f"{len(failed)} scored trial(s) did not pass")
+                reasons.append(f"{plural(len(failed), 'scored trial')} did not pass")
         else:
             for harness in sorted({t.harness for t in counted}):
                 if gate.harness not in (None, harness):

@@ -28,6 +28,7 @@ from pytest_hemra.core.errors import StoreError
 from pytest_hemra.core.network import NETWORK_FIX, OUTPUT_TAIL_BYTES, network_error
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
+from pytest_hemra.core.words import plural
 from pytest_hemra.report import SLOW_BUILD_SECS
 from pytest_hemra.store import Store
 
@@ -175,7 +176,8 @@ def task_health(
     elif short:
         verdicts.append(Verdict.FLAKY)
         notes.append(
-            f"oracle passed {oracle_attempts.passes} of {oracle_attempts.results} attempts;"
+            f"oracle passed {oracle_attempts.passes} of"
+            f" {plural(oracle_attempts.results, 'attempt')};"
             f" attempt {short[0].trial.attempt}: {describe(short[0])}"
         )
         about.append(short[0].trial.id)
@@ -192,7 +194,7 @@ def task_health(
     if passed:
         verdicts.append(Verdict.TRIVIAL)
         notes.append(
-            f"nop passed {nop_attempts.passes} of {nop_attempts.results} attempts:"
+            f"nop passed {nop_attempts.passes} of {plural(nop_attempts.results, 'attempt')}:"
             " the tests pass with nothing done"
         )
         about.append(passed[0].trial.id)
@@ -321,8 +323,9 @@ def render_health(health: DatasetHealth) -> str:
         headers, rows = headers[:-1], [row[:-1] for row in rows]
     digest = health.digest[:12]
     lines = [
-        f"hemra check: {health.dataset}{'@' + digest if digest else ''}, {len(health.tasks)}"
-        f" tasks, oracle and nop x {health.attempts} attempt{'s' * (health.attempts != 1)}"
+        f"hemra check: {health.dataset}{'@' + digest if digest else ''},"
+        f" {plural(len(health.tasks), 'task')}, oracle and nop x"
+        f" {plural(health.attempts, 'attempt')}"
         f" (run {health.run_id})",
         "",
         tabulate(rows, headers=headers),
@@ -333,7 +336,7 @@ def render_health(health: DatasetHealth) -> str:
     counts = ", ".join(f"{count} {verdict}" for verdict, count in health.counts().items())
     lines += [
         "",
-        f"{len(health.tasks)} tasks: {counts}",
+        f"{plural(len(health.tasks), 'task')}: {counts}",
         f"more: hemra report {health.run_id} --store {health.store};"
         f" hemra show TRIAL --store {health.store}",
     ]

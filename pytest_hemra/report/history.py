@@ -12,6 +12,7 @@ from pytest_hemra.core import events
 from pytest_hemra.core.errors import ENGINE_GONE, WAITED_OUT
 from pytest_hemra.core.events import EventRecord
 from pytest_hemra.core.records import TrialRecord
+from pytest_hemra.core.words import plural
 from pytest_hemra.store import Store
 
 
@@ -57,7 +58,7 @@ DESCRIBED: dict[str, Callable[[dict[str, Any]], str]] = {
     events.ENGINE_DOWN: lambda d: f"engine {d.get('engine')} does not answer ({d.get('error')})",
     events.ENGINE_BACK: lambda d: (
         f"engine {d.get('engine')} answers again after {_secs(d):.1f}s;"
-        f" {d.get('removed', 0)} sandboxes it left removed"
+        f" {plural(d.get('removed', 0), 'sandbox', 'sandboxes')} it left removed"
     ),
     events.ENGINE_GONE: lambda d: (
         f"engine {d.get('engine')} did not answer for {_secs(d):.0f}s: given up ({d.get('error')})"

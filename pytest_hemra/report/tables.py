@@ -19,7 +19,9 @@ from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.core.stored import StoredPlan
 from pytest_hemra.core.usage import Usage
+from pytest_hemra.core.words import plural
 from pytest_hemra.report.fairness import (
+    WHOLE_DATASET,
     Flag,
     calibration_flags,
     dataset_flags,
@@ -201,7 +203,7 @@ def build_report(store: Store, run_id: str) -> RunReport:
             for view in _views(plan, mine)
         ]
         for later in tables[1:]:  # what concerns the whole dataset is said once, under the first
-            later.flags[:] = [flag for flag in later.flags if flag.harness is not None]
+            later.flags[:] = [flag for flag in later.flags if flag.kind not in WHOLE_DATASET]
         tables[0].flags.extend(judge_flags)
         tables[0] = replace(tables[0], variance=_variance(plan, mine))
         datasets += tables
@@ -296,13 +298,13 @@ def too_few_tasks(row: HarnessSummary) -> Flag | None:
             math.ceil(versus.n_tasks * (half_width / abs(versus.diff)) ** 2),
             MIN_SIGNIFICANT_TASKS,
         )
-    needed = f"; about {more} tasks would resolve a difference this size"
+    needed = f"; about {plural(more, 'task')} would resolve a difference this size"
     return Flag(
         "too_few_tasks",
         row.harness,
         f"its difference from the baseline ({versus.diff:+.3f}, 95% CI {versus.low:+.3f} to"
         f" {versus.high:+.3f}, p={versus.p_value:.2f}) is not significant on"
-        f" {versus.n_tasks} shared tasks{needed}",
+        f" {plural(versus.n_tasks, 'shared task')}{needed}",
     )
 
 

@@ -33,6 +33,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import expit, stdtr, stdtrit
 
+from pytest_hemra.core.words import plural
+
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.intp]
 
@@ -150,7 +152,8 @@ def decompose(
 
 def render_variance(report: VarianceReport) -> list[str]:
     """A few lines for a text report: the method, the shares, the coefficients; or the note."""
-    head = f"Where the variance comes from ({report.n_trials:,} trials, {report.n_tasks} tasks)"
+    counts = f"{plural(report.n_trials, 'trial')}, {plural(report.n_tasks, 'task')}"
+    head = f"Where the variance comes from ({counts})"
     if report.note is not None:
         return [f"{head}: not fitted: {report.note}"]
     shares = ", ".join(f"{name} {share:.1%}" for name, share in report.shares.items())
@@ -181,7 +184,8 @@ def _summarize(
         raise _Unfitted("one harness and one model: nothing to compare")
     task_names = sorted({o.task for o in observations})
     if len(task_names) < min_tasks:
-        raise _Unfitted(f"{len(task_names)} tasks, fewer than the {min_tasks} a fit needs")
+        few = plural(len(task_names), "task")
+        raise _Unfitted(f"{few}, fewer than the {min_tasks} a fit needs")
     harnesses = _levels(harness_names, baseline_harness, "harness")
     models = _levels(model_names, baseline_model, "model")
     rewards = np.fromiter((o.reward for o in observations), np.float64, len(observations))

@@ -19,6 +19,7 @@ from pytest_hemra.core import registry
 from pytest_hemra.core.errors import SpecError, StoreError
 from pytest_hemra.core.records import PlannedTrial, TrialRecord
 from pytest_hemra.core.store_location import TRIALS_DIR_VARIABLE
+from pytest_hemra.core.words import plural
 from pytest_hemra.resolve.datasets import Dataset, Task, load_task, resolve_dataset
 from pytest_hemra.resolve.harnesses import Harness, is_isolated, resolve_harness
 from pytest_hemra.resolve.judges import Judge, resolve_judges
@@ -77,8 +78,8 @@ class Plan:
         shown = ", ".join(tasks[:3]) + (", ..." if len(tasks) > 3 else "")
         return [
             f"{self.source}: [sandbox] engines: a pool's engines reach no egress proxy, so the"
-            f" allowed_hosts of {len(tasks)} task(s) are reached by none of their phases (the"
-            f" network is cut): {shown}"
+            f" allowed_hosts of {plural(len(tasks), 'task')} are reached by none of their phases"
+            f" (the network is cut): {shown}"
         ]
 
     def _left_without(
@@ -92,7 +93,7 @@ class Plan:
         shown = ", ".join(tasks[:3]) + (", ..." if len(tasks) > 3 else "")
         return [
             f"{harness.path}: harness {harness.name!r} is not handed {what} ({why}); it runs"
-            f" without those of {len(tasks)} task(s): {shown}"
+            f" without those of {plural(len(tasks), 'task')}: {shown}"
             for harness in self.harnesses
             if tasks and not serves(harness.spec)
         ]

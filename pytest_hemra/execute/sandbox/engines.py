@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from tabulate import tabulate
 
 from pytest_hemra.core.errors import InfraError
+from pytest_hemra.core.words import plural
 from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS
 from pytest_hemra.execute.sandbox.docker import SANDBOX_REPOSITORY, TASK_REPOSITORY
 from pytest_hemra.execute.sandbox.pool import EnginePool
@@ -97,6 +98,6 @@ def render_engines(statuses: Sequence[EngineStatus]) -> str:
     total = sum(status.capacity for status in statuses if status.answers)
     return (
         tabulate(rows, headers=headers)
-        + f"\n{sum(s.answers for s in statuses)}/{len(statuses)} engines up,"
-        + f" {total} trial slots"
+        + f"\n{sum(s.answers for s in statuses)}/{plural(len(statuses), 'engine')} up,"
+        + f" {plural(total, 'trial slot')}"
     )

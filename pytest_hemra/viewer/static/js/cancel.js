@@ -1,5 +1,5 @@
 // The cancel action: one click asks, a second confirms (no browser dialog), then it POSTs.
-import { api, clear, h } from "./dom.js";
+import { api, clear, h, plural } from "./dom.js";
 
 export function cancelButton(runId, confirming, message, refresh) {
   const box = h("span", { class: "cancel" });
@@ -16,7 +16,7 @@ export function cancelButton(runId, confirming, message, refresh) {
         });
         const note = done.sandbox_error ? `; sandboxes not removed: ${done.sandbox_error}` : "";
         clear(message, h("p", { class: "notice" },
-          `run ${runId}: ${done.cancelled} trials cancelled, ${done.removed} sandboxes removed${note}`));
+          `run ${runId}: ${plural(done.cancelled, "trial")} cancelled, ${plural(done.removed, "sandbox", "sandboxes")} removed${note}`));
       } catch (error) {
         clear(message, h("p", { class: "error" }, `cancel ${runId}: ${error.message}`));
       }

@@ -142,3 +142,9 @@ export function every(ms, step) {
 export function failure(error) {
   return h("p", { class: "error" }, error.message || String(error));
 }
+
+// `1 task`, `2 tasks` (`many` where `+s` is wrong: plural(2, "sandbox", "sandboxes")), as
+// pytest_hemra/core/words.py says them.
+export function plural(value, noun, many = undefined) {
+  return `${count(value)} ${Number(value) === 1 ? noun : many ?? `${noun}s`}`;
+}

@@ -1,6 +1,6 @@
 // The trial grid: one row per task, one column per harness, one square per attempt, colored by
 // outcome; filtered by harness, dataset, task, outcome and text, paged by the API.
-import { OUTCOMES, add, api, clear, count, h, legend, stateOf, trialLink } from "./dom.js";
+import { OUTCOMES, add, api, clear, count, h, legend, plural, stateOf, trialLink } from "./dom.js";
 
 const PAGE = 300;
 
@@ -66,7 +66,7 @@ export function makeGrid(run) {
     const lastShown = page.offset + page.trials.length;
     const move = (offset) => { state.offset = Math.max(0, offset); load(); };
     clear(summary,
-      h("span", { class: "matching" }, page.total === 1 ? "1 trial matches" : `${count(page.total)} trials match`),
+      h("span", { class: "matching" }, `${plural(page.total, "trial")} ${page.total === 1 ? "matches" : "match"}`),
       h("span", { class: "muted" }, `showing ${count(first)}–${count(lastShown)}`),
       h("button", { disabled: page.offset === 0, onclick: () => move(page.offset - PAGE) }, "previous"),
       h("button", { disabled: lastShown >= page.total, onclick: () => move(page.offset + PAGE) }, "next"));

@@ -1,6 +1,6 @@
 // A run's report: the tables and flags `hemra report` prints (built by the report module on the
 // server) and a chart of each harness's mean reward with its 95% interval.
-import { add, clear, h, svg } from "./dom.js";
+import { add, clear, h, plural, svg } from "./dom.js";
 
 export function drawReport(box, data) {
   clear(box);
@@ -33,7 +33,7 @@ function drawMatrix(grid) {
       : found.low === found.high ? found.mean.toFixed(3)  // as `hemra report` prints it
         : `${found.mean.toFixed(3)} [${found.low.toFixed(3)}, ${found.high.toFixed(3)}]`;
     const td = h("td", { class: "matrix-cell", "data-mean": found.mean === null ? "" : found.mean },
-      h("a", { href: link(harness, model), title: `${harness}@${model}: ${found.trials} trials` }, shown));
+      h("a", { href: link(harness, model), title: `${harness}@${model}: ${plural(found.trials, "trial")}` }, shown));
     // through the CSSOM: the viewer's content security policy allows no style attributes
     if (found.mean !== null) td.style.backgroundColor = `hsl(${Math.round(120 * found.mean)}, 70%, 85%)`;
     return td;

@@ -1,5 +1,5 @@
 // A run's page: what it is, its progress (live), its report and its trial grid.
-import { api, clear, count, every, failure, h, runStatus, when } from "./dom.js";
+import { api, clear, count, every, failure, h, plural, runStatus, when } from "./dom.js";
 import { cancelButton } from "./cancel.js";
 import { drawReport } from "./report.js";
 import { makeGrid } from "./grid.js";
@@ -35,7 +35,7 @@ export async function showRun(app, runId) {
         ? h("span", {}, "models ", h("b", {}, run.models.join(", ")))
         : h("span", {}, "model ", h("b", {}, run.model || "-")),
       h("span", {}, "attempts ", h("b", {}, run.attempts ?? "-")),
-      h("span", {}, "datasets ", h("b", {}, run.datasets.map((d) => `${d.name} (${d.tasks.length} tasks)`).join(", ")))),
+      h("span", {}, "datasets ", h("b", {}, run.datasets.map((d) => `${d.name} (${plural(d.tasks.length, "task")})`).join(", ")))),
     progress, actions, message,
     h("h2", {}, "Report"), reportBox,
     h("h2", {}, "Trials"), grid.element);

@@ -1,7 +1,7 @@
 // A trial's page: instruction, outcome and rewards, phases, usage and every model call, the
 // transcript, the agent's and the verifier's output and the diff (files paged, never whole).
 import {
-  add, api, badge, clear, count, every, failure, h, money, number, runLink, seconds, stateOf, table, when,
+  add, api, badge, clear, count, every, failure, h, money, number, plural, runLink, seconds, stateOf, table, when,
 } from "./dom.js";
 
 const CHUNK = 64 * 1024;
@@ -137,7 +137,7 @@ async function loadTranscript(box, path, offset = 0) {
       add(box, [h("p", { class: "muted" }, "No trajectory.json: the harness made no model call through the gateway.")]);
       return;
     }
-    if (offset === 0) add(box, [h("p", { class: "muted small" }, `${page.total} messages (${page.wire || "unknown wire"}, from call ${page.main_call ?? "-"})`)]);
+    if (offset === 0) add(box, [h("p", { class: "muted small" }, `${plural(page.total, "message")} (${page.wire || "unknown wire"}, from call ${page.main_call ?? "-"})`)]);
     add(box, page.messages.map(message));
     const shown = page.offset + page.messages.length;
     if (shown < page.total) {
@@ -183,7 +183,7 @@ function filePane(path, name, size) {
     try {
       const chunk = await api(`${path}/files/${name.split("/").map(encodeURIComponent).join("/")}?offset=${next}&limit=${CHUNK}`);
       if (chunk.is_binary) {
-        text.replaceWith(h("p", { class: "muted" }, `binary file, ${count(chunk.size)} bytes`));
+        text.replaceWith(h("p", { class: "muted" }, `binary file, ${plural(chunk.size, "byte")}`));
         return;
       }
       add(text, name.endsWith(".patch") ? diffLines(chunk.text) : [chunk.text]);
