@@ -416,3 +416,20 @@ def test_hemra_run_takes_concurrency_from_the_run_file(
     rows = run_rows(pytester.path / ".hemra" / "hemra.db")
     assert [r["status"] for r in rows] == ["finished"] * 4
     assert len({r["worker"].split("@")[0] for r in rows}) == 2  # gw0 and gw1
+
+
+def test_trials_of_two_datasets_finishing_interleaved_are_reported_without_errors(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
+    """a/quick finishes, then b/middle, then a/slow: each item is set up under its own dataset
+    although the item run after it is another dataset's (a cancel's trials, too, finish in any
+    order); pytest's setup state said 'previous item was not torn down properly'."""
+    for dataset, name, seconds in [("a", "quick", 0), ("a", "slow", 8), ("b", "middle", 3)]:
+        make_task(name, dataset=dataset, solve=f"sleep {seconds}; echo hi > /app/out.txt")
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["oracle"]\ndatasets = ["a", "b"]\nconcurrency = 3\n')
+
+    result = pytester.runpytest("--hemra-run", str(run_file))
+
+    result.assert_outcomes(passed=3)
+    assert "not torn down properly" not in result.stdout.str()
