@@ -400,6 +400,7 @@ def make_certificates(folder: Path, host: str) -> ssl.SSLContext:
     return context
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_a_tcp_engine_behind_tls_is_reached_with_the_run_files_certificates(
     pytester: pytest.Pytester,
@@ -410,7 +411,6 @@ def test_a_tcp_engine_behind_tls_is_reached_with_the_run_files_certificates(
 ) -> None:
     pool_run(tasks=2, attempts=1, sleep=0, name="unused.toml")  # the tasks and the harness
     (host,) = free_loopback_hosts(1, first=20)
-@pytest.mark.slow
     tls = UnixForwarder(
         host, 2375, extra_engines[0].socket_path, make_certificates(tmp_path / "certs", host)
     )
@@ -441,6 +441,7 @@ def test_a_tcp_engine_behind_tls_is_reached_with_the_run_files_certificates(
         tls.close()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_a_compose_tasks_services_run_on_the_engine_its_trial_is_placed_on(
     pytester: pytest.Pytester, tmp_path: Path, extra_engines: list[ExtraEngine]
@@ -451,7 +452,6 @@ def test_a_compose_tasks_services_run_on_the_engine_its_trial_is_placed_on(
     shutil.copytree(
         REPO / "datasets" / "harbor-features" / "compose-service",
         tmp_path / "datasets" / "ds" / "compose-service",
-@pytest.mark.slow
     )
     b, c = extra_engines
     engines = "".join(
