@@ -3,13 +3,13 @@ scorer and the runner: the types one trial's course passes between phases."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytest_hemra.core.environment import snapshot
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.execute.gateway.ledger import Budgets, TrialUsage
 from pytest_hemra.execute.gateway.server import Gateway
@@ -75,7 +75,7 @@ class TrialContext:
         `main` environment under it."""
         compose = self.task.compose
         env = {**(compose.main.environment if compose else {}), **self.task.config.environment.env}
-        return render_env(env, dict(os.environ))
+        return render_env(env, snapshot())
 
 
 @dataclass

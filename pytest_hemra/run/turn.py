@@ -7,13 +7,13 @@ leaves the verifier a clean room.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from pytest_hemra.core.environment import snapshot
 from pytest_hemra.core.errors import InfraError, VerifierError
 from pytest_hemra.execute.context import (
     Progress,
@@ -208,7 +208,7 @@ def run_agent(
     spec = context.harness.spec
     task_env = context.task_env()
     if spec.uses_solution:  # the oracle runs the solution: it sees [solution] env too
-        task_env |= render_env(context.task.config.solution.env, dict(os.environ))
+        task_env |= render_env(context.task.config.solution.env, snapshot())
     env = {
         **task_env,
         "HOME": identity.home,

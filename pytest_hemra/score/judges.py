@@ -12,7 +12,6 @@ and 0 when it changed none, so judges are testable without a key.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -21,6 +20,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pytest_hemra.core.environment import snapshot
 from pytest_hemra.execute.gateway.ledger import CallPolicy, TrialUsage
 from pytest_hemra.execute.gateway.scripted import TextStep
 from pytest_hemra.execute.gateway.server import Gateway
@@ -244,7 +244,7 @@ def _program_judgment(judge: Judge, seen: Material) -> Judgment:
             timeout=JUDGE_TIMEOUT_SECS,
             stdin=subprocess.DEVNULL,
             cwd=folder,
-            env={**os.environ, "HEMRA_JUDGE": judge.name},
+            env={**snapshot(), "HEMRA_JUDGE": judge.name},
         )
     except (OSError, subprocess.TimeoutExpired) as failure:
         return Judgment(judge.name, None, "", f"judge command failed: {failure}")

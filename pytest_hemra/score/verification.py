@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
+from pytest_hemra.core.environment import snapshot
 from pytest_hemra.core.errors import InfraError, VerifierError
 from pytest_hemra.core.reward import parse_reward
 from pytest_hemra.execute.context import Progress, TrialContext
@@ -215,7 +216,7 @@ def _run_test_sh(
     settings = context.spec.verifier
     proxied = cut_network(context, sandbox, task_settings)
     sandbox.import_tree(iter([_tests_archive(tests)]), "/")
-    runner = dict(os.environ)
+    runner = snapshot()
     with verifier_egress(context, task_settings, folder, proxied) as proxy:
         result = sandbox.exec(
             ["bash", f"{TESTS_DIR}/test.sh"],

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -27,6 +26,7 @@ from typing import Any
 
 import docker.errors
 
+from pytest_hemra.core.environment import snapshot
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.execute.sandbox import SandboxRequest, firewall
 from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS, remove_container
@@ -187,7 +187,7 @@ def _start(
     assert task.compose is not None
     options: dict[str, Any] = {
         "labels": {**labels, SERVICE_LABEL: name},
-        "environment": render_env(service.environment, dict(os.environ)),
+        "environment": render_env(service.environment, snapshot()),
         # the sandbox root's set (files, switching users, as entrypoints of databases do)
         "cap_drop": ["ALL"],
         "cap_add": list(ROOT_CAPABILITIES),
