@@ -110,9 +110,14 @@ def pool_run(
 
 
 def containers(address: str, run_id: str) -> list[Any]:
+    """The run's containers on the engine; one removed while they are listed (a trial that
+    ends as the test polls) is not among them."""
     client = docker.DockerClient(base_url=address, timeout=30)
     try:
-        return list(client.containers.list(all=True, filters={"label": f"hemra.run={run_id}"}))
+        found = client.containers.list(
+            all=True, filters={"label": f"hemra.run={run_id}"}, ignore_removed=True
+        )
+        return list(found)
     finally:
         client.close()
 

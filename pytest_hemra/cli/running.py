@@ -185,7 +185,8 @@ def detach_command(args: argparse.Namespace) -> int:
     run_id = record_plan(plan, store, status="queued")
     print(run_id)
     print(
-        f"queued {plural(len(plan.trials), 'trial')} in {store.name}; `hemra serve` runs them",
+        f"queued {plural(len(plan.trials), 'trial')} in {store.name}; `hemra worker` (or"
+        " `hemra serve`, a worker with the viewer) runs them",
         file=sys.stderr,
     )
     return 0
