@@ -1,7 +1,7 @@
 """A real aiohttp model API for tests and benchmarks: answers like Anthropic (Messages) and
 OpenAI (Chat Completions, Responses), streamed or not, and misbehaves on request (`x-test-mode`:
-reset mid-stream, 429, 500, slow first byte; a revoked key: 401; echo the key); any other path
-answers 200 and is recorded in `seen`.
+reset mid-stream, 429, 500, slow first byte; a revoked key: 401; echo the key; usage cut across
+two writes); any other path answers 200 and is recorded in `seen`.
 
 Chat streams follow OpenAI: usage only when the request asks (`stream_options.include_usage`),
 then `"usage": null` on every chunk and one usage-only chunk before `[DONE]`. A bulk stream
@@ -104,9 +104,20 @@ async def messages(request: web.Request) -> web.StreamResponse:
         if mode == "drip":
             await asyncio.sleep(0.2)
     await response.write(_sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
-    await response.write(_anthropic_end())
+    await _write_usage(response, _anthropic_end(), mode)
     await response.write_eof()
     return response
+
+
+async def _write_usage(response: web.StreamResponse, data: bytes, mode: str) -> None:
+    """The events that carry usage; `split-usage` cuts them in two writes, mid-usage."""
+    if mode != "split-usage":
+        await response.write(data)
+        return
+    cut = data.index(b"_tokens") + 3
+    for piece in (data[:cut], data[cut:]):
+        await response.write(piece)
+        await asyncio.sleep(0.05)  # two chunks on the wire, the usage cut between them
 
 
 async def echo_key(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
@@ -244,7 +255,8 @@ def chat_delta(text: str, *, with_usage: bool = False) -> bytes:
 async def chat(request: web.Request) -> web.StreamResponse:
     """Chat Completions; streamed as OpenAI streams (`x-test-mode`: `reset` cuts the stream after
     its first delta, `no-usage` ignores `stream_options` as some compatible servers do,
-    `usage-on-finish` puts usage on the finishing chunk instead of a chunk of its own)."""
+    `usage-on-finish` puts usage on the finishing chunk instead of a chunk of its own,
+    `split-usage` writes the usage chunk in two halves)."""
     state: Upstream = request.app[STATE]
     body = await request.json()
     state.seen.append({"path": request.path, "headers": dict(request.headers), "body": body})
@@ -290,7 +302,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     else:
         await response.write(chunk({}, "stop"))
         if asked:
-            await response.write(_chat_data(_chat_chunk([], model, _chat_usage())))
+            await _write_usage(response, _chat_data(_chat_chunk([], model, _chat_usage())), mode)
     await response.write(DONE)
     await response.write_eof()
     return response

@@ -26,6 +26,13 @@ from pytest_hemra.execute.gateway.usage import UsageReader, is_streaming
 from pytest_hemra.execute.gateway.wire import CallUsage, Wire
 
 ERROR_TEXT_BYTES = 2048
+# One read of the upstream's socket takes up to this much (asyncio's default: 256 KiB), and up to
+# this much waits in the client's socket buffer before the relay waits for it (default: 64 KiB):
+# a fast stream then passes in a few large reads and writes, and each costs the same whatever its
+# size (measured: the gateway's CPU per MiB about 1.7 -> 1.1 ms with 100-byte events). A read
+# takes what has arrived, never waits for more, so a slow stream's events pass as they come.
+READ_BYTES = 1 << 20
+WRITE_BUFFER_BYTES = 512 * 1024
 
 
 class ClientGone(Exception):
@@ -66,6 +73,7 @@ class Relay:
                 request.method, url, headers=headers, data=body, allow_redirects=False
             ) as upstream:
                 call.status = call.upstream_status = upstream.status
+                _read_large(upstream)
                 response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
                 for name, value in upstream.headers.items():
                     if name.lower() not in DROPPED_RESPONSE:
@@ -79,6 +87,8 @@ class Relay:
                     await response.prepare(request)
                 except ConnectionError as error:
                     raise ClientGone from error
+                if request.transport is not None:
+                    request.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
                 async for raw in upstream.content.iter_any():
                     await self._pass_on(raw)
                 await self._close()
@@ -138,3 +148,11 @@ class Relay:
             await self._response.write(chunk)
         except ConnectionError as error:
             raise ClientGone from error
+
+
+def _read_large(upstream: aiohttp.ClientResponse) -> None:
+    """Let the upstream's socket be read READ_BYTES at a time, where its transport reads with a
+    `max_size` (asyncio's plain sockets; a TLS transport reads its own way and is left as is)."""
+    transport = upstream.connection.transport if upstream.connection is not None else None
+    if transport is not None and isinstance(getattr(transport, "max_size", None), int):
+        transport.max_size = READ_BYTES  # type: ignore[attr-defined]

@@ -57,7 +57,9 @@ from pytest_hemra.execute.gateway.wire import CallUsage, Wire, allowed_wire, rou
 from pytest_hemra.resolve.upstreams import SCRIPTED, SCRIPTED_MODEL, ModelApi
 
 CLOSE_WAIT_SECS = 10.0
-STREAM_BUFFER_BYTES = 64 * 1024  # per upstream response: what one stream may hold in memory
+# per upstream response: its reader stops reading past twice this (aiohttp), one large read
+# (relay.READ_BYTES), so a fast stream is not paused and resumed at every read
+STREAM_BUFFER_BYTES = 512 * 1024
 MAX_REQUEST_BYTES = 64 * 1024 * 1024  # a larger request body is refused (413), unread
 
 
