@@ -161,3 +161,33 @@ def test_two_hundred_trials_at_once_each_reported_once(
     assert store.run(run.id).status == "finished"
     assert store.job_counts(run.id) == {"done": 200}
     assert most_at_once(history, store) >= 50
+
+
+def test_the_docker_client_reads_no_environment_at_each_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pytest sets and unsets PYTEST_CURRENT_TEST around each item while lanes talk to the
+    engine; requests, reading every environment variable at each call, failed with a KeyError
+    when one went away mid-read (3 trials of 64 at once ended infra_error). The client reads
+    the environment once, when it is made: going through it afterwards is an error here."""
+    import os
+
+    from pytest_hemra.execute.sandbox.docker import connect
+
+    class NoWalking(dict[str, str]):
+        def __iter__(self) -> Any:
+            raise AssertionError("the environment was walked through at a request")
+
+        def items(self) -> Any:
+            raise AssertionError("the environment was walked through at a request")
+
+        def keys(self) -> Any:
+            raise AssertionError("the environment was walked through at a request")
+
+    client = connect()
+    try:
+        monkeypatch.setattr(os, "environ", NoWalking(os.environ))
+        assert client.ping()
+        assert client.api.trust_env is False
+    finally:
+        client.close()

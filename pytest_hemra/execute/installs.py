@@ -18,7 +18,6 @@ the non-root sandbox user cannot traverse: the launchers set LD_LIBRARY_PATH ins
 from __future__ import annotations
 
 import fcntl
-import os
 import shutil
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from pytest_hemra.core import registry
 from pytest_hemra.core.cache import cache_root, user_home
+from pytest_hemra.core.environment import snapshot
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.execute.sandbox import Mount
 from pytest_hemra.resolve.harnesses import Harness
@@ -169,7 +169,7 @@ def _write_launchers(site: Path, bin_dir: Path) -> None:
 
 
 def _run(argv: list[str]) -> None:
-    env = {**os.environ, "HOME": str(user_home())}  # npm's own config, CA settings and cache
+    env = {**snapshot(), "HOME": str(user_home())}  # npm's own config, CA settings and cache
     done = subprocess.run(
         argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_SECS, env=env
     )

@@ -163,6 +163,12 @@ def ask_model(
     return text, error, usage
 
 
+# The gateway is on loopback: no proxy, and none looked up (urllib's default opener reads every
+# environment variable at each call, which fails while pytest changes PYTEST_CURRENT_TEST on the
+# thread that reports items as trials run on others: `run/lanes.py`).
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _ask(base_url: str, token: str, model: str, text: str) -> str:
     """One non-streamed call: the Messages API for Claude models, Chat Completions otherwise."""
     if model.startswith("claude"):
@@ -182,7 +188,7 @@ def _ask(base_url: str, token: str, model: str, text: str) -> str:
         method="POST",
     )
     try:
-        with urllib.request.urlopen(request, timeout=JUDGE_TIMEOUT_SECS) as response:
+        with DIRECT.open(request, timeout=JUDGE_TIMEOUT_SECS) as response:
             reply = json.loads(response.read())
     except urllib.error.HTTPError as failure:
         raise ValueError(f"HTTP {failure.code}: {failure.read()[:300]!r}") from None

@@ -21,6 +21,7 @@ import ipaddress
 import os
 import re
 import socket
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -44,7 +45,7 @@ from pytest_hemra.execute.sandbox.container import (
     DockerSandbox,
     remove_container,
 )
-from pytest_hemra.execute.sandbox.health import ping, probe_client
+from pytest_hemra.execute.sandbox.health import fixed_environment, ping, probe_client
 from pytest_hemra.execute.sandbox.images import base_images, build_tail, copy_image, engine_lock
 from pytest_hemra.resolve.compose import MAIN
 from pytest_hemra.resolve.datasets import Task
@@ -52,6 +53,7 @@ from pytest_hemra.resolve.datasets import Task
 SANDBOX_LAYER_VERSION = "2"  # 2: the image's USER kept as a label
 TASK_REPOSITORY = "hemra-task"
 SANDBOX_REPOSITORY = "hemra-sandbox"
+POOL_CONNECTIONS = 256  # kept open to the engine: one a trial at once (`run/lanes.py`)
 COPY_TIMEOUT_SECS = 900.0  # the longest a runner waits for another copying the same image
 NETWORK_LOCK_SECS = 120.0
 MIN_NANO_CPUS = 10_000_000  # Docker's smallest cpu quota (0.01 cpu)
@@ -83,7 +85,8 @@ STOP_SIGNAL = "SIGKILL"
 
 def connect() -> docker.DockerClient:
     try:
-        client = docker.from_env(timeout=120)
+        client = docker.from_env(timeout=120, max_pool_size=POOL_CONNECTIONS)
+        fixed_environment(client.api)
         client.ping()
     except DOCKER_ERRORS as error:
         raise InfraError(f"docker: the engine does not answer ({error})") from error
@@ -119,6 +122,7 @@ class DockerProvider:
         self._probe: Any = None  # a short-timeout client for pings (`engine_error`)
         self._guarded: set[str] = set()  # bridges whose base rules this process has checked
         self._networks: dict[str, Any] = {}  # HEMRA's networks as this process last found them
+        self._network_lock = threading.Lock()  # one of the process's threads looks one up
         self._admitted: set[tuple[str, str, int]] = set()  # (bridge, host, port) let in
 
     @property
@@ -304,7 +308,12 @@ class DockerProvider:
         network removed since shows as NotFound where it is used, and `_on_networks` asks again."""
         if name in self._networks:
             return self._networks[name]
-        with engine_lock(self.engine, f"network {name}", NETWORK_LOCK_SECS):
+        with (  # one thread of the process finds or makes it; the others then find it here
+            self._network_lock,
+            engine_lock(self.engine, f"network {name}", NETWORK_LOCK_SECS),
+        ):
+            if name in self._networks:
+                return self._networks[name]
             network = self._find_network(name)
             if network is None:
                 network = self.client.networks.create(

@@ -56,12 +56,32 @@ def ping(probe: Any) -> str | None:
     return None
 
 
+def fixed_environment(api: Any) -> Any:
+    """The docker client `api` (an APIClient: a requests session) reads the runner's
+    environment once, now, not at every request: requests looks proxies up by going through
+    every environment variable at each call, which fails while another thread changes one (pytest
+    sets and unsets PYTEST_CURRENT_TEST around each item as trials run on lanes:
+    `run/lanes.py`). The proxies of a tcp:// engine are kept; a socket's need none. Without
+    the environment, REQUESTS_CA_BUNDLE no longer overrides an engine's own CA either."""
+    base = str(api.base_url)
+    if base.startswith(("http://", "https://")):
+        while True:
+            try:
+                api.proxies = requests.utils.get_environ_proxies(base)
+                break
+            except (KeyError, RuntimeError):  # changed mid-read: read again
+                continue
+    api.trust_env = False
+    return api
+
+
 def probe_client(**options: Any) -> docker.APIClient:
     """A client for pings alone (`options`: base_url, tls...; the environment's engine without),
     made without asking the engine anything."""
     if "base_url" not in options:
         options = {**docker.utils.kwargs_from_env(), **options}
-    return docker.APIClient(version=PROBE_API_VERSION, timeout=PING_TIMEOUT_SECS, **options)
+    client = docker.APIClient(version=PROBE_API_VERSION, timeout=PING_TIMEOUT_SECS, **options)
+    return fixed_environment(client)
 
 
 def one_line(error: BaseException) -> str:

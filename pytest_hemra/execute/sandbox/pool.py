@@ -33,6 +33,7 @@ from pytest_hemra.core.records import EngineSlot
 from pytest_hemra.execute.sandbox import Placement, Sandbox, SandboxRequest
 from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS
 from pytest_hemra.execute.sandbox.docker import BASE_CAPABILITIES, DockerProvider
+from pytest_hemra.execute.sandbox.health import fixed_environment
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.spec import EngineSettings, EngineTLS
 from pytest_hemra.store import Store
@@ -216,7 +217,7 @@ class EnginePool:
                 served = self._probe(engine).version(api_version=False)["ApiVersion"]
                 options = client_options(engine, CLIENT_TIMEOUT_SECS)
                 client = docker.DockerClient(version=str(served), **options)
-                with_engine_ca(client.api, engine)
+                with_engine_ca(fixed_environment(client.api), engine)
             except DOCKER_ERRORS as error:
                 raise InfraError(f"engine {engine.name}: no answer ({_one_line(error)})") from error
             found = DockerProvider(client, engine=engine.address, image_source=self._runner_engine)
@@ -229,6 +230,7 @@ class EnginePool:
         if not self._runner:
             try:
                 client = docker.from_env(timeout=CLIENT_TIMEOUT_SECS)
+                fixed_environment(client.api)
                 client.ping()
                 self._runner.append(client)
             except DOCKER_ERRORS:
