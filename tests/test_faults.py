@@ -48,7 +48,7 @@ QUICK_WAITS = {  # the runner pings a lost engine every 0.1-1 s (docs/runs.md, "
     "HEMRA_BACKOFF_MAX_SECS": "1",
     "HEMRA_ENGINE_GIVE_UP_SECS": "120",
     "HEMRA_STORE_GIVE_UP_SECS": "120",
-    "HEMRA_ENGINE_SETTLE_SECS": "2",
+    "HEMRA_ENGINE_SETTLE_SECS": "5",  # a daemon under load answers a while as it shuts down
 }
 
 

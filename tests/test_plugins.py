@@ -19,6 +19,7 @@ OPTIONS_ONLY = {
     "pytest_hemra.options",
     "pytest_hemra.core",
     "pytest_hemra.core.hookspecs",
+    "pytest_hemra.core.store_location",  # --hemra-store's help text (the standard library alone)
     "pytest_hemra.resolve",
     "pytest_hemra.resolve.overrides",
 }

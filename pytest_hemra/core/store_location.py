@@ -19,9 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from pytest_hemra.core.errors import StoreError
-from pytest_hemra.core.records import DEFAULT_STORE
-
 STORE_VARIABLE = "HEMRA_STORE"
 TRIALS_DIR_VARIABLE = "HEMRA_TRIALS_DIR"  # where trial folders go, when a run file names none
 SERVER_SCHEMES = ("postgresql", "postgres")
@@ -74,12 +71,17 @@ def store_location(option: str | None, flag: str = "--store") -> StoreLocation:
     named = os.environ.get(STORE_VARIABLE, "")
     if named:
         return StoreLocation(store_address(named, STORE_VARIABLE), STORE_VARIABLE)
+    from pytest_hemra.core.records import DEFAULT_STORE  # the options module reads this one's
+    # help texts: what it imports at the top stays light (tests/test_plugins.py)
+
     return StoreLocation(str(Path.cwd() / DEFAULT_STORE), "default")
 
 
 def store_address(text: str, named_by: str = "--store") -> str:
     """A store's address as every process opens it: a file's absolute path, or the URL checked
     (`postgresql://[user[:password]@][host][:port][/database][?param=value...]`)."""
+    from pytest_hemra.core.errors import StoreError
+
     scheme = SCHEME.match(text)
     if scheme is None:
         return str(Path(text).absolute())

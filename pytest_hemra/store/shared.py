@@ -3,13 +3,16 @@
 Each trial still claims its own job in the queue; the trials a shared job serves agree on
 which jobs were started and which trial took which of their results through one board per
 run and kind, read and written back under the board's lock (a row in `shared_locks`), so
-items in other workers or in a later resume see the same board. A job is the kind's own
-record (JSON); a claim is a result key (unique in the run) and the trial that took it.
+items in other workers or in a later resume see the same board. The row names its holder by
+process; the threads of one process (`run/lanes.py`) take turns on a lock of the process too.
+A job is the kind's own record (JSON); a claim is a result key (unique in the run) and the
+trial that took it.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +25,8 @@ from pytest_hemra.store.owner import is_alive, owner_name
 
 LOCK_SECS = 600.0  # a holder on another host that stopped answering is taken over after this
 LOCK_POLL_SECS = 0.1
+_THREADS: dict[str, threading.Lock] = {}  # a board's lock among the threads of this process
+_THREADS_MADE = threading.Lock()
 
 
 @dataclass
@@ -64,6 +69,14 @@ class SharedJobStore(StoreBase):
         What changed is written even when the caller fails (a job started stays on the board)."""
         holder = owner or owner_name()
         lock_id = f"{run_id}/{kind}"
+        with _THREADS_MADE:
+            threads = _THREADS.setdefault(f"{self.address}\0{lock_id}", threading.Lock())
+        with threads:
+            yield from self._locked_board(run_id, kind, lock_id, holder)
+
+    def _locked_board(
+        self, run_id: str, kind: str, lock_id: str, holder: str
+    ) -> Iterator[SharedBoard]:
         self._take_lock(lock_id, holder)
         failure: BaseException | None = None
         try:
