@@ -22,7 +22,7 @@ from typing import Any
 import docker
 import pytest
 
-from conftest import REPO, TaskMaker
+from conftest import REPO, TaskMaker, wait_for
 from pytest_hemra.cli import main as hemra
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.core.records import EngineSlot, PlannedTrial
@@ -120,14 +120,6 @@ def containers(address: str, run_id: str) -> list[Any]:
         return list(found)
     finally:
         client.close()
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import docker
 import pytest
 
-from conftest import BASE_IMAGE, REPO, TaskMaker
+from conftest import BASE_IMAGE, REPO, TaskMaker, wait_for
 from pytest_hemra.cli import main as hemra
 from pytest_hemra.cli.running import run_summary
 from pytest_hemra.core.backoff import Backoff, engine_backoff, store_backoff
@@ -87,14 +87,6 @@ def labelled(address: str) -> dict[str, list[str]]:
         }
     finally:
         client.close()
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def reading(store_path: Path, read: Callable[[Store], Any]) -> Any:

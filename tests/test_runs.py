@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import TaskMaker
+from conftest import TaskMaker, wait_for
 from pytest_hemra.store import Store
 
 pytestmark = pytest.mark.usefixtures("docker_test")
@@ -85,14 +85,6 @@ def sleeper_run(
         return run_file, tmp_path / ".hemra" / "hemra.db"
 
     return write
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def statuses(store_path: Path) -> list[str]:

@@ -22,7 +22,7 @@ from typing import Any
 import docker
 import pytest
 
-from conftest import BASE_IMAGE, REPO, TaskMaker
+from conftest import BASE_IMAGE, REPO, TaskMaker, wait_for
 from pytest_hemra.cli import main as hemra
 from pytest_hemra.core.records import PlannedTrial
 from pytest_hemra.execute.sandbox.images import copy_image
@@ -122,14 +122,6 @@ def hemra_containers(address: str) -> list[str]:
         return [c.name for c in client.containers.list(all=True, filters={"label": "hemra"})]
     finally:
         client.close()
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.2)
 
 
 RESULT_KEYS = ("planned", "finished", "scored", "passes", "tasks", "outcomes", "reward")

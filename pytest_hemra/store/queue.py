@@ -158,17 +158,7 @@ class QueueStore(ResultStore):
     def heartbeat(self, trial: str, worker: str, lease_secs: float) -> str | None:
         """Renew `worker`'s lease on a running trial; return the job's state (`cancelling`
         when `hemra cancel` asked it to stop), None when the lease is no longer this worker's."""
-        now = time.time()
-        with self._transaction() as tx:
-            tx.execute(
-                "UPDATE jobs SET lease_expires = ?, heartbeat_at = ?"
-                " WHERE id = ? AND lease_owner = ? AND state IN ('leased', 'cancelling')",
-                [now + lease_secs, now, trial, worker],
-            )
-            found = tx.execute(
-                "SELECT state FROM jobs WHERE id = ? AND lease_owner = ?", [trial, worker]
-            ).fetchone()
-        return None if found is None else str(found[0])
+        return self.heartbeats([trial], worker, lease_secs)[trial]
 
     def heartbeats(
         self, trials: Sequence[str], worker: str, lease_secs: float
