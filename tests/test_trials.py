@@ -415,7 +415,7 @@ def test_hemra_run_takes_concurrency_from_the_run_file(
     assert result.ret == 0
     rows = run_rows(pytester.path / ".hemra" / "hemra.db")
     assert [r["status"] for r in rows] == ["finished"] * 4
-    assert {r["worker"].split("@")[0] for r in rows} == {"main"}  # one process, its lanes
+    assert len({r["worker"] for r in rows}) == 1  # one process, its lanes
     spans = [(r["started_at"], r["finished_at"]) for r in rows]
     assert max(sum(1 for s, f in spans if s <= start < f) for start, _ in spans) == 2
 
