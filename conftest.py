@@ -76,7 +76,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         import docker
 
         client = docker.from_env(timeout=60)
-        left = [c.name for c in client.containers.list(all=True, filters={"label": "hemra"})]
+        found = client.containers.list(all=True, filters={"label": "hemra"}, ignore_removed=True)
+        left = [c.name for c in found]
     except Exception:  # no engine: the Docker tests have failed already
         return
     if left:

@@ -49,7 +49,9 @@ def left_of_run(docker_client: Any, store: Path) -> tuple[list[str], list[str]]:
     (run_id,) = connection.execute("SELECT id FROM runs").fetchone()
     connection.close()
     label = {"label": f"hemra.run={run_id}"}
-    containers = [c.name for c in docker_client.containers.list(all=True, filters=label)]
+    containers = [
+        c.name for c in docker_client.containers.list(all=True, ignore_removed=True, filters=label)
+    ]
     networks = [
         n.name
         for n in docker_client.networks.list(filters=label)

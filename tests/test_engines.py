@@ -470,7 +470,7 @@ def test_a_compose_tasks_services_run_on_the_engine_its_trial_is_placed_on(
     for engine in (b, c):
         client = docker.DockerClient(base_url=engine.address, timeout=30)
         label = {"label": f"hemra.run={run.id}"}
-        assert client.containers.list(all=True, filters=label) == []
+        assert client.containers.list(all=True, ignore_removed=True, filters=label) == []
         assert client.networks.list(filters=label) == []
         client.close()
 

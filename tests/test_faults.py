@@ -80,7 +80,10 @@ def labelled(address: str) -> dict[str, list[str]]:
     try:
         return {
             "containers": [
-                c.name for c in client.containers.list(all=True, filters={"label": "hemra"})
+                c.name
+                for c in client.containers.list(
+                    all=True, ignore_removed=True, filters={"label": "hemra"}
+                )
             ],
             "networks": [n.name for n in client.networks.list(filters={"label": "hemra"})],
             "volumes": [v.name for v in client.volumes.list()],
@@ -234,7 +237,11 @@ def test_a_daemon_stopped_then_killed_mid_run_costs_no_retry_and_leaves_nothing(
 
 
 def sandboxes(docker_client: Any, run_id: str) -> list[Any]:
-    return list(docker_client.containers.list(all=True, filters={"label": f"hemra.run={run_id}"}))
+    return list(
+        docker_client.containers.list(
+            all=True, ignore_removed=True, filters={"label": f"hemra.run={run_id}"}
+        )
+    )
 
 
 @pytest.mark.slow

@@ -98,7 +98,11 @@ def statuses(store_path: Path) -> list[str]:
 
 
 def hemra_containers(docker_client: Any, run_id: str) -> list[Any]:
-    return list(docker_client.containers.list(all=True, filters={"label": f"hemra.run={run_id}"}))
+    return list(
+        docker_client.containers.list(
+            all=True, ignore_removed=True, filters={"label": f"hemra.run={run_id}"}
+        )
+    )
 
 
 @pytest.fixture

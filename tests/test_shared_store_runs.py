@@ -24,7 +24,9 @@ tasks = ["create-file", "edit-config"]
 
 
 def _containers_of(docker_client: Any, run_id: str) -> list[str]:
-    found = docker_client.containers.list(all=True, filters={"label": f"hemra.run={run_id}"})
+    found = docker_client.containers.list(
+        all=True, ignore_removed=True, filters={"label": f"hemra.run={run_id}"}
+    )
     return [container.name for container in found]
 
 

@@ -119,7 +119,12 @@ def worker_engines(docker_client: Any) -> Iterator[list[ExtraEngine]]:
 def hemra_containers(address: str) -> list[str]:
     client = docker.DockerClient(base_url=address, timeout=30)
     try:
-        return [c.name for c in client.containers.list(all=True, filters={"label": "hemra"})]
+        return [
+            c.name
+            for c in client.containers.list(
+                all=True, ignore_removed=True, filters={"label": "hemra"}
+            )
+        ]
     finally:
         client.close()
 
