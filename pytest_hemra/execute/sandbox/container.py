@@ -68,16 +68,28 @@ KNOWN_ERRNOS = (
 )
 
 
+REMOVE_ATTEMPTS = 5  # a removal racing another of the same container, tried again
+REMOVE_PAUSE_SECS = 0.2
+
+
 def remove_container(container: Any) -> None:
     """Remove with force, with its anonymous volumes (an image's VOLUME); one already gone (or
-    going: `hemra cancel` removed it) is fine."""
-    try:
-        container.remove(force=True, v=True)
-    except docker.errors.NotFound:
-        pass
-    except docker.errors.APIError as error:
-        if error.status_code != 409:  # 409: its removal is already in progress
-            raise
+    going: `hemra cancel` removed it) is fine. Two removals of one container at once (a cancel
+    and the trial's own teardown) can make the daemon fail one with a 500 ("failed to remove
+    root filesystem ... directory not empty"): that one is tried again, and ends once the
+    container is gone."""
+    for attempt in range(REMOVE_ATTEMPTS):
+        try:
+            container.remove(force=True, v=True)
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as error:
+            if error.status_code == 409:  # its removal is already in progress
+                return
+            if error.status_code != 500 or attempt == REMOVE_ATTEMPTS - 1:
+                raise
+            time.sleep(REMOVE_PAUSE_SECS)
 
 
 class DockerSandbox:
