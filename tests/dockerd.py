@@ -31,10 +31,22 @@ import time
 from pathlib import Path
 
 import docker
+import pytest
 
 PORT = 2375
 START_TIMEOUT_SECS = 60.0
 STOP_TIMEOUT_SECS = 30.0
+
+
+def require_engines(what: str) -> None:
+    """Starting more engines needs root, dockerd and unshare: without them the test is
+    skipped, or under CI failed (engine tests never skip there). `what` ends the message."""
+    missing = [tool for tool in ("dockerd", "unshare") if shutil.which(tool) is None]
+    if missing or os.geteuid() != 0:
+        message = f"needs root and {', '.join(missing) or 'dockerd'} to start {what}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
 
 
 def free_loopback_hosts(count: int, first: int = 2) -> list[str]:

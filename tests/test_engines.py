@@ -29,7 +29,7 @@ from pytest_hemra.core.records import EngineSlot, PlannedTrial
 from pytest_hemra.execute.sandbox.pool import EnginePool
 from pytest_hemra.resolve.spec import Overrides, load_run_spec
 from pytest_hemra.store import Store
-from tests.dockerd import ExtraEngine, UnixForwarder, free_loopback_hosts
+from tests.dockerd import ExtraEngine, UnixForwarder, free_loopback_hosts, require_engines
 
 MAIN = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 OFFLINE_TASK = "[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 30\n" + (
@@ -40,12 +40,7 @@ OFFLINE_TASK = "[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 30\n" + (
 @pytest.fixture(scope="module")
 def extra_engines(docker_client: Any) -> Iterator[list[ExtraEngine]]:
     """Two more engines on this machine, removed (processes, mounts, folders) on every path."""
-    missing = [tool for tool in ("dockerd", "unshare") if shutil.which(tool) is None]
-    if missing or os.geteuid() != 0:
-        message = f"needs root and {', '.join(missing) or 'dockerd'} to start more engines"
-        if os.environ.get("CI"):
-            pytest.fail(message)  # under CI, engine tests fail, never skip
-        pytest.skip(message)
+    require_engines("more engines")
     engines = [ExtraEngine(host) for host in free_loopback_hosts(2)]
     try:
         for engine in engines:

@@ -37,7 +37,7 @@ from pytest_hemra.core.backoff import Backoff, engine_backoff, store_backoff
 from pytest_hemra.core.errors import SpecError, StoreUnavailable
 from pytest_hemra.execute.sandbox.images import copy_image
 from pytest_hemra.store import Store
-from tests.dockerd import ExtraEngine, free_loopback_hosts
+from tests.dockerd import ExtraEngine, free_loopback_hosts, require_engines
 
 OFFLINE_TASK = "[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 30\n" + (
     "[environment]\nallow_internet = false\n"  # the extra engine has no bridge network
@@ -56,12 +56,7 @@ QUICK_WAITS = {  # the runner pings a lost engine every 0.1-1 s (docs/runs.md, "
 def engine(docker_client: Any) -> Iterator[ExtraEngine]:
     """A dockerd of this module's own (stopped, killed and started again by its tests), holding
     the base image the tasks build from; removed with everything it had on every path."""
-    missing = [tool for tool in ("dockerd", "unshare") if shutil.which(tool) is None]
-    if missing or os.geteuid() != 0:
-        message = f"needs root and {', '.join(missing) or 'dockerd'} to start an engine"
-        if os.environ.get("CI"):
-            pytest.fail(message)  # under CI, fault tests fail, never skip
-        pytest.skip(message)
+    require_engines("an engine")
     (host,) = free_loopback_hosts(1, first=40)
     extra = ExtraEngine(host)
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pytest_hemra.cli import main as hemra
 from pytest_hemra.core.records import PlannedTrial
 from pytest_hemra.execute.sandbox.images import copy_image
 from pytest_hemra.store import Store
-from tests.dockerd import ExtraEngine, free_loopback_hosts
+from tests.dockerd import ExtraEngine, free_loopback_hosts, require_engines
 
 OFFLINE_TASK = "[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 30\n" + (
     "[environment]\nallow_internet = false\n"  # the extra engines have no bridge network
@@ -97,12 +96,7 @@ def test_a_worker_given_a_malformed_store_url_exits_4_in_one_line(
 def worker_engines(docker_client: Any) -> Iterator[list[ExtraEngine]]:
     """Two more engines on this machine, one a worker, each holding the tasks' base image;
     removed (processes, mounts, folders) on every path."""
-    missing = [tool for tool in ("dockerd", "unshare") if shutil.which(tool) is None]
-    if missing or os.geteuid() != 0:
-        message = f"needs root and {', '.join(missing) or 'dockerd'} to start more engines"
-        if os.environ.get("CI"):
-            pytest.fail(message)  # under CI, engine tests fail, never skip
-        pytest.skip(message)
+    require_engines("more engines")
     engines = [ExtraEngine(host) for host in free_loopback_hosts(2, first=60)]
     try:
         for engine in engines:
