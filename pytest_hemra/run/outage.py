@@ -232,11 +232,27 @@ def durably(
         return done
 
 
-def is_disk_full(error: BaseException) -> bool:
-    """Whether `error`, or one it was raised from or while handling, is a full disk."""
-    return any(
-        isinstance(found, OSError) and found.errno in DISK_FULL_ERRNOS for found in causes(error)
-    )
+def is_runner_disk_full(error: BaseException, folder: Path) -> bool:
+    """Whether `error`, or one it was raised from or while handling, is the disk of `folder`
+    being full: a failed write naming a file on that disk (full then, whatever it is now), or
+    one naming no file while that disk is full still."""
+    device = _device(folder)
+    for found in causes(error):
+        if not isinstance(found, OSError) or found.errno not in DISK_FULL_ERRNOS:
+            continue
+        named = [n for n in (found.filename, found.filename2) if isinstance(n, str | bytes)]
+        if named and any(_device(Path(os.fsdecode(name))) == device for name in named):
+            return True
+        if not named and not has_space(folder):
+            return True
+    return False
+
+
+def _device(path: Path) -> int:
+    """The device of `path`'s filesystem, or of its nearest existing parent's."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return os.stat(path).st_dev
 
 
 def has_space(folder: Path) -> bool:

@@ -41,7 +41,7 @@ from pytest_hemra.execute.sandbox import (
 from pytest_hemra.execute.sandbox.health import is_engine_answer, is_engine_fault
 from pytest_hemra.resolve.judges import Judgment
 from pytest_hemra.resolve.limits import task_limits, with_run_defaults
-from pytest_hemra.run.outage import has_space, is_disk_full, settled, write_durably
+from pytest_hemra.run.outage import is_runner_disk_full, settled, write_durably
 from pytest_hemra.run.steps import run_steps
 from pytest_hemra.run.turn import (
     AGENT_LOGS,
@@ -128,7 +128,7 @@ def _outage_class(failure: BaseException, context: TrialContext, progress: Progr
         provider = context.pool or context.provider
         if settled(provider, progress.engine, engine_settle_secs()) is not None:
             return ENGINE_OUTAGE
-    if is_disk_full(failure) and not has_space(context.trial_dir):
+    if is_runner_disk_full(failure, context.trial_dir):
         return RUNNER_DISK_FULL
     return None
 
@@ -237,6 +237,10 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
             if hemra.track == "open":
                 return verify_open(context, room, progress, after)
             return _noting_offline(context, progress, lambda: verify_reward(context, room))
+    except BaseException as failure:
+        if is_runner_disk_full(failure, folder):  # noted now: the teardown may free space
+            progress.error_class = RUNNER_DISK_FULL
+        raise
     finally:
         with progress.phase("teardown"):
             sandboxes.close()
