@@ -11,6 +11,10 @@ gateway, interleaved, and printed with its ratio:
   asks for it and takes the usage chunk out)      (target: at least 0.5x direct)
 - the gateway process's CPU time per MiB of each stream (Linux): what its speed costs,
   whatever else the machine runs
+- the ceiling of any relay on this machine: the same streams through a raw TCP pipe (its own
+  process, asyncio, bytes passed on as they arrive: no HTTP parsed, nothing read or counted).
+  On a machine of few CPUs a relay is a third busy process beside upstream and client; the
+  pipe's ratio is the most a gateway could reach there
 
 The upstream writes a stream's events 64 KB at a time, as a fast upstream's bytes reach a proxy:
 the gateway's cost per event, not the upstream's per write, is what small events show.
@@ -81,6 +85,54 @@ def serve_gateway(upstream_url: str, queue: Any, done: Event) -> None:
         done.wait()
 
 
+class _Pipe(asyncio.Protocol):
+    """One side of the raw pipe: what arrives is written to the other side as it is."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, upstream: tuple[str, int] | None) -> None:
+        self.loop = loop
+        self.upstream = upstream  # the client's side dials it; the upstream's side has None
+        self.transport: asyncio.Transport | None = None
+        self.peer: _Pipe | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if self.upstream is not None:
+            transport.pause_reading()
+            self.loop.create_task(self._dial(*self.upstream))
+
+    async def _dial(self, host: str, port: int) -> None:
+        other = _Pipe(self.loop, None)
+        other.peer = self
+        await self.loop.create_connection(lambda: other, host, port)
+        self.peer = other
+        assert self.transport is not None
+        self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.write(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.close()
+
+
+def serve_pipe(upstream_url: str, queue: Any, done: Event) -> None:
+    """The raw TCP pipe to the upstream (the ceiling of any relay here)."""
+    address = upstream_url.split("//", 1)[1].rstrip("/").rsplit(":", 1)
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        upstream = (address[0], int(address[1]))
+        server = await loop.create_server(lambda: _Pipe(loop, upstream), "127.0.0.1", 0)
+        queue.put(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        await loop.run_in_executor(None, done.wait)
+        server.close()
+
+    asyncio.run(serve())
+
+
 async def plain(session: aiohttp.ClientSession, target: Target) -> float:
     started = time.perf_counter()
     async with session.post(
@@ -135,6 +187,7 @@ def cpu_seconds(pid: int) -> float | None:
 async def measure(
     direct: Target,
     gateway: Target,
+    pipe: Target,
     requests: int,
     megabytes: int,
     repeats: int,
@@ -142,7 +195,8 @@ async def measure(
 ) -> dict[str, tuple[float, float]]:
     """Medians direct and through the gateway; for each stream also the gateway process's CPU
     milliseconds per MiB streamed (`<label> cpu`, a figure the machine's other load moves less
-    than the ratio: on few CPUs the gateway is a third busy process beside upstream and client)."""
+    than the ratio: on few CPUs the gateway is a third busy process beside upstream and client)
+    and the throughput through the raw pipe (`<label> pipe`)."""
     results: dict[str, tuple[float, float]] = {}
     targets = (direct, gateway)
     async with aiohttp.ClientSession() as session:
@@ -156,10 +210,10 @@ async def measure(
                     times[index].append(await probe(session, target))
             results[name] = (statistics.median(times[0]), statistics.median(times[1]))
         for label, path, body, size in STREAMS:
-            rates: dict[int, list[float]] = {0: [], 1: []}
+            rates: dict[int, list[float]] = {0: [], 1: [], 2: []}
             busy = 0.0
             for _ in range(repeats):
-                for index, target in enumerate(targets):
+                for index, target in enumerate((*targets, pipe)):
                     before = cpu_seconds(gateway_pid)
                     rate = await throughput(session, target, path, body, size, megabytes)
                     after = cpu_seconds(gateway_pid)
@@ -168,6 +222,7 @@ async def measure(
                         busy += after - before
             results[label] = (statistics.median(rates[0]), statistics.median(rates[1]))
             results[f"{label} cpu"] = (busy * 1e3 / (repeats * megabytes), 0.0)
+            results[f"{label} pipe"] = (statistics.median(rates[2]), 0.0)
     return results
 
 
@@ -186,11 +241,15 @@ def main() -> None:
     gateway = context.Process(target=serve_gateway, args=(upstream_url, queue, done), daemon=True)
     gateway.start()
     gateway_url, token = queue.get(timeout=30)
+    pipe = context.Process(target=serve_pipe, args=(upstream_url, queue, done), daemon=True)
+    pipe.start()
+    pipe_url = queue.get(timeout=30)
     try:
         results = asyncio.run(
             measure(
                 Target(upstream_url, "sk-bench"),
                 Target(gateway_url, token),
+                Target(pipe_url, "sk-bench"),
                 args.requests,
                 args.stream_mb,
                 args.repeats,
@@ -200,6 +259,7 @@ def main() -> None:
     finally:
         done.set()
         gateway.join(timeout=10)
+        pipe.join(timeout=10)
         upstream.join(timeout=10)
     print(
         f"{args.requests} requests each way, interleaved; streams of {args.stream_mb} MiB,"
@@ -215,9 +275,11 @@ def main() -> None:
     for label, *_ in STREAMS:
         direct, through = results[label]
         cpu, _ = results[f"{label} cpu"]
+        piped, _ = results[f"{label} pipe"]
         print(
             f"throughput {label}  direct {direct:7.1f} MB/s gateway {through:7.1f} MB/s"
             f"    ratio {through / direct:.2f}x (target >= 0.5x)    gateway CPU {cpu:.2f} ms/MiB"
+            f"    raw pipe {piped / direct:.2f}x (the ceiling here)"
         )
 
 
