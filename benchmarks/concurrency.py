@@ -8,7 +8,9 @@ ratio (targets: at most 1.3 at 64, 2.0 at 200), the runner's peak memory (every 
 session, sampled; target: under 1 GB at 200), the JUnit testcases and the store's rows (each
 trial once), and the plain-Docker floor at N: N containers of the same image created, started
 and removed with force at once through the Docker SDK, the engine's own cost before any of
-HEMRA's.
+HEMRA's; and Docker alone running N containers that each sleep as long as the trials' harness
+(created, started, waited for, removed: no exec, no file copied), the least N sleeping trials
+in Docker sandboxes can take on this machine, as a ratio to the ideal.
 
 `--before` also runs 64 trials the way a runner did before lanes: `-n 16` workers, one trial at
 once each.
@@ -150,17 +152,20 @@ def check_store(root: Path, trials: int) -> str:
     return f"{passed}/{trials} passed, each once"
 
 
-def docker_floor(count: int) -> float:
-    """`count` containers created, started and removed with force at once (SDK, threads)."""
+def docker_floor(count: int, seconds: float = 0.0) -> float:
+    """`count` containers created, started and removed with force at once (SDK, threads); with
+    `seconds`, each runs `sleep <seconds>` and is removed once it has exited: Docker's own time
+    for `count` sleeping trials, before anything of HEMRA's (no exec, no file copied)."""
     import docker
 
     client = docker.from_env(timeout=300, max_pool_size=count)
+    command = ["sleep", f"{seconds:g}"] if seconds else ["sleep", "infinity"]
 
     def one(_: int) -> None:
-        container = client.containers.create(
-            BASE_IMAGE, ["sleep", "infinity"], labels={"hemra-bench": "1"}
-        )
+        container = client.containers.create(BASE_IMAGE, command, labels={"hemra-bench": "1"})
         container.start()
+        if seconds:
+            container.wait()
         container.remove(force=True)
 
     started = time.monotonic()
@@ -195,6 +200,7 @@ def main() -> None:
             )
         for level in args.levels:
             floor = docker_floor(level)
+            sleeping = docker_floor(level, args.sleep)
             wall, peak = session(root, "sleeper", level, level)
             ideal = args.sleep + serial
             print(
@@ -203,6 +209,11 @@ def main() -> None:
                 f" {check_store(root, level)}; plain docker at {level}: {floor:.1f} s"
                 f" (sleep + docker floor {args.sleep + floor:.1f} s: ratio"
                 f" {wall / (args.sleep + floor):.2f}x)"
+            )
+            print(
+                f"  docker alone, {level} containers sleeping {args.sleep:g} s at once:"
+                f" {sleeping:.1f} s = {sleeping / ideal:.2f}x the ideal (the engine's own"
+                f" floor here); HEMRA {wall / sleeping:.2f}x that"
             )
 
 
