@@ -28,10 +28,14 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
+
+from pytest_hemra.execute.sandbox.images import copy_image
 
 PORT = 2375
 START_TIMEOUT_SECS = 60.0
@@ -47,6 +51,29 @@ def require_engines(what: str) -> None:
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
+
+
+@contextlib.contextmanager
+def running_engines(
+    count: int, what: str, *, first: int = 2, image: tuple[Any, str] | None = None
+) -> Iterator[list[ExtraEngine]]:
+    """`count` more engines on this machine, started (`require_engines(what)` first), each
+    given `image` (a client of the engine holding it, and its reference) when named; removed
+    (processes, mounts, folders) on every path."""
+    require_engines(what)
+    engines = [ExtraEngine(host) for host in free_loopback_hosts(count, first)]
+    try:
+        for engine in engines:
+            engine.start()
+            if image is not None:
+                source, reference = image
+                client = docker.DockerClient(base_url=engine.address, timeout=120)
+                copy_image(source, client, reference)
+                client.close()
+        yield engines
+    finally:
+        for engine in engines:
+            engine.remove()
 
 
 def free_loopback_hosts(count: int, first: int = 2) -> list[str]:

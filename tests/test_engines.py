@@ -29,7 +29,12 @@ from pytest_hemra.core.records import EngineSlot, PlannedTrial
 from pytest_hemra.execute.sandbox.pool import EnginePool
 from pytest_hemra.resolve.spec import Overrides, load_run_spec
 from pytest_hemra.store import Store
-from tests.dockerd import ExtraEngine, UnixForwarder, free_loopback_hosts, require_engines
+from tests.dockerd import (
+    ExtraEngine,
+    UnixForwarder,
+    free_loopback_hosts,
+    running_engines,
+)
 
 MAIN = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 OFFLINE_TASK = "[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 30\n" + (
@@ -40,15 +45,8 @@ OFFLINE_TASK = "[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 30\n" + (
 @pytest.fixture(scope="module")
 def extra_engines(docker_client: Any) -> Iterator[list[ExtraEngine]]:
     """Two more engines on this machine, removed (processes, mounts, folders) on every path."""
-    require_engines("more engines")
-    engines = [ExtraEngine(host) for host in free_loopback_hosts(2)]
-    try:
-        for engine in engines:
-            engine.start()
-        yield engines
-    finally:
-        for engine in engines:
-            engine.remove()
+    with running_engines(2, "more engines") as found:
+        yield found
 
 
 @pytest.fixture

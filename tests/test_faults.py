@@ -35,9 +35,8 @@ from pytest_hemra.cli import main as hemra
 from pytest_hemra.cli.running import run_summary
 from pytest_hemra.core.backoff import Backoff, engine_backoff, store_backoff
 from pytest_hemra.core.errors import SpecError, StoreUnavailable
-from pytest_hemra.execute.sandbox.images import copy_image
 from pytest_hemra.store import Store
-from tests.dockerd import ExtraEngine, free_loopback_hosts, require_engines
+from tests.dockerd import ExtraEngine, free_loopback_hosts, running_engines
 
 OFFLINE_TASK = "[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 30\n" + (
     "[environment]\nallow_internet = false\n"  # the extra engine has no bridge network
@@ -56,17 +55,8 @@ QUICK_WAITS = {  # the runner pings a lost engine every 0.1-1 s (docs/runs.md, "
 def engine(docker_client: Any) -> Iterator[ExtraEngine]:
     """A dockerd of this module's own (stopped, killed and started again by its tests), holding
     the base image the tasks build from; removed with everything it had on every path."""
-    require_engines("an engine")
-    (host,) = free_loopback_hosts(1, first=40)
-    extra = ExtraEngine(host)
-    try:
-        extra.start()
-        client = docker.DockerClient(base_url=extra.address, timeout=120)
-        copy_image(docker_client, client, BASE_IMAGE)
-        client.close()
-        yield extra
-    finally:
-        extra.remove()
+    with running_engines(1, "an engine", first=40, image=(docker_client, BASE_IMAGE)) as found:
+        yield found[0]
 
 
 def labelled(address: str) -> dict[str, list[str]]:

@@ -24,9 +24,8 @@ import pytest
 from conftest import BASE_IMAGE, REPO, TaskMaker, wait_for
 from pytest_hemra.cli import main as hemra
 from pytest_hemra.core.records import PlannedTrial
-from pytest_hemra.execute.sandbox.images import copy_image
 from pytest_hemra.store import Store
-from tests.dockerd import ExtraEngine, free_loopback_hosts, require_engines
+from tests.dockerd import ExtraEngine, running_engines
 
 OFFLINE_TASK = "[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 30\n" + (
     "[environment]\nallow_internet = false\n"  # the extra engines have no bridge network
@@ -96,18 +95,8 @@ def test_a_worker_given_a_malformed_store_url_exits_4_in_one_line(
 def worker_engines(docker_client: Any) -> Iterator[list[ExtraEngine]]:
     """Two more engines on this machine, one a worker, each holding the tasks' base image;
     removed (processes, mounts, folders) on every path."""
-    require_engines("more engines")
-    engines = [ExtraEngine(host) for host in free_loopback_hosts(2, first=60)]
-    try:
-        for engine in engines:
-            engine.start()
-            client = docker.DockerClient(base_url=engine.address, timeout=120)
-            copy_image(docker_client, client, BASE_IMAGE)
-            client.close()
-        yield engines
-    finally:
-        for engine in engines:
-            engine.remove()
+    with running_engines(2, "more engines", first=60, image=(docker_client, BASE_IMAGE)) as found:
+        yield found
 
 
 def hemra_containers(address: str) -> list[str]:
