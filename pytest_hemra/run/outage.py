@@ -249,18 +249,20 @@ def is_runner_disk_full(error: BaseException, folder: Path) -> bool:
 
 
 def _device(path: Path) -> int:
-    """The device of `path`'s filesystem, or of its nearest existing parent's."""
+    """The device of `path`'s filesystem (or of its nearest existing parent's)."""
+    return os.stat(_existing(path)).st_dev
+
+
+def _existing(path: Path) -> Path:
+    """`path`, or its nearest parent that exists."""
     while not path.exists() and path != path.parent:
         path = path.parent
-    return os.stat(path).st_dev
+    return path
 
 
 def has_space(folder: Path) -> bool:
     """Whether the disk of `folder` (or its nearest existing parent) can take more files."""
-    path = folder
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    found = os.statvfs(path)
+    found = os.statvfs(_existing(folder))
     if found.f_bavail * found.f_frsize < MIN_FREE_BYTES:
         return False
     return found.f_files == 0 or found.f_favail > 0
