@@ -174,6 +174,38 @@ def test_a_stream_the_upstream_cuts_is_the_upstreams_failure_and_its_usage_unkno
     assert (totals.calls, totals.usage_unknown, totals.known_cost) == (1, 1, None)
 
 
+def test_a_plain_answer_the_upstream_cuts_is_a_502_in_the_providers_format_and_unknown(
+    gateway: Gateway, store: Store
+) -> None:
+    access = gateway.open_trial("r.1", "r", keys={"anthropic": KEY})
+    url = f"{access.base_url('127.0.0.1')}/v1/messages"
+    response = post(url, access.token, {**MESSAGES, "stream": False}, **{"x-test-mode": "reset"})
+    assert response.status_code == 502, response.text
+    assert response.json()["type"] == "error"  # Anthropic's error shape, not aiohttp's text
+    totals = gateway.close_trial(access.token)
+    (row,) = store.calls(run_id="r")
+    assert (row.error or "").startswith("upstream failed mid-response"), row.error
+    assert stored_usage(store) == [(None,) * 5] and totals.usage_unknown == 1
+
+
+def test_a_plain_answer_leaves_whole_with_its_length_and_the_key_scrubbed(
+    gateway: Gateway, store: Store
+) -> None:
+    access = gateway.open_trial("r.1", "r", keys={"anthropic": KEY})
+    url = f"{access.base_url('127.0.0.1')}/v1/messages"
+    plain = post(url, access.token, {**MESSAGES, "stream": False})
+    echoed = post(url, access.token, {**MESSAGES, "stream": False}, **{"x-test-mode": "echo-key"})
+    for response in (plain, echoed):  # one write, its length declared: not chunked
+        assert "Transfer-Encoding" not in response.headers
+        assert response.headers["Content-Length"] == str(len(response.content))
+    assert plain.json()["content"][0]["text"] == "hello"
+    assert KEY not in echoed.text and "[redacted]" in echoed.text
+    assert KEY not in echoed.headers["x-echo"]
+    gateway.close_trial(access.token)
+    # the answer is read for usage as before; a refusal (401) bills nothing
+    assert [row.input_tokens for row in store.calls(run_id="r")] == [USAGE["input_tokens"], 0]
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [("v1/messages", MESSAGES), ("v1/chat/completions", CHAT)],

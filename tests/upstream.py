@@ -75,7 +75,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
         return await bulk_stream(request, anthropic_delta, head, _anthropic_end())
     model = body.get("model", MODEL)
     if not body.get("stream"):
-        return web.json_response(
+        answer = web.json_response(
             {
                 "id": "msg_1",
                 "type": "message",
@@ -87,6 +87,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
                 "usage": _anthropic_usage(),
             }
         )
+        return await cut_short(request, answer) if mode == "reset" else answer
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     await response.write(_sse("message_start", _message_start(model)))
@@ -118,6 +119,19 @@ async def _write_usage(response: web.StreamResponse, data: bytes, mode: str) -> 
     for piece in (data[:cut], data[cut:]):
         await response.write(piece)
         await asyncio.sleep(0.05)  # two chunks on the wire, the usage cut between them
+
+
+async def cut_short(request: web.Request, answer: web.Response) -> web.StreamResponse:
+    """A plain answer whose connection drops halfway through its declared length."""
+    body = bytes(answer.body)  # type: ignore[arg-type]
+    response = web.StreamResponse(
+        headers={"Content-Type": "application/json", "Content-Length": str(len(body))}
+    )
+    await response.prepare(request)
+    await response.write(body[: len(body) // 2])
+    assert request.transport is not None
+    request.transport.abort()
+    return response
 
 
 async def echo_key(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
