@@ -26,6 +26,7 @@ from pytest_hemra.core.records import PlannedTrial
 from pytest_hemra.execute.gateway.server import MAX_REQUEST_BYTES, Gateway
 from pytest_hemra.report.formats import render
 from pytest_hemra.report.tables import build_report
+from pytest_hemra.resolve.upstreams import BUILTIN_UPSTREAMS, ModelApi
 from pytest_hemra.store import Store
 from tests.upstream import CHAT_MODEL, MODEL, OPENAI_USAGE, USAGE, Upstream
 
@@ -186,6 +187,26 @@ def test_a_plain_answer_the_upstream_cuts_is_a_502_in_the_providers_format_and_u
     (row,) = store.calls(run_id="r")
     assert (row.error or "").startswith("upstream failed mid-response"), row.error
     assert stored_usage(store) == [(None,) * 5] and totals.usage_unknown == 1
+
+
+def test_a_cookie_an_upstream_sets_never_reaches_another_call(
+    upstream: Upstream, store: Store
+) -> None:
+    # by host name: a cookie jar keeps no cookie for an IP address, a provider's edge is a name
+    at = upstream.url.replace("127.0.0.1", "localhost")
+    providers = {"anthropic": ModelApi(name="anthropic", base_url=at, auth="x-api-key")}
+    with Gateway({**BUILTIN_UPSTREAMS, **providers}, store.record_call) as gateway:
+        first = gateway.open_trial("r.1", "r", keys={"anthropic": KEY})
+        second = gateway.open_trial("r.2", "r", keys={"anthropic": KEY})
+        plain = {**MESSAGES, "stream": False}
+        for access, mode in ((first, "set-cookie"), (second, ""), (first, "")):
+            url = f"{access.base_url('127.0.0.1')}/v1/messages"
+            answer = post(url, access.token, plain, **{"x-test-mode": mode})
+            assert answer.status_code == 200, answer.text
+            if mode == "set-cookie":  # the harness gets the cookie, as from the provider
+                assert "__cf_bm" in answer.headers.get("Set-Cookie", "")
+    # the gateway kept none to send on: not to another trial, nor to the same one
+    assert [call["headers"].get("Cookie") for call in upstream.seen] == [None, None, None]
 
 
 def test_a_plain_answer_leaves_whole_with_its_length_and_the_key_scrubbed(

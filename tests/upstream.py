@@ -87,6 +87,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
                 "usage": _anthropic_usage(),
             }
         )
+        if mode == "set-cookie":  # as a provider's edge does (Cloudflare's `__cf_bm`)
+            answer.set_cookie("__cf_bm", "set-for-one-caller", path="/")
         return await cut_short(request, answer) if mode == "reset" else answer
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)

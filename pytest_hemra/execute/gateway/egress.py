@@ -123,6 +123,7 @@ class EgressProxy:
             connector=aiohttp.TCPConnector(limit=0, use_dns_cache=False),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_SECS),
             auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),  # no cookie of one trial's host reaches another
         )
         self._runner = web.ServerRunner(web.Server(self._handle), access_log=None)
         await self._runner.setup()

@@ -10,7 +10,6 @@ cannot be reached."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -35,8 +34,8 @@ ERROR_TEXT_BYTES = 2048
 READ_BYTES = 1 << 20
 WRITE_BUFFER_BYTES = 512 * 1024
 # A plain answer of known length up to this is read whole and passed on in one write, its
-# headers with it and its length declared: a loopback write costs about 0.1 ms here, and a
-# chunked answer takes three (headers, body, end)
+# headers with it and its length declared, where a chunked answer takes three (headers, body,
+# end): the gateway's system time per plain call fell from about 230 to 140 us
 WHOLE_BODY_BYTES = 1 << 20
 
 
@@ -86,15 +85,7 @@ class Relay:
                     return await self._answer_whole(request, upstream)
                 if is_usage_added and streaming and upstream.status < 400:
                     self._added_usage = AddedUsageFilter()
-                # what arrived with the headers goes out with them, in one write (an upstream
-                # writes its first event just after its headers: one turn of the loop reads it)
-                first = upstream.content.read_nowait()
-                if not first and streaming:
-                    await asyncio.sleep(0)
-                    first = upstream.content.read_nowait()
-                response = (_Coalesced if first else web.StreamResponse)(
-                    status=upstream.status, reason=upstream.reason
-                )
+                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
                 self._copy_headers(upstream, response)
                 self._response = response
                 try:
@@ -103,8 +94,6 @@ class Relay:
                     raise ClientGone from error
                 if request.transport is not None:
                     request.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
-                if first:
-                    await self._pass_on(first)
                 async for raw in upstream.content.iter_any():
                     await self._pass_on(raw)
                 await self._close()
@@ -195,13 +184,6 @@ class Relay:
             await self._response.write(chunk)
         except ConnectionError as error:
             raise ClientGone from error
-
-
-class _Coalesced(web.StreamResponse):
-    """A streamed answer whose first bytes are at hand: its headers wait for them and leave in
-    the same write (aiohttp sends a stream's headers at once, in a write of their own)."""
-
-    _send_headers_immediately = False
 
 
 def _read_large(upstream: aiohttp.ClientResponse) -> None:

@@ -189,6 +189,7 @@ class Gateway:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
             auto_decompress=False,
             read_bufsize=STREAM_BUFFER_BYTES,
+            cookie_jar=aiohttp.DummyCookieJar(),  # nothing an upstream sets reaches another call
         )
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         app.router.add_route("*", "/t/{token}/{tail:.*}", self._handle)
