@@ -10,6 +10,7 @@ cannot be reached."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -85,7 +86,15 @@ class Relay:
                     return await self._answer_whole(request, upstream)
                 if is_usage_added and streaming and upstream.status < 400:
                     self._added_usage = AddedUsageFilter()
-                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+                # what arrived with the headers leaves with them, in one write (an upstream
+                # writes its first event just after its headers: one turn of the loop reads it)
+                first = upstream.content.read_nowait()
+                if not first and streaming:
+                    await asyncio.sleep(0)
+                    first = upstream.content.read_nowait()
+                response = (_Coalesced if first else web.StreamResponse)(
+                    status=upstream.status, reason=upstream.reason
+                )
                 self._copy_headers(upstream, response)
                 self._response = response
                 try:
@@ -94,6 +103,8 @@ class Relay:
                     raise ClientGone from error
                 if request.transport is not None:
                     request.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
+                if first:
+                    await self._pass_on(first)
                 async for raw in upstream.content.iter_any():
                     await self._pass_on(raw)
                 await self._close()
@@ -184,6 +195,15 @@ class Relay:
             await self._response.write(chunk)
         except ConnectionError as error:
             raise ClientGone from error
+
+
+class _Coalesced(web.StreamResponse):
+    """A streamed answer whose first bytes are at hand: its headers leave with them, in one write
+    (aiohttp sends a stream's headers at once, in a write of their own). Measured in the
+    benchmark's setting, seven runs each way: the first streamed byte 1.27 ms after direct's
+    (median) against 1.47. Should aiohttp drop this attribute, the headers leave on their own."""
+
+    _send_headers_immediately = False
 
 
 def _read_large(upstream: aiohttp.ClientResponse) -> None:
