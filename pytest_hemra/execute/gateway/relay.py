@@ -130,12 +130,7 @@ class Relay:
     ) -> web.StreamResponse:
         """A plain answer of known length: read whole, scrubbed, read for usage and passed on
         in one write with its headers."""
-        raw = await upstream.read()
-        self._call.ttfb = time.perf_counter() - self._call.started
-        self._call.response_bytes += len(raw)
-        body = self._scrubber.feed(raw) + self._scrubber.flush()
-        assert self._reader is not None
-        self._reader.feed(body)
+        body = self._taken(await upstream.read()) + self._held_back()
         self._note(body)
         response = web.Response(status=upstream.status, reason=upstream.reason, body=body)
         self._copy_headers(upstream, response)
@@ -152,8 +147,9 @@ class Relay:
             if name.lower() not in DROPPED_RESPONSE:
                 response.headers.add(name, self._scrubber.text(value))
 
-    async def _pass_on(self, raw: bytes) -> None:
-        """One chunk of the upstream's answer, as it arrived."""
+    def _taken(self, raw: bytes) -> bytes:
+        """Upstream bytes as they arrived: counted, scrubbed and read for usage; what of them
+        may be passed on."""
         call = self._call
         if call.ttfb is None:
             call.ttfb = time.perf_counter() - call.started
@@ -161,18 +157,29 @@ class Relay:
         chunk = self._scrubber.feed(raw)
         assert self._reader is not None
         self._reader.feed(chunk)
+        return chunk
+
+    def _held_back(self) -> bytes:
+        """At the answer's end, what the scrub held back (it held no key), read for usage."""
+        chunk = self._scrubber.flush()
+        assert self._reader is not None
+        self._reader.feed(chunk)
+        return chunk
+
+    async def _pass_on(self, raw: bytes) -> None:
+        """One chunk of the upstream's answer, as it arrived."""
+        chunk = self._taken(raw)
         if self._added_usage is not None:
             chunk = self._added_usage.feed(chunk)
         await self._send(chunk)
 
     async def _close(self) -> None:
         """The upstream's answer is complete: what was held back, then the end."""
-        chunk = self._scrubber.flush()
-        assert self._reader is not None and self._response is not None
-        self._reader.feed(chunk)
+        chunk = self._held_back()
         if self._added_usage is not None:
             chunk = self._added_usage.feed(chunk) + self._added_usage.flush()
         await self._send(chunk)
+        assert self._response is not None
         try:
             await self._response.write_eof()
         except ConnectionError as error:
