@@ -205,8 +205,10 @@ def test_a_daemon_stopped_then_killed_mid_run_costs_no_retry_and_leaves_nothing(
     assert len(current) == 48 and all(t.status == "finished" for t in current)
     outcomes = {(t.task, t.outcome) for t in current}
     assert outcomes == {("task-0", "fail"), *((f"task-{n}", "pass") for n in (1, 2, 3))}
-    assert all(t.retries == 0 for t in current)  # the outages used up no retry
     lost = [t for t in store.trials(run.id, history=True) if t.status == "replaced"]
+    retried = [(t.id, t.retries) for t in current if t.retries]
+    why = [(t.id, t.outcome, t.error_class, t.error) for t in lost]
+    assert all(t.retries == 0 for t in current), (retried, why)  # outages use up no retry
     assert lost and all(t.error_class == "engine_outage" for t in lost)
     assert store.run(run.id).status == "finished"
     kinds = [e.kind for e in store.events([t.id for t in lost])]
