@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import docker.tls
 import pytest
 
 from conftest import REPO, TaskMaker, wait_for
 from pytest_hemra.cli import main as hemra
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.core.records import EngineSlot, PlannedTrial
+from pytest_hemra.execute.sandbox.docker import DockerProvider
 from pytest_hemra.execute.sandbox.pool import EnginePool
 from pytest_hemra.resolve.spec import Overrides, load_run_spec
 from pytest_hemra.store import Store
@@ -427,6 +429,14 @@ def test_a_tcp_engine_behind_tls_is_reached_with_the_run_files_certificates(
         )
         assert hemra(["engines", str(run_file)]) == 1
         assert "down: " in capsys.readouterr().out
+
+        certs = tmp_path / "certs"  # a provider given a client pings with that client's TLS
+        for cert in ((str(certs / "cert.pem"), str(certs / "key.pem")), None):
+            config = docker.tls.TLSConfig(client_cert=cert, ca_cert=str(certs / "ca.pem"))
+            client = docker.DockerClient(base_url=f"tcp://{host}:2375", tls=config, version="1.41")
+            provider = DockerProvider(client, engine=f"tcp://{host}:2375")
+            assert (provider.engine_error() is None) == (cert is not None)
+            client.close()
     finally:
         tls.close()
 

@@ -45,7 +45,7 @@ from pytest_hemra.execute.sandbox.container import (
     DockerSandbox,
     remove_container,
 )
-from pytest_hemra.execute.sandbox.health import fixed_environment, ping, probe_client
+from pytest_hemra.execute.sandbox.health import fixed_environment, ping, probe_client, probe_for
 from pytest_hemra.execute.sandbox.images import base_images, build_tail, copy_image, engine_lock
 from pytest_hemra.resolve.compose import MAIN
 from pytest_hemra.resolve.datasets import Task
@@ -96,7 +96,8 @@ def connect() -> docker.DockerClient:
 class DockerProvider:
     """One Docker engine: the runner's own (DOCKER_HOST, else the local socket) unless given a
     `client`. `image_source` gives the runner's engine, from which images missing here are
-    copied (a pool's engines start with none); `engine` names this one in locks and errors."""
+    copied (a pool's engines start with none); `engine` names this one in locks and errors;
+    `probe`, a client for pings alone to the same engine (else one made like `client`)."""
 
     name = "docker"
 
@@ -107,6 +108,7 @@ class DockerProvider:
         engine: str | None = None,
         image_source: Callable[[], docker.DockerClient | None] | None = None,
         own_networks: bool | None = None,
+        probe: docker.APIClient | None = None,
     ) -> None:
         self._client = client
         self._capabilities: frozenset[str] | None = None
@@ -119,7 +121,7 @@ class DockerProvider:
             if own_networks is None
             else own_networks
         )
-        self._probe: Any = None  # a short-timeout client for pings (`engine_error`)
+        self._probe: Any = probe  # a short-timeout client for pings alone (`engine_error`)
         self._guarded: set[str] = set()  # bridges whose base rules this process has checked
         self._networks: dict[str, Any] = {}  # HEMRA's networks as this process last found them
         self._network_lock = threading.Lock()  # one of the process's threads looks one up
@@ -156,7 +158,8 @@ class DockerProvider:
     def engine_error(self, engine: str | None = None) -> str | None:
         """None when the engine answers now (a ping with a short timeout), else why not."""
         if self._probe is None:
-            self._probe = probe_client() if self._client is None else self._client.api
+            api = None if self._client is None else self._client.api
+            self._probe = probe_client() if api is None else probe_for(api, self.engine)
         return ping(self._probe)
 
     def remove_leftovers(self, is_over: Callable[[str], bool]) -> int:

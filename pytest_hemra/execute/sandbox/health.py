@@ -12,6 +12,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import docker.tls
 import requests
 import urllib3.exceptions
 
@@ -48,11 +49,17 @@ def _raised_from(error: BaseException, kinds: tuple[type[BaseException], ...]) -
 
 
 def ping(probe: Any) -> str | None:
-    """Ping an engine through a short-timeout client: None when it answers, else why not."""
+    """Ping an engine through a short-timeout client of the pings' own, on a new connection
+    each time: None when it answers, else why not. A daemon told to stop (SIGTERM) closes its
+    socket at once but goes on answering on connections already open until it exits, which
+    is once its containers have stopped (10 s for a `sleep infinity` that ignores SIGTERM): a
+    ping on a kept connection would find a daemon going away answering all that while."""
     try:
         probe.ping()
     except (docker.errors.DockerException, requests.RequestException) as error:
         return one_line(error)
+    finally:
+        probe.close()  # its connections: the next ping opens a new one
     return None
 
 
@@ -82,6 +89,15 @@ def probe_client(**options: Any) -> docker.APIClient:
         options = {**docker.utils.kwargs_from_env(), **options}
     client = docker.APIClient(version=PROBE_API_VERSION, timeout=PING_TIMEOUT_SECS, **options)
     return fixed_environment(client)
+
+
+def probe_for(api: Any, address: str) -> docker.APIClient:
+    """A client for pings alone to the engine at `address`, which the client `api` (an
+    APIClient) talks to, with its TLS settings."""
+    tls = None
+    if str(api.base_url).startswith("https://"):
+        tls = docker.tls.TLSConfig(client_cert=api.cert, verify=api.verify)
+    return probe_client(base_url=address, tls=tls)
 
 
 def one_line(error: BaseException) -> str:

@@ -33,7 +33,7 @@ from pytest_hemra.core.records import EngineSlot
 from pytest_hemra.execute.sandbox import Placement, Sandbox, SandboxRequest
 from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS
 from pytest_hemra.execute.sandbox.docker import BASE_CAPABILITIES, DockerProvider
-from pytest_hemra.execute.sandbox.health import fixed_environment
+from pytest_hemra.execute.sandbox.health import fixed_environment, one_line, ping
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.spec import EngineSettings, EngineTLS
 from pytest_hemra.store import Store
@@ -173,11 +173,7 @@ class EnginePool:
 
     def ping(self, engine: Engine) -> str | None:
         """Ping the engine now: None when it answers, else why not (and it is marked down)."""
-        error: str | None = None
-        try:
-            self._probe(engine).ping()
-        except DOCKER_ERRORS as failure:
-            error = _one_line(failure)
+        error = ping(self._probe(engine))
         was = self._health.get(engine.name)
         self._health[engine.name] = _Health(error is None, time.monotonic(), error)
         if error is None and (was is None or not was.answers):
@@ -219,8 +215,13 @@ class EnginePool:
                 client = docker.DockerClient(version=str(served), **options)
                 with_engine_ca(fixed_environment(client.api), engine)
             except DOCKER_ERRORS as error:
-                raise InfraError(f"engine {engine.name}: no answer ({_one_line(error)})") from error
-            found = DockerProvider(client, engine=engine.address, image_source=self._runner_engine)
+                raise InfraError(f"engine {engine.name}: no answer ({one_line(error)})") from error
+            found = DockerProvider(
+                client,
+                engine=engine.address,
+                image_source=self._runner_engine,
+                probe=self._probe(engine),
+            )
             self._providers[engine.name] = found
         return found
 
@@ -376,7 +377,7 @@ class EnginePool:
         except Exception as failure:
             if self.ping(engine) is not None:
                 raise EngineOutage(
-                    f"engine {engine.name} stopped answering ({_one_line(failure)})"
+                    f"engine {engine.name} stopped answering ({one_line(failure)})"
                 ) from failure
             raise
         finally:
@@ -423,8 +424,3 @@ class EnginePool:
             self._holding.add((engine.name, image))
             return True
         return False
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return text[:300] or type(error).__name__
