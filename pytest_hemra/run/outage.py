@@ -187,7 +187,8 @@ class EngineWatch:
 def settled(provider: object, engine: str | None, secs: float) -> str | None:
     """After an error the engine's API returned: None when the engine (a pool's `engine`) keeps
     answering for `secs` (the error was the trial's own), else why it stopped answering (it was
-    shutting down: a daemon answers for a while, refusing new containers, before it goes)."""
+    going away: a daemon told to stop stops the trial's container and answers on connections
+    already open until it exits, but no ping reaches it, each being on a new connection)."""
     if not isinstance(provider, EngineHealth):
         return None
     deadline = time.monotonic() + secs
