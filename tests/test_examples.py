@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -27,17 +31,34 @@ def test_own_harness_example_passes_with_its_harness_and_fails_with_nop(
 
 
 @pytest.mark.slow
-def test_examples_collect(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_examples_collect(tmp_path: Path) -> None:
+    """Every example's run file collects, each in a pytest of its own started in the example's
+    folder, as their comments say to run them (a conftest.py there); three at a time."""
     run_files = sorted((REPO / "examples").glob("*.toml")) + sorted(
         (REPO / "examples").glob("*/run.toml")
     )
     assert len(run_files) >= 2
-    for name in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY"):  # examples of real models need keys
-        monkeypatch.setenv(name, "sk-sentinel-collect-only")  # to resolve; collecting calls none
-    for run_file in run_files:
-        monkeypatch.chdir(run_file.parent)  # as their comments say to run them (a conftest.py)
-        result = pytester.runpytest_subprocess("--hemra-run", str(run_file), "--collect-only", "-q")
-        assert result.ret == 0, (run_file, result.errlines)
+    env = {  # examples of real models need keys to resolve; collecting calls none
+        **os.environ,
+        **dict.fromkeys(("ANTHROPIC_API_KEY", "OPENAI_API_KEY"), "sk-sentinel-collect-only"),
+        "HEMRA_STORE": str(tmp_path / "hemra.db"),
+    }
+
+    def collect(run_file: Path) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "pytest", "--hemra-run", str(run_file), "--collect-only"]
+        return subprocess.run(
+            [*argv, "-q", "-p", "no:cacheprovider"],
+            cwd=run_file.parent,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    with ThreadPoolExecutor(3) as pool:
+        for run_file, result in zip(run_files, pool.map(collect, run_files), strict=True):
+            assert result.returncode == 0, (run_file, result.stdout[-2000:], result.stderr)
+            assert " collected" in result.stdout or "tests collected" in result.stdout, run_file
 
 
 @pytest.mark.usefixtures("docker_test")
