@@ -40,8 +40,8 @@ def is_engine_fault(error: BaseException) -> bool:
 def is_engine_answer(error: BaseException) -> bool:
     """Whether `error` came from the engine's API at all (it refused, failed, or could not be
     reached), rather than from HEMRA's own checks: only such an error can be an engine going
-    away (a daemon told to stop stops the trial's container, then answers on connections
-    already open that it is not running, until it exits)."""
+    away (a daemon told to stop stops the trial's container and, until it exits, answers the
+    trial's requests on connections already open: the container is not running)."""
     return _raised_from(error, (docker.errors.DockerException, requests.RequestException))
 
 
