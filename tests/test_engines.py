@@ -432,7 +432,9 @@ def test_a_tcp_engine_behind_tls_is_reached_with_the_run_files_certificates(
 
         certs = tmp_path / "certs"  # a provider given a client pings with that client's TLS
         for cert in ((str(certs / "cert.pem"), str(certs / "key.pem")), None):
-            config = docker.tls.TLSConfig(client_cert=cert, ca_cert=str(certs / "ca.pem"))
+            config = docker.tls.TLSConfig(
+                client_cert=cert, ca_cert=str(certs / "ca.pem"), verify=True
+            )
             client = docker.DockerClient(base_url=f"tcp://{host}:2375", tls=config, version="1.41")
             provider = DockerProvider(client, engine=f"tcp://{host}:2375")
             assert (provider.engine_error() is None) == (cert is not None)
