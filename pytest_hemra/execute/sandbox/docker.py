@@ -158,8 +158,8 @@ class DockerProvider:
     def engine_error(self, engine: str | None = None) -> str | None:
         """None when the engine answers now (a ping with a short timeout), else why not."""
         if self._probe is None:
-            api = None if self._client is None else self._client.api
-            self._probe = probe_client() if api is None else probe_for(api, self.engine)
+            client = self._client
+            self._probe = probe_client() if client is None else probe_for(client.api, self.engine)
         return ping(self._probe)
 
     def remove_leftovers(self, is_over: Callable[[str], bool]) -> int:
