@@ -44,6 +44,16 @@ class VerifierError(HemraError):
     """The verifier gave no usable reward."""
 
 
+class Tampered(HemraError):
+    """The agent changed what scores its trial (a reward its verifier did not write, a tool the
+    verifier runs, test infrastructure): the trial ends `tampered`, reward 0, with `evidence`,
+    one "path: why" line each."""
+
+    def __init__(self, message: str, evidence: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.evidence = evidence
+
+
 class InputWarning(UserWarning):
     """Input HEMRA goes ahead with but does not act on (a task key it does not know), named."""
 
@@ -60,6 +70,7 @@ WAITED_OUT = frozenset({ENGINE_OUTAGE, RUNNER_DISK_FULL})
 OUTCOME_OF_ERROR: dict[type[HemraError], tuple[Outcome, bool]] = {
     InfraError: (Outcome.INFRA_ERROR, True),
     VerifierError: (Outcome.VERIFIER_ERROR, False),
+    Tampered: (Outcome.TAMPERED, False),
 }
 
 

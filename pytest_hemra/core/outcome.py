@@ -5,8 +5,9 @@ it. The groups (docs: DESIGN.md, "Outcomes"):
 
 | group        | outcomes                                  | read by                           |
 |--------------|-------------------------------------------|-----------------------------------|
-| `SCORED`     | pass, fail, timeout, harness_error        | scores, statistics, fairness      |
-| `FAILED`     | fail, timeout, harness_error              | pytest: reported as failed        |
+| `SCORED`     | pass, fail, timeout, harness_error,       | scores, statistics, fairness      |
+|              | tampered (as reward 0)                    |                                   |
+| `FAILED`     | fail, timeout, harness_error, tampered    | pytest: reported as failed        |
 | `ERROR`      | verifier_error, infra_error               | pytest: reported as an error      |
 | `UNFINISHED` | verifier_error, infra_error, cancelled    | `hemra run`'s exit code, flags    |
 """
@@ -22,6 +23,7 @@ class Outcome(StrEnum):
     FAIL = "fail"  # a reward below it
     TIMEOUT = "timeout"  # the agent ran past its deadline; still verified
     HARNESS_ERROR = "harness_error"  # the harness crashed, exited non-zero or refused; verified
+    TAMPERED = "tampered"  # the agent changed what scores it: reward 0, flagged
     VERIFIER_ERROR = "verifier_error"  # no usable reward
     INFRA_ERROR = "infra_error"  # image, container, daemon, gateway upstream...: retried
     CANCELLED = "cancelled"  # Ctrl-C, `hemra cancel`: never counted as failed
@@ -48,7 +50,9 @@ class Outcome(StrEnum):
         }
 
 
-Outcome.SCORED = frozenset({Outcome.PASS, Outcome.FAIL, Outcome.TIMEOUT, Outcome.HARNESS_ERROR})
-Outcome.FAILED = frozenset({Outcome.FAIL, Outcome.TIMEOUT, Outcome.HARNESS_ERROR})
+Outcome.SCORED = frozenset(
+    {Outcome.PASS, Outcome.FAIL, Outcome.TIMEOUT, Outcome.HARNESS_ERROR, Outcome.TAMPERED}
+)
+Outcome.FAILED = frozenset({Outcome.FAIL, Outcome.TIMEOUT, Outcome.HARNESS_ERROR, Outcome.TAMPERED})
 Outcome.ERROR = frozenset({Outcome.VERIFIER_ERROR, Outcome.INFRA_ERROR})
 Outcome.UNFINISHED = frozenset({Outcome.VERIFIER_ERROR, Outcome.INFRA_ERROR, Outcome.CANCELLED})

@@ -19,6 +19,7 @@ from pytest_hemra.core.errors import (
     RUNNER_DISK_FULL,
     HemraError,
     InfraError,
+    Tampered,
     VerifierError,
     outcome_of,
 )
@@ -64,6 +65,7 @@ from pytest_hemra.score.verification import (
 )
 
 VERIFIER_OFFLINE = "verifier_offline"  # the class of a trial whose verifier lacked a network
+TAMPERED = "tampered"  # the class of a tampered trial, its evidence in tampered.json
 
 
 def run_trial(context: TrialContext) -> TrialResult:
@@ -81,6 +83,11 @@ def run_trial(context: TrialContext) -> TrialResult:
         with _placed(context, progress) as placed:
             reward, rewards = _run_in_sandbox(placed, progress)
         outcome = _classify(reward, progress)
+    except Tampered as failure:  # a result: the agent's, scored 0
+        outcome, retried = outcome_of(failure)
+        reward, rewards, error = 0.0, {"reward": 0.0}, str(failure)
+        progress.error_class = TAMPERED
+        _keep_evidence(context.trial_dir, failure)
     except HemraError as failure:
         outcome, retried = outcome_of(failure)
         error = str(failure)
@@ -116,6 +123,12 @@ def run_trial(context: TrialContext) -> TrialResult:
         result.duration = round(time.monotonic() - clock, 4)
     write_durably(context.trial_dir / "result.json", json.dumps(asdict(result), indent=2) + "\n")
     return result
+
+
+def _keep_evidence(folder: Path, failure: Tampered) -> None:
+    """What made the trial `tampered`, for `hemra show` and the viewer: `tampered.json`."""
+    evidence = {"schema_version": 1, "reason": str(failure), "evidence": list(failure.evidence)}
+    write_durably(folder / "tampered.json", json.dumps(evidence, indent=2) + "\n")
 
 
 def _outage_class(failure: BaseException, context: TrialContext, progress: Progress) -> str | None:
