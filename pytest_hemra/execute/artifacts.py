@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pytest_hemra.execute.output import FolderBudget
 from pytest_hemra.execute.sandbox import Sandbox
 from pytest_hemra.resolve.taskconfig import TaskArtifact
 
@@ -19,10 +20,14 @@ MANIFEST = "manifest.json"
 
 
 def collect(
-    sandbox: Sandbox, entries: list[str | TaskArtifact], target: Path
+    sandbox: Sandbox,
+    entries: list[str | TaskArtifact],
+    target: Path,
+    budget: FolderBudget | None = None,
 ) -> list[dict[str, Any]]:
-    """Copy every entry into `target` (its `destination`, else its source path below `target`);
-    returns and writes the manifest: source, destination, files copied, skipped, missing."""
+    """Copy every entry into `target` (its `destination`, else its source path below `target`)
+    as far as the trial folder's `budget` goes; returns and writes the manifest: source,
+    destination, files copied, skipped, left out for the budget (`over_cap`), missing."""
     manifest: list[dict[str, Any]] = []
     for entry in [CONVENTION, *entries]:
         artifact = TaskArtifact(source=entry) if isinstance(entry, str) else entry
@@ -38,10 +43,14 @@ def collect(
         if entry == CONVENTION and not files:
             continue
         base = (target / destination).resolve()
-        written = 0
+        written = over_cap = 0
         for name, content in files.items():
             path = base if tree.is_file else base / name
             if target.resolve() not in path.parents:  # names come from the sandbox: stay inside
+                continue
+            where = str(path.relative_to(target.resolve().parent))
+            if budget is not None and not budget.take(where, len(content)):
+                over_cap += 1
                 continue
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(content)
@@ -53,6 +62,7 @@ def collect(
                 "files": written,
                 "skipped": dict(tree.skipped),
                 "stopped": tree.stopped,
+                "over_cap": over_cap,
                 "missing": not tree and not tree.skipped,
             }
         )

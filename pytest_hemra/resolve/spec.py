@@ -153,6 +153,11 @@ class SandboxSettings(Strict):
     # else root), "non-root" (HEMRA's uid 1000 unless the task's [agent] user names another
     # user that is not root: a run that never runs an agent as root)
     agent_user: Literal["task", "non-root"] = "task"
+    # what a trial folder keeps (docs/sandbox.md): of each file a command's output goes to
+    # (agent/stdout.txt...: its head and tail, the cut noted), and of the other files the agent
+    # controls (its /logs/agent, its artifacts)
+    output_cap_mb: int = Field(default=16, ge=1)
+    folder_cap_mb: int = Field(default=256, ge=1)
     max_cpus: float = Field(default=8.0, ge=0.01, allow_inf_nan=False)
     max_memory_mb: int = Field(default=16384, ge=6)
     max_pids: int = Field(default=4096, gt=0)

@@ -32,8 +32,9 @@ from pytest_hemra.execute.context import (
     TrialContext,
     TrialResult,
 )
-from pytest_hemra.execute.diff import tree_diff
+from pytest_hemra.execute.diff import write_diff
 from pytest_hemra.execute.installs import ensure_installed
+from pytest_hemra.execute.output import FolderBudget
 from pytest_hemra.execute.sandbox import (
     Limits,
     Sandbox,
@@ -212,6 +213,7 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
         mounts=installed.mounts if installed else (),
         gateway_port=gateway_port(context),
         proxy_port=proxy_port(context) if task.config.uses_proxy else None,
+        output_cap=context.spec.sandbox.output_cap_mb << 20,
     )
     sandboxes = ExitStack()
     with progress.phase("start"):
@@ -238,11 +240,13 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
             raise InfraError("the model upstream was unreachable for the whole trial")
         with progress.phase("diff"):
             after = sandbox.read_tree(context.workdir)
-            (folder / "diff.patch").write_text(tree_diff(before, after))
+            write_diff(before, after, folder / "diff.patch")
             keep_tree_notes(after, context.workdir, folder)
+            budget = FolderBudget(folder, context.spec.sandbox.folder_cap_mb << 20)
             if progress.agent_logs:
-                _keep_agent_logs(sandbox, folder / "agent" / "logs")
-            collect_artifacts(sandbox, task.config.artifacts, folder / "artifacts")
+                _keep_agent_logs(sandbox, folder / "agent" / "logs", budget)
+            collect_artifacts(sandbox, task.config.artifacts, folder / "artifacts", budget)
+            budget.note()
         with progress.phase("verifier"), verifier_room(context, sandbox, request) as room:
             hemra = task.config.hemra
             if hemra.track == "swe":
@@ -320,10 +324,13 @@ def _services(context: TrialContext, request: SandboxRequest) -> AbstractContext
     return opened
 
 
-def _keep_agent_logs(sandbox: Sandbox, target: Path) -> None:
-    """What the harness wrote to /logs/agent (its own trajectory, say), into the trial folder."""
+def _keep_agent_logs(sandbox: Sandbox, target: Path, budget: FolderBudget) -> None:
+    """What the harness wrote to /logs/agent (its own trajectory, say), into the trial folder,
+    as far as the folder's budget goes (what did not fit is named in `folder-cap.json`)."""
     for name, content in sandbox.read_tree(AGENT_LOGS).items():
         path = (target / name).resolve()
         if target.resolve() in path.parents:  # names come from the sandbox: stay inside
+            if not budget.take(f"agent/logs/{name}", len(content)):
+                continue
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(content)

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from pytest_hemra.execute.kinds import AgentTurn, SandboxKind
 from pytest_hemra.execute.mcp import acp_servers
+from pytest_hemra.execute.output import DEFAULT_OUTPUT_CAP, CappedOutput
 from pytest_hemra.execute.sandbox import (
     AGENT_USER,
     WORKDIR,
@@ -33,6 +34,7 @@ from pytest_hemra.execute.sandbox import (
 
 PROTOCOL_VERSION = 1
 OUTPUT_LIMIT = 1 << 20
+MAX_MESSAGE_BYTES = 64 << 20  # one line of the agent's stdout: longer is recorded cut, not read
 RESOURCE_NOT_FOUND = -32002  # ACP's error code for a missing file
 INTERNAL_ERROR = -32603
 
@@ -80,14 +82,19 @@ class AcpClient:
         log: Path,
         scratch: Path,
         user: str = AGENT_USER,
+        errors: Path | None = None,
     ) -> None:
         self.sandbox, self.process, self.env = sandbox, process, dict(env)
         self.user = user  # the agent's: its file operations and terminals run as it
         self.log, self.scratch = log, scratch
+        # the session's record and the agent's stderr, each up to the sandbox's output cap
+        cap = int(getattr(sandbox, "output_cap", DEFAULT_OUTPUT_CAP))
+        self.record = CappedOutput(log, cap)
+        self.stderr = CappedOutput(errors or log.parent / "stderr.txt", cap)
+        self._recording = threading.Lock()
         self.incoming: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.terminals: dict[str, Terminal] = {}
         self.next_id = 0
-        self.stderr = bytearray()
         self.deadline = float("inf")
 
     def pump(self) -> None:
@@ -96,7 +103,7 @@ class AcpClient:
         try:
             for stream, data in self.process.frames():
                 if stream == 2:
-                    self.stderr += data
+                    self.stderr.write(data)
                     continue
                 buffer += data
                 while b"\n" in buffer:
@@ -106,12 +113,16 @@ class AcpClient:
                             self.incoming.put(json.loads(line))
                         except ValueError:
                             self._record({"unparsed": line.decode(errors="replace")})
+                if len(buffer) > MAX_MESSAGE_BYTES:  # no line end in sight: not a message
+                    self._record({"unparsed": buffer[:OUTPUT_LIMIT].decode(errors="replace")})
+                    buffer = b""
         finally:
             self.incoming.put(None)
 
     def _record(self, message: dict[str, Any], direction: str = "agent") -> None:
-        with self.log.open("a") as handle:
-            handle.write(json.dumps({"from": direction, **message}) + "\n")
+        line = json.dumps({"from": direction, **message}) + "\n"
+        with self._recording:
+            self.record.write(line.encode())
 
     def _send(self, message: dict[str, Any]) -> None:
         self._record(message, "hemra")
@@ -245,7 +256,7 @@ def run_acp(
     scratch = stdout.parent / "acp"
     scratch.mkdir(exist_ok=True)
     process = sandbox.start_interactive(argv, user=user, env=env, workdir=workdir)
-    client = AcpClient(sandbox, process, env, stdout, scratch, user)
+    client = AcpClient(sandbox, process, env, stdout, scratch, user, stderr)
     reader = threading.Thread(target=client.pump, daemon=True, name="hemra-acp-reader")
     reader.start()
     exit_code: int | None = 0
@@ -279,11 +290,13 @@ def run_acp(
         exit_code, timed_out = None, True
     except (EOFError, RuntimeError, KeyError) as error:
         exit_code = 1
-        client.stderr += f"\nhemra: {error}\n".encode()
+        client.stderr.write(f"\nhemra: {error}\n".encode())
     finally:
         process.close_stdin()
         kill_agent_processes(sandbox, scratch, user)
         reader.join(5)
         process.close()
-        stderr.write_bytes(bytes(client.stderr))
+        with client._recording:
+            client.record.close()
+        client.stderr.close()
     return ExecResult(exit_code, timed_out, time.monotonic() - started)

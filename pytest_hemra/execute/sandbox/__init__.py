@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from pytest_hemra.execute.output import DEFAULT_OUTPUT_CAP
 from pytest_hemra.resolve.datasets import Task
 
 AGENT_USER = "1000:1000"
@@ -71,6 +72,7 @@ class SandboxRequest:
     # starts, and kept when the verifier's network is cut (it reaches only the task's services)
     services_network: str | None = None
     proxy_port: int | None = None  # the gateway's egress proxy (an allowlist task): let in too
+    output_cap: int = DEFAULT_OUTPUT_CAP  # bytes kept of each file an exec's output goes to
 
 
 class Tree(dict[str, bytes]):

@@ -21,6 +21,7 @@ import docker.errors
 import requests
 from docker.utils.socket import frames_iter
 
+from pytest_hemra.execute.output import DEFAULT_OUTPUT_CAP, CappedOutput
 from pytest_hemra.execute.sandbox import (
     AGENT_HOME,
     AGENT_USER,
@@ -101,7 +102,9 @@ class DockerSandbox:
         runs_services: bool = False,
         kept: tuple[str, ...] = (),
         gateway_network: str | None = None,
+        output_cap: int = DEFAULT_OUTPUT_CAP,
     ) -> None:
+        self.output_cap = output_cap  # each file an exec's output goes to: bytes kept at most
         # without: PID 1 is `sleep infinity` (the image has no ENTRYPOINT), and every other
         # process in it is one HEMRA exec'd, or a child of one
         self.runs_services = runs_services
@@ -146,8 +149,12 @@ class DockerSandbox:
         failure: list[BaseException] = []
 
         def pump() -> None:
-            try:
-                with stdout.open("ab") as out, stderr.open("ab") as err:
+            try:  # each file up to the cap, its head and tail (`execute/output.py`)
+                with contextlib.ExitStack() as files:
+                    out = files.enter_context(CappedOutput(stdout, self.output_cap))
+                    err = out
+                    if stderr.absolute() != stdout.absolute():
+                        err = files.enter_context(CappedOutput(stderr, self.output_cap))
                     for chunk_out, chunk_err in stream:
                         if chunk_out:
                             out.write(chunk_out)

@@ -460,6 +460,7 @@ class DockerProvider:
                 runs_services=bool(entrypoint),
                 kept=kept,
                 gateway_network=GATEWAY_NETWORK if self.own_networks and run_id else None,
+                output_cap=request.output_cap,
             )
         except DOCKER_ERRORS as error:
             raise InfraError(f"docker: sandbox failed ({error})") from error
