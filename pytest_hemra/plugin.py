@@ -24,6 +24,7 @@ from pytest_hemra.core.errors import HemraError, InputWarning, StoreUnavailable
 from pytest_hemra.core.ids import unknown_run
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import PlannedTrial, TrialRecord
+from pytest_hemra.core.reward import shown_reward
 from pytest_hemra.core.store_location import store_location
 from pytest_hemra.core.usage import Usage
 from pytest_hemra.core.words import plural
@@ -347,7 +348,7 @@ class TrialItem(pytest.Item):
         return runner.next_attempt(self.record)
 
     def _verdict(self, record: TrialRecord) -> str:
-        reward = "no reward" if record.reward is None else f"reward {record.reward:g}"
+        reward = shown_reward(record.outcome, record.reward)
         detail = f": {record.error}" if record.error else ""
         exit_code = "" if record.exit_code in (0, None) else f", exit code {record.exit_code}"
         return f"{record.outcome} ({reward}{exit_code}){detail} - see {record.trial_dir}"

@@ -82,8 +82,8 @@ def test_check_names_broken_trivial_and_offline_verifier_tasks_and_exits_1(
     tasks = {task["task"]: task for task in found["tasks"]}
     assert tasks["broken"]["notes"] == ["oracle fail (reward 0)"]
     assert tasks["needs-network"]["notes"][0] == (
-        "oracle verifier_error (no reward): verifier wrote no /logs/verifier/reward.txt or"
-        " reward.json"
+        "oracle verifier_error (no reward, scored 0): verifier wrote no"
+        " /logs/verifier/reward.txt or reward.json"
     )
     assert "Temporary failure in name resolution" in tasks["needs-network"]["notes"][1]
     assert '[verifier] network = "bridge"' in tasks["needs-network"]["notes"][1]

@@ -16,7 +16,8 @@ from pytest_hemra.core.words import plural
 
 def test_outcomes_are_their_stored_strings() -> None:
     assert [str(o) for o in Outcome] == [
-        "pass", "fail", "timeout", "harness_error", "verifier_error", "infra_error", "cancelled",
+        "pass", "fail", "timeout", "harness_error", "tampered", "verifier_error", "infra_error",
+        "cancelled",
     ]  # fmt: skip
     assert Outcome("harness_error") is Outcome.HARNESS_ERROR
     stored: str = "pass"
@@ -25,12 +26,14 @@ def test_outcomes_are_their_stored_strings() -> None:
 
 
 def test_outcome_groups_follow_the_design_table() -> None:
-    assert {"pass", "fail", "timeout", "harness_error"} == Outcome.SCORED
-    assert {"fail", "timeout", "harness_error"} == Outcome.FAILED
-    assert {"verifier_error", "infra_error"} == Outcome.ERROR
+    scored = {"pass", "fail", "timeout", "harness_error", "tampered", "verifier_error"}
+    assert scored == Outcome.SCORED
+    assert {"fail", "timeout", "harness_error", "tampered", "verifier_error"} == Outcome.FAILED
+    assert {"infra_error"} == Outcome.ERROR
     assert {"verifier_error", "infra_error", "cancelled"} == Outcome.UNFINISHED
     assert set(Outcome) == Outcome.SCORED | Outcome.UNFINISHED  # every outcome is one or other
-    assert not Outcome.SCORED & Outcome.UNFINISHED
+    # a trial the verifier could not score is the agent's: scored 0, and still said unfinished
+    assert {"verifier_error"} == Outcome.SCORED & Outcome.UNFINISHED
     assert Outcome.PASS not in Outcome.FAILED and Outcome.CANCELLED not in Outcome.ERROR
     assert Outcome.TIMEOUT.is_scored and not Outcome.CANCELLED.is_scored
     assert "fail" in Outcome.SCORED and None not in Outcome.SCORED  # plain stored values
@@ -39,7 +42,7 @@ def test_outcome_groups_follow_the_design_table() -> None:
 def test_outcome_groups_are_served_as_lists_of_strings() -> None:
     groups = Outcome.groups()
     assert groups["outcomes"] == [str(o) for o in Outcome]
-    assert groups["error"] == ["verifier_error", "infra_error"]  # in the outcomes' order
+    assert groups["failed"][-2:] == ["tampered", "verifier_error"]  # in the outcomes' order
     assert set(groups) == {"outcomes", "scored", "failed", "error", "unfinished"}
 
 

@@ -88,7 +88,11 @@ def unfair(tmp_path: Path) -> Store:
 
 def test_each_unfair_condition_is_flagged_under_its_table(unfair: Store) -> None:
     text = render(build_report(unfair, "unfair"), "text")
-    assert "! short: no scored trial on 3 of 8 tasks (task-0, task-1, task-2)" in text
+    assert (
+        "! 3 of 8 tasks left out of every harness's numbers (task-0, task-1: short planned;"
+        " task-2: short infra_error): every number is over the same 5 tasks"
+    ) in text
+    assert "ds@dddddddddddd (8 tasks, 5 counted)" in text
     assert "! short: 6 trials unfinished, excluded from scores: 2 infra_error, 4 planned" in text
     assert "! chatty: 40% of its tokens went to other models than m-1 (m-big)" in text
     assert "! unpriced: cost unknown: no price for m-secret" in text
@@ -120,12 +124,13 @@ def test_a_cancelled_runs_report_says_so_in_a_few_lines_none_of_the_baseline_alo
     flags = [line for line in text.splitlines() if line.startswith("!")]
     assert flags[:2] == [
         "! 24 trials cancelled (nop 12, oracle 12), excluded from scores",
-        "! nop, oracle: no scored trial on 6 of 8 tasks (task-2, task-3, task-4, task-5, task-6"
-        " and 1 more): the comparison covers 2 of 8 tasks",
+        "! 6 of 8 tasks left out of every harness's numbers (task-2, task-3, task-4, task-5,"
+        " task-6 and 1 more: nop cancelled, oracle cancelled): every number is over the same 2"
+        " tasks",
     ]
     assert len(flags) <= 3  # and perhaps: too few tasks to tell oracle from nop
     assert not [line for line in flags if line.startswith("! nop:")]
-    assert "(8 tasks)" in text and "1 tasks" not in text
+    assert "(8 tasks, 2 counted)" in text and "1 tasks" not in text
 
 
 def test_a_baseline_short_of_tasks_is_said_to_narrow_every_comparison(tmp_path: Path) -> None:
@@ -139,7 +144,10 @@ def test_a_baseline_short_of_tasks_is_said_to_narrow_every_comparison(tmp_path: 
         },
     )
     text = render(build_report(store, "r"), "text")
-    assert "! base: no scored trial on 1 of 8 tasks (task-0): left out of every comparison" in text
+    assert (
+        "! 1 of 8 tasks left out of every harness's numbers (task-0: base planned): every number"
+        " is over the same 7 tasks"
+    ) in text
     assert "! base: 2 trials planned, excluded from scores" in text
     assert "! other:" not in text
 
@@ -150,7 +158,9 @@ def test_statistics_in_the_table_are_paired_and_clustered(unfair: Store) -> None
     rows = {row.harness: row for row in dataset.harnesses}
     short = rows["short"]
     assert short.tasks == 5 and short.scored == 10 and short.passes == 5
-    assert short.versus is not None and short.versus.n_tasks == 5 and short.versus.only_b == 3
+    # one task set: the baseline's numbers leave the three tasks short has no score on too
+    assert short.versus is not None and short.versus.n_tasks == 5 and short.versus.only_b == 0
+    assert rows["base"].tasks == 5 and rows["base"].scored == 10
     assert short.versus.diff == pytest.approx(-0.5)
     assert short.pass_at_k[2] == pytest.approx(1.0) and short.pass_hat_k[2] == 0.0
     assert rows["base"].reward is not None and rows["base"].reward.mean == 1.0
@@ -161,7 +171,8 @@ def test_statistics_in_the_table_are_paired_and_clustered(unfair: Store) -> None
 
 def test_pass_at_k_is_over_the_tasks_with_every_attempt_scored(tmp_path: Path) -> None:
     # one task fails its three attempts; the other passes two and loses the third to an infra
-    # error: averaged per k, pass@1 read 0.5 (both tasks) and pass@3 0.0 (the first only)
+    # error: averaged per k, pass@1 read 0.5 (both tasks) and pass@3 0.0 (the first only); now
+    # the task with an unscored attempt leaves every number, the mean as well as every pass@k
     store = Store(tmp_path / "s.db")
     tasks = ["fails", "infra"]
     recorded = spec(["agent"])
@@ -180,13 +191,18 @@ def test_pass_at_k_is_over_the_tasks_with_every_attempt_scored(tmp_path: Path) -
     (row,) = report.datasets[0].harnesses
     assert row.pass_at_k == {1: 0.0, 2: 0.0, 3: 0.0}
     assert row.pass_hat_k == {1: 0.0, 2: 0.0, 3: 0.0}
-    assert (row.pass_k_tasks, row.pass_k_left_out) == (1, 1)
-    assert "pass@k tasks" in render(report, "text") and "1 (1 left out)" in render(report, "text")
+    assert (row.pass_k_tasks, row.pass_k_left_out) == (1, 0)
+    assert row.reward is not None and (row.reward.mean, row.reward.n_tasks) == (0.0, 1)
+    text = render(report, "text")
+    assert "pass@k tasks" in text and "(2 tasks, 1 counted)" in text
+    assert "left out of every harness's numbers (infra: agent infra_error)" in text
     (exported,) = csv.DictReader(io.StringIO(render(report, "csv")))
-    assert (exported["pass_k_tasks"], exported["pass_k_left_out"]) == ("1", "1")
+    assert (exported["pass_k_tasks"], exported["pass_k_left_out"]) == ("1", "0")
     assert json.loads(exported["pass_at_k"]) == {"1": 0.0, "2": 0.0, "3": 0.0}
-    (harness,) = json.loads(render(report, "json"))["datasets"][0]["harnesses"]
-    assert (harness["pass_k_tasks"], harness["pass_k_left_out"]) == (1, 1)
+    (dataset,) = json.loads(render(report, "json"))["datasets"]
+    (harness,) = dataset["harnesses"]
+    assert (harness["pass_k_tasks"], harness["pass_k_left_out"]) == (1, 0)
+    assert dataset["tasks_left_out"] == {"infra": ["agent infra_error"]}
 
 
 def test_every_format_holds_the_same_numbers(unfair: Store, tmp_path: Path) -> None:
@@ -200,7 +216,11 @@ def test_every_format_holds_the_same_numbers(unfair: Store, tmp_path: Path) -> N
     assert [r["harness"] for r in rows] == ["base", "short", "chatty", "unpriced"]
     assert float(rows[1]["diff"]) == pytest.approx(-0.5) and rows[3]["cost_total"] == ""
     markdown = render(report, "markdown")
-    assert "| base (baseline)" in markdown and "- short: no scored trial" in markdown
+    assert "| base (baseline)" in markdown and "- 3 of 8 tasks left out" in markdown
+    assert data["datasets"][0]["counted_tasks"] == TASKS[3:]
+    assert data["datasets"][0]["tasks_left_out"] == {
+        "task-0": ["short planned"], "task-1": ["short planned"], "task-2": ["short infra_error"],
+    }  # fmt: skip
     html = render(report, "html")
     assert html.startswith("<!doctype html>") and "<svg" in html
 

@@ -160,8 +160,8 @@ def test_unusable_reward_is_a_verifier_error(
 
     result = pytester.runpytest("--hemra-run", str(run_file))
 
-    result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines([f"*verifier_error (no reward): {expected}*"])
+    result.assert_outcomes(failed=1)  # the agent's result, scored 0: never dropped
+    result.stdout.fnmatch_lines([f"*verifier_error (no reward, scored 0): {expected}*"])
     (row,) = run_rows(pytester.path / ".hemra" / "hemra.db")
     assert row["outcome"] == "verifier_error" and expected in row["error"]
 
@@ -330,7 +330,7 @@ def test_hemra_run_exits_non_zero_when_a_cell_did_not_finish(
         str(tmp_path / "s.db"),
     )
     assert result.ret == 1
-    assert outcomes(tmp_path / "s.db") == {"ds::broken[oracle-1]": ("verifier_error", None)}
+    assert outcomes(tmp_path / "s.db") == {"ds::broken[oracle-1]": ("verifier_error", 0.0)}
 
 
 def test_verifier_past_its_timeout_is_a_verifier_error(
@@ -339,9 +339,10 @@ def test_verifier_past_its_timeout_is_a_verifier_error(
     make_task("stuck", test="sleep 60", task_toml="[verifier]\ntimeout_sec = 1\n")
     run_file = tmp_path / "run.toml"
     run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
-    pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(errors=1)
+    pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(failed=1)
     (row,) = run_rows(pytester.path / ".hemra" / "hemra.db")
     assert row["outcome"] == "verifier_error" and "1s timeout" in row["error"]
+    assert row["reward"] == 0.0
 
 
 def test_xdist_workers_run_the_recorded_plan_and_deselection_is_recorded(

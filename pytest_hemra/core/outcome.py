@@ -6,10 +6,16 @@ it. The groups (docs: DESIGN.md, "Outcomes"):
 | group        | outcomes                                  | read by                           |
 |--------------|-------------------------------------------|-----------------------------------|
 | `SCORED`     | pass, fail, timeout, harness_error,       | scores, statistics, fairness      |
-|              | tampered (as reward 0)                    |                                   |
-| `FAILED`     | fail, timeout, harness_error, tampered    | pytest: reported as failed        |
-| `ERROR`      | verifier_error, infra_error               | pytest: reported as an error      |
-| `UNFINISHED` | verifier_error, infra_error, cancelled    | `hemra run`'s exit code, flags    |
+|              | tampered, verifier_error (both reward 0)  |                                   |
+| `FAILED`     | fail, timeout, harness_error, tampered,   | pytest: reported as failed        |
+|              | verifier_error                            |                                   |
+| `ERROR`      | infra_error                               | pytest: reported as an error      |
+| `UNFINISHED` | verifier_error, infra_error, cancelled    | `hemra run`'s exit code, gates    |
+
+A verifier_error is the agent's result (the sandbox it left gave the verifier nothing to read),
+scored 0 so that no harness raises its numbers by making trials unscoreable; it stays in
+`UNFINISHED` too, so that `hemra run` still says a task's verifier gave no reward. Only
+infra_error and cancelled leave scores.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ class Outcome(StrEnum):
     TIMEOUT = "timeout"  # the agent ran past its deadline; still verified
     HARNESS_ERROR = "harness_error"  # the harness crashed, exited non-zero or refused; verified
     TAMPERED = "tampered"  # the agent changed what scores it: reward 0, flagged
-    VERIFIER_ERROR = "verifier_error"  # no usable reward
+    VERIFIER_ERROR = "verifier_error"  # no usable reward after the agent's turn: reward 0
     INFRA_ERROR = "infra_error"  # image, container, daemon, gateway upstream...: retried
     CANCELLED = "cancelled"  # Ctrl-C, `hemra cancel`: never counted as failed
 
@@ -35,7 +41,7 @@ class Outcome(StrEnum):
 
     @property
     def is_scored(self) -> bool:
-        """Counted in scores: the verifier gave a reward."""
+        """Counted in scores: a reward, or 0 for a tampered or unscoreable trial."""
         return self in Outcome.SCORED
 
     @classmethod
@@ -50,9 +56,15 @@ class Outcome(StrEnum):
         }
 
 
-Outcome.SCORED = frozenset(
-    {Outcome.PASS, Outcome.FAIL, Outcome.TIMEOUT, Outcome.HARNESS_ERROR, Outcome.TAMPERED}
+Outcome.FAILED = frozenset(
+    {
+        Outcome.FAIL,
+        Outcome.TIMEOUT,
+        Outcome.HARNESS_ERROR,
+        Outcome.TAMPERED,
+        Outcome.VERIFIER_ERROR,
+    }
 )
-Outcome.FAILED = frozenset({Outcome.FAIL, Outcome.TIMEOUT, Outcome.HARNESS_ERROR, Outcome.TAMPERED})
-Outcome.ERROR = frozenset({Outcome.VERIFIER_ERROR, Outcome.INFRA_ERROR})
+Outcome.SCORED = Outcome.FAILED | {Outcome.PASS}
+Outcome.ERROR = frozenset({Outcome.INFRA_ERROR})
 Outcome.UNFINISHED = frozenset({Outcome.VERIFIER_ERROR, Outcome.INFRA_ERROR, Outcome.CANCELLED})

@@ -10,6 +10,7 @@ import json
 import math
 
 from pytest_hemra.core.errors import VerifierError
+from pytest_hemra.core.outcome import Outcome
 
 PASS_THRESHOLD = 1.0
 
@@ -55,3 +56,11 @@ def _finite(number: float, where: str) -> float:
 
 def is_pass(reward: float) -> bool:
     return reward >= PASS_THRESHOLD
+
+
+def shown_reward(outcome: str | None, reward: float | None) -> str:
+    """A trial's reward in words: `reward 0.5`, `no reward`, and for a verifier_error (scored 0
+    though its verifier gave nothing) `no reward, scored 0`."""
+    if outcome == Outcome.VERIFIER_ERROR:
+        return "no reward, scored 0"
+    return "no reward" if reward is None else f"reward {reward:g}"

@@ -16,6 +16,7 @@ from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import UPSTREAM_REFUSED, TrialRecord
 from pytest_hemra.core.usage import Usage, disagrees
 from pytest_hemra.core.words import plural
+from pytest_hemra.report.taskset import one_task_set
 
 # kinds said of a dataset's every trial, whichever table (one per model in a matrix) shows them
 WHOLE_DATASET = frozenset({"agent_user_differs", "agent_root"})
@@ -25,7 +26,8 @@ WHOLE_DATASET = frozenset({"agent_user_differs", "agent_root"})
 class Flag:
     kind: str  # task_set, unfinished, other_models, self_report, unknown_price, stopped,
     #            too_few_tasks, timeouts, not_metered, not_isolated, upstream_refused,
-    #            tampered, verifier_offline, agent_user_differs, agent_root, usage_unknown
+    #            tampered, verifier_offline, agent_user_differs, agent_root, usage_unknown,
+    #            verifier_error
     harness: str | None
     message: str
 
@@ -48,8 +50,7 @@ def dataset_flags(
     by_harness: dict[str, list[TrialRecord]] = defaultdict(list)
     for trial in counted:
         by_harness[trial.harness].append(trial)
-    every_task = {t.task for t in counted}
-    flags = _unfinished(harnesses, by_harness) + _task_set(harnesses, by_harness, every_task)
+    flags = _unfinished(harnesses, by_harness) + _task_set(harnesses, by_harness)
     for harness in harnesses:
         mine = by_harness.get(harness, [])
         flags += _other_models(harness, mine, model)
@@ -89,6 +90,7 @@ def dataset_flags(
             message = f"{plural(len(stopped), 'trial')} stopped by {reasons}"
             flags.append(Flag("stopped", harness, message))
         flags += _tampered(harness, mine)
+        flags += _unscoreable(harness, mine)
         flags += _verifier_offline(harness, mine)
     return flags + _agent_users(counted)
 
@@ -140,37 +142,39 @@ def _tampered(harness: str, mine: list[TrialRecord]) -> list[Flag]:
     return [Flag("tampered", harness, message)]
 
 
-def _task_set(
-    harnesses: Sequence[str], by_harness: dict[str, list[TrialRecord]], every_task: set[str]
-) -> list[Flag]:
-    """Tasks a row has no scored trial on: each harness is compared with the baseline on the
-    tasks both scored. Rows missing the same tasks share one line; when every row misses the
-    same ones (a cancelled run), that line says how many tasks the comparison covers."""
-    groups: dict[tuple[str, ...], list[str]] = defaultdict(list)
-    for harness in harnesses:
-        scored = {t.task for t in by_harness.get(harness, []) if t.outcome in Outcome.SCORED}
-        groups[tuple(sorted(every_task - scored))].append(harness)
-    total = plural(len(every_task), "task")
-    flags = []
-    for missing, names in groups.items():
-        if not missing:
-            continue
-        message = f"no scored trial on {len(missing)} of {total} ({_shown(missing)})"
-        if len(harnesses) == 1:
-            pass  # no comparison to narrow
-        elif len(names) == len(harnesses):
-            covered = len(every_task) - len(missing)
-            message += f": the comparison covers {covered} of {total}" if covered else ""
-            message += "" if covered else ": nothing to compare"
-        elif names[0] == harnesses[0]:
-            message += ": left out of every comparison with the baseline"
-        else:
-            message += ": compared with the baseline on the tasks both scored"
-        if len(names) == 1:
-            flags.append(Flag("task_set", names[0], message))
-        else:
-            flags.append(Flag("task_set", None, f"{', '.join(names)}: {message}"))
-    return flags
+def _unscoreable(harness: str, mine: list[TrialRecord]) -> list[Flag]:
+    """Trials scored 0 because the verifier gave no reward from the sandbox the agent left (a
+    verifier past its timeout, a reward missing or unreadable): the agent's result, labelled."""
+    found = [t for t in mine if t.outcome == Outcome.VERIFIER_ERROR]
+    if not found:
+        return []
+    message = f"{plural(len(found), 'trial')} scored 0 with no reward from the verifier"
+    message += " (verifier_error: its timeout, a reward missing or unreadable), e.g."
+    message += f" {found[0].item_id}"
+    return [Flag("verifier_error", harness, message)]
+
+
+def _task_set(harnesses: Sequence[str], by_harness: dict[str, list[TrialRecord]]) -> list[Flag]:
+    """Tasks left out of every row's numbers (`taskset.py`): some row has a trial on them
+    without a score (an infra_error past its retries, a cancel, a trial not yet run). One line
+    for the table: which tasks, why, and how many the numbers are over."""
+    found = one_task_set(by_harness, harnesses, 1)
+    if not found.left_out:
+        return []
+    alike: dict[tuple[str, ...], list[str]] = defaultdict(list)  # why -> its tasks
+    for task, why in sorted(found.left_out.items()):
+        alike[why].append(task)
+    shown = [f"{_shown(tasks)}: {', '.join(why)}" for why, tasks in alike.items()]
+    more = f"; and {len(shown) - 3} more" if len(shown) > 3 else ""
+    total = plural(found.tasks, "task")
+    message = f"{len(found.left_out)} of {total} left out of every harness's numbers"
+    message += f" ({'; '.join(shown[:3])}{more}"
+    covered = len(found.counted)
+    if not covered:
+        message += "): nothing to compare"
+    else:
+        message += f"): every number is over the same {plural(covered, 'task')}"
+    return [Flag("task_set", None, message)]
 
 
 def _shown(names: Sequence[str], most: int = 5) -> str:

@@ -133,9 +133,12 @@ def _width(names: list[str], rows: list[list[str]], keep: list[str]) -> int:
 
 
 def title(dataset: DatasetReport) -> str:
-    """`name@digest (N tasks)`, and in a matrix run which table: `- model M` / `- harness H`."""
+    """`name@digest (N tasks)`, `(N tasks, M counted)` when some left every row's numbers
+    (`taskset.py`), and in a matrix run which table: `- model M` / `- harness H`."""
     view = f" - {dataset.view}" if dataset.view else ""
-    return f"{dataset.name}@{dataset.digest[:12]} ({plural(dataset.tasks, 'task')}){view}"
+    counted = f", {len(dataset.counted_tasks)} counted" if dataset.tasks_left_out else ""
+    tasks = f"({plural(dataset.tasks, 'task')}{counted})"
+    return f"{dataset.name}@{dataset.digest[:12]} {tasks}{view}"
 
 
 def render_text(report: RunReport, tablefmt: str = "simple", width: int | None = None) -> str:

@@ -28,6 +28,7 @@ from pytest_hemra.core.errors import StoreError
 from pytest_hemra.core.network import NETWORK_FIX, OUTPUT_TAIL_BYTES, network_error
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
+from pytest_hemra.core.reward import shown_reward
 from pytest_hemra.core.words import plural
 from pytest_hemra.report import SLOW_BUILD_SECS
 from pytest_hemra.store import Store
@@ -220,7 +221,7 @@ def describe(evidence: Evidence) -> str:
     """A trial short of a pass in one line: its outcome, reward, exit code and error, or the
     last line its verifier printed."""
     trial = evidence.trial
-    reward = "no reward" if trial.reward is None else f"reward {trial.reward:g}"
+    reward = shown_reward(trial.outcome, trial.reward)
     exit_code = "" if trial.exit_code in (0, None) else f", exit code {trial.exit_code}"
     lines = [line.strip() for line in evidence.verifier_output.splitlines() if line.strip()]
     error = trial.error or (lines[-1] if lines else "")

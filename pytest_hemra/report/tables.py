@@ -2,8 +2,10 @@
 
 `build_report` turns a run's stored trials into numbers (statistics from `stats.py`, flags from
 `fairness.py`); `formats.py` renders them as text, markdown, CSV, JSON or HTML. Only scored
-trials (pass, fail, timeout, harness_error) count in scores; a harness is compared with the
-baseline on the tasks both have scored trials for.
+trials (pass, fail, timeout, harness_error, and tampered and verifier_error as 0) count in
+scores, and each table's numbers are over one task set (`taskset.py`): a task some row could not
+score leaves every row together, so every mean, interval, pass@k and difference in a table is
+over the same tasks.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pytest_hemra.report.stats import (
     pass_k_over_one_task_set,
     summary,
 )
+from pytest_hemra.report.taskset import TaskSet, one_task_set
 from pytest_hemra.report.variance import Observation, VarianceReport, decompose
 from pytest_hemra.store import Store
 
@@ -51,7 +54,7 @@ class HarnessSummary:
     finished: int  # trials with a result (scored or errored)
     scored: int
     passes: int
-    tasks: int  # tasks with at least one scored trial
+    tasks: int  # tasks its numbers are over: the table's task set (`taskset.py`)
     reward: Estimate | None  # mean reward, 95% CI clustered by task
     pass_rate: Estimate | None
     versus: Comparison | None  # paired difference from the baseline's reward
@@ -90,6 +93,10 @@ class DatasetReport:
     view: str = ""  # "" (one model), "model M" or "harness H"
     axis: str = "harness"  # what the rows are: "harness" or "model"
     variance: VarianceReport | None = None  # where the variance comes from (its first table)
+    # the one task set every row's numbers are over (`taskset.py`), and the tasks left out of
+    # every row, each with why ("harness outcome" of its trials without a score)
+    counted_tasks: list[str] = field(default_factory=list)
+    tasks_left_out: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -120,13 +127,18 @@ def summarize(
     harness: str,
     attempts: int,
     baseline: dict[str, list[float]] | None,
+    task_set: TaskSet | None = None,
 ) -> HarnessSummary:
+    """A row's numbers over the table's task set (`taskset.py`; alone, its own); its trials,
+    tokens, cost, durations and outcomes over all of its trials."""
     mine = [t for t in trials if t.status != "deselected"]  # the harness's own trials
     finished = [t for t in mine if t.status == "finished"]
-    rewards = by_task(mine)
+    found = task_set or one_task_set({harness: mine}, [harness], attempts)
+    counted = [t for t in mine if t.task in found.counted]
+    rewards = by_task(counted)
     # a pass is the trial's outcome: the task's own threshold (the open track's) decides it
     passes: dict[str, list[float]] = defaultdict(list)
-    for trial in mine:
+    for trial in counted:
         if trial.outcome in Outcome.SCORED:
             passes[trial.task].append(float(trial.outcome == Outcome.PASS))
     outcomes: dict[str, int] = defaultdict(int)
@@ -136,11 +148,15 @@ def summarize(
     own = [Usage.of(t.own_report).total_tokens for t in finished if t.own_report]
     judges: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for trial in finished:
+        if trial.task not in found.counted:
+            continue
         for name, score in trial.judges.items():
             if score is not None:
                 judges[name][trial.task].append(score)
     bools = {task: [p == 1.0 for p in values] for task, values in passes.items()}
-    pass_k = pass_k_over_one_task_set(bools, attempts)
+    pass_k = pass_k_over_one_task_set(
+        {task: values for task, values in bools.items() if task in found.pass_k}, attempts
+    )
     repeated = [values for values in bools.values() if len(values) > 1]
     disagree = sum(len(set(v)) > 1 for v in repeated) / len(repeated) if repeated else None
     return HarnessSummary(
@@ -157,7 +173,7 @@ def summarize(
         pass_at_k=pass_k.pass_at_k,
         pass_hat_k=pass_k.pass_hat_k,
         pass_k_tasks=pass_k.tasks,
-        pass_k_left_out=pass_k.left_out,
+        pass_k_left_out=len(found.counted) - pass_k.tasks,
         tokens=summary([float(t.tokens) for t in finished]),
         cost=None
         if any(t.cost is None for t in finished)
@@ -205,7 +221,12 @@ def build_report(store: Store, run_id: str) -> RunReport:
         for later in tables[1:]:  # what concerns the whole dataset is said once, under the first
             later.flags[:] = [flag for flag in later.flags if flag.kind not in WHOLE_DATASET]
         tables[0].flags.extend(judge_flags)
-        tables[0] = replace(tables[0], variance=_variance(plan, mine))
+        cells: dict[str, list[TrialRecord]] = defaultdict(list)  # every harness and model
+        for trial in mine:
+            cells[f"{trial.harness} {trial.model or ''}"].append(trial)
+        counted = one_task_set(cells, list(cells), 1).counted
+        variance = _variance(plan, [t for t in mine if t.task in counted])
+        tables[0] = replace(tables[0], variance=variance)
         datasets += tables
     return RunReport(run.id, run.name, store.name, run.status, plan.baseline, plan.model,
                      datasets)  # fmt: skip
@@ -268,9 +289,10 @@ def _table(
     for trial in view.trials:
         groups[trial.harness].append(trial)
     baseline = view.rows[0] if view.rows else ""
-    base_rewards = by_task(groups[baseline])
+    found = one_task_set(groups, view.rows, attempts)
+    base_rewards = by_task([t for t in groups[baseline] if t.task in found.counted])
     rows = [
-        summarize(groups[h], h, attempts, None if h == baseline else base_rewards)
+        summarize(groups[h], h, attempts, None if h == baseline else base_rewards, found)
         for h in view.rows
     ]
     mine = [t for h in view.rows for t in groups[h]]
@@ -278,7 +300,11 @@ def _table(
     unisolated = plan.unisolated if view.axis == "harness" else frozenset()
     flags = dataset_flags(mine, view.rows, view.model, unmetered, unisolated)
     flags += [flag for row in rows if (flag := too_few_tasks(row)) is not None]
-    return DatasetReport(name, digest, tasks, attempts, rows, flags, view.title, view.axis)
+    left_out = {task: list(why) for task, why in sorted(found.left_out.items())}
+    return DatasetReport(
+        name, digest, tasks, attempts, rows, flags, view.title, view.axis,
+        counted_tasks=sorted(found.counted), tasks_left_out=left_out,
+    )  # fmt: skip
 
 
 def too_few_tasks(row: HarnessSummary) -> Flag | None:

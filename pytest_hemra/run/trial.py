@@ -92,6 +92,8 @@ def run_trial(context: TrialContext) -> TrialResult:
     except HemraError as failure:
         outcome, retried = outcome_of(failure)
         error = str(failure)
+        if outcome == Outcome.VERIFIER_ERROR:  # the sandbox the agent left gave no reward
+            reward, rewards = 0.0, {"reward": 0.0}
         progress.error_class = _outage_class(failure, context, progress) or progress.error_class
     except Exception as failure:  # anything unexpected under a trial is infrastructure
         outcome, retried = outcome_of(failure)

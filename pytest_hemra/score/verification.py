@@ -26,6 +26,7 @@ from pytest_hemra.resolve.judges import Judgment
 from pytest_hemra.resolve.taskconfig import TaskVerifier, render_env
 from pytest_hemra.score import openended, swe
 from pytest_hemra.score.judges import JudgeCall, ask_model, with_usage
+from pytest_hemra.score.provenance import check_rewards, declared_kinds, refuse_planted
 
 TESTS_DIR = "/tests"
 VERIFIER_LOGS = "/logs/verifier"
@@ -47,9 +48,9 @@ rm -rf "$old" 2>/dev/null || true
 
 def verify_reward(context: TrialContext, sandbox: Sandbox) -> tuple[float, dict[str, float]]:
     folder = context.trial_dir / "verifier"
-    logs = _run_test_sh(
-        context, sandbox, [context.task.path / "tests"], folder, context.task.config.verifier
-    )
+    tests, settings = [context.task.path / "tests"], context.task.config.verifier
+    logs = _run_test_sh(context, sandbox, tests, folder, settings)
+    check_rewards(logs, declared_kinds(tests, settings.env.values()))
     return parse_reward(logs)
 
 
@@ -73,6 +74,7 @@ def verify_step(
     finally:
         _run_root(sandbox, EMPTY_ROOM, step_dir / "verifier" / "clear.txt")
         sandbox.reconnect_network()
+    check_rewards(logs, declared_kinds(tests, env.values()))
     return parse_reward(logs)
 
 
@@ -216,6 +218,7 @@ def _run_test_sh(
     settings = context.spec.verifier
     proxied = cut_network(context, sandbox, task_settings)
     sandbox.import_tree(iter([_tests_archive(tests)]), "/")
+    refuse_planted(sandbox.read_tree(VERIFIER_LOGS))  # the room is empty: nothing wrote since
     runner = snapshot()
     with verifier_egress(context, task_settings, folder, proxied) as proxy:
         result = sandbox.exec(
