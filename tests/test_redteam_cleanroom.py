@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,6 @@ from conftest import BASE_IMAGE, TaskMaker
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.execute.sandbox import AGENT_USER, ROOT_USER, Limits, SandboxRequest
 from pytest_hemra.execute.sandbox.docker import DockerProvider
-from pytest_hemra.execute.sandbox.processes import record_baseline, running, sweep
 from pytest_hemra.resolve.datasets import load_task
 from pytest_hemra.resolve.overrides import Overrides
 from pytest_hemra.resolve.spec import load_run_spec
@@ -92,9 +92,6 @@ def test_a_process_left_behind_is_killed_before_the_tests_enter(
     rows = _run(pytester, tmp_path, ["nop", "attacker"])
     assert (rows["attacker"]["outcome"], rows["attacker"]["reward"]) == ("fail", 0.0)
     assert rows["attacker"]["reward"] == rows["nop"]["reward"]
-    folder = Path(rows["attacker"]["trial_dir"])
-    assert "uid=1000" in (folder / "agent" / "leftovers.txt").read_text()  # found and killed
-    assert not (Path(rows["nop"]["trial_dir"]) / "agent" / "leftovers.txt").exists()
 
 
 def test_a_process_left_behind_by_an_agent_past_its_timeout_is_killed_too(
@@ -242,43 +239,47 @@ def test_environment_mode_is_checked_in_task_and_run_files(
         load_run_spec(run_file, Overrides())
 
 
-def test_the_sweep_kills_a_forking_daemon_of_any_user_and_keeps_what_ran_before(
+def test_emptying_a_sandbox_leaves_only_a_fresh_init_whatever_ran_and_init_reaps(
     tmp_path: Path, docker_client: Any
 ) -> None:
-    """Below the trial: a service started before the baseline survives; a daemon that forks in
-    a loop, and a root process, started after it, do not."""
+    """Below the trial, as the engine lists it from outside: a daemon that forks in a loop, a
+    root process and one whose name holds a newline are gone once the sandbox is emptied
+    (killed whole, started again), its files kept; an orphan that exits is reaped by PID 1
+    (docker-init), never left a zombie."""
     provider = DockerProvider(docker_client)
     request = SandboxRequest(BASE_IMAGE, Limits(pids=256), network=False, labels={"hemra": "1"})
     logs = tmp_path / "x.txt"
-    with provider.open(request) as sandbox:
+
+    def run(user: str, command: str) -> None:
         sandbox.exec(
-            ["sh", "-c", "(setsid sleep 600 >/dev/null 2>&1 &)"],
-            user=ROOT_USER,
+            ["sh", "-c", command],
+            user=user,
             env={},
             timeout=10,
             stdout=logs,
             stderr=logs,
             workdir="/",
         )
-        service = {p.key for p in running(sandbox) if p.name == "sleep" and p.uid == 0}
-        baseline = record_baseline(sandbox)
+
+    def processes() -> list[list[str]]:
+        listed = sandbox.container.top(ps_args="-o pid,stat,comm")
+        return [row[1:] for row in listed["Processes"]]
+
+    with provider.open(request) as sandbox:
         fork_loop = (
             "( setsid sh -c 'while :; do (sleep 30 &); sleep 0.01; done' >/dev/null 2>&1 & )"
         )
-        for user, command in ((AGENT_USER, fork_loop), (ROOT_USER, "(setsid sleep 500 &)")):
-            sandbox.exec(
-                ["sh", "-c", command],
-                user=user,
-                env={},
-                timeout=10,
-                stdout=logs,
-                stderr=logs,
-                workdir="/",
-            )
-        killed = sweep(sandbox, baseline, tmp_path / "leftovers.txt").killed
-        assert {p.uid for p in killed} == {0, 1000}
-        live = {p.key for p in running(sandbox)}
-        assert live == baseline.keys and service <= live
+        run(AGENT_USER, fork_loop)
+        run(ROOT_USER, "(setsid sleep 500 &)")
+        run(ROOT_USER, "(setsid sh -c 'printf \"x\\ny\" > /proc/self/comm; sleep 500' &)")
+        run(ROOT_USER, "echo kept > /tmp/kept")
+        assert len(processes()) > 4
+        sandbox.empty()
+        assert sorted(comm for _, comm in processes()) == ["docker-init", "sleep"]
+        run(ROOT_USER, "(sleep 0.2 &); exit 0")  # its sleep: an orphan of PID 1's
+        time.sleep(1)
+        assert [stat for stat, _ in processes() if stat.startswith("Z")] == []
+        assert list(sandbox.read_tree("/tmp/kept").values()) == [b"kept\n"]
 
 
 def test_the_oracle_passes_swe_and_multi_step_tasks_in_a_separate_room(

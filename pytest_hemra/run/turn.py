@@ -1,7 +1,7 @@
 """One agent turn in a trial's sandbox: its health checked, the instruction (and, for the
 oracle, the solution) put in, model access through a gateway token, the harness's files, the
-task's skills, its installs and command run as the agent's user, and the sweep after it that
-leaves the verifier a clean room.
+task's skills, its installs and command run as the agent's user, and the sandbox emptied after
+it (by the kernel: `Sandbox.empty`) that leaves the verifier a clean room.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from pytest_hemra.execute.sandbox import (
     Sandbox,
     Tree,
 )
-from pytest_hemra.execute.sandbox.processes import baseline_of, sweep
 from pytest_hemra.execute.selfreport import parse_output
 from pytest_hemra.execute.trajectory import build_trajectory
 from pytest_hemra.resolve.datasets import Task
@@ -48,15 +47,18 @@ from pytest_hemra.resolve.harnesses import render, render_argv
 from pytest_hemra.resolve.spec import HarnessSpec
 from pytest_hemra.resolve.taskconfig import Healthcheck, render_env
 from pytest_hemra.score.verification import (
+    CLEAR_SECS,
     EMPTY_ROOM,
+    cut_network,
+    is_separate,
     provider_keys,
     runner_env,
 )
 
 INSTRUCTION_FILE = "/hemra/instruction.md"
 AGENT_LOGS = "/logs/agent"
-# after the sweep, as root: says whether the harness left anything in /logs/agent (shell
-# builtins only), so an empty one is not read back (a round trip to the engine saved)
+# after the sandbox is emptied, as root: says whether the harness left anything in /logs/agent
+# (shell builtins only), so an empty one is not read back (a round trip to the engine saved)
 AGENT_LOGS_SAID = f"""
 for entry in {AGENT_LOGS}/* {AGENT_LOGS}/.[!.]* {AGENT_LOGS}/..?*; do
   if [ -e "$entry" ] || [ -L "$entry" ]; then echo +agent-logs; break; fi
@@ -223,17 +225,44 @@ def run_agent(
         **{name: runner_env(name) for name in spec.env},
         **{render(name, values): render(value, values) for name, value in spec.environment.items()},
     }
-    baseline = baseline_of(sandbox)  # PID 1 and the task's own services
     try:
         _take_turn(context, sandbox, progress, values, env, deadline, identity)
     finally:  # exit, timeout or error: nothing the agent started outlives its turn
-        swept = sweep(
-            sandbox,
-            baseline,
-            context.trial_dir / "agent" / "leftovers.txt",
-            then=EMPTY_ROOM + AGENT_LOGS_SAID,
-        )
-        progress.agent_logs = "agent-logs" in swept.said
+        progress.agent_logs = empty_room(context, sandbox)
+
+
+def empty_room(context: TrialContext, sandbox: Sandbox) -> bool:
+    """After an agent's turn: the sandbox emptied by the kernel (killed whole, started again),
+    the verifier's network cut while it is stopped (cheaper than on a running one) for a
+    one-step task verified in it, the task's services healthy again, then, as root, /tests
+    removed and /logs/verifier a new empty folder (EMPTY_ROOM). Whether /logs/agent holds
+    anything is returned. A room that cannot be made clean for what the agent left in it is
+    the trial's failure (VerifierError), never the engine's."""
+    sandbox.halt()
+    if not context.task.config.steps and not is_separate(context):
+        cut_network(context, sandbox, context.task.config.verifier)
+    sandbox.empty()
+    if sandbox.runs_services:  # the entrypoint ran again: its services come back fresh
+        try:
+            check = context.task.config.environment.healthcheck
+            healthy(context, sandbox, check, "[environment] healthcheck, after the agent")
+        except InfraError as error:
+            raise VerifierError(f"after the agent's turn: {error}") from error
+    log = context.trial_dir / "agent" / "room.txt"
+    result = sandbox.exec(
+        ["/bin/sh", "-c", EMPTY_ROOM + AGENT_LOGS_SAID],
+        user=ROOT_USER,
+        env={"HOME": "/root"},
+        timeout=CLEAR_SECS,
+        stdout=log,
+        stderr=log,
+        workdir="/",
+    )
+    said = log.read_text(errors="replace") if log.is_file() else ""
+    if result.timed_out or result.exit_code != 0:
+        raise VerifierError(f"sandbox: clearing the verifier's room failed ({said.strip()[-300:]})")
+    log.unlink(missing_ok=True)
+    return "+agent-logs" in said.splitlines()
 
 
 def _place_skills(

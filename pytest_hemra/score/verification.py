@@ -33,7 +33,7 @@ VERIFIER_LOGS = "/logs/verifier"
 CLEAR_SECS = 30.0
 MAX_ROOM_COPY_BYTES = 4 << 30  # the most of the agent's /app a separate room receives
 
-# run as root once the agent's processes are gone (`processes.sweep`'s `then`): no /tests (a
+# run as root once the agent's processes are gone (`run/turn.empty_room`): no /tests (a
 # root agent could have planted one), and /logs/verifier a new empty folder of root's (an old
 # one, whoever filled it, is moved aside whole, then removed as far as root may)
 EMPTY_ROOM = f"""set -e
@@ -72,6 +72,7 @@ def verify_step(
             context, sandbox, tests, step_dir / "verifier", settings.model_copy(update={"env": env})
         )
     finally:
+        sandbox.empty()  # halted to read its rewards: started again for the next step
         _run_root(sandbox, EMPTY_ROOM, step_dir / "verifier" / "clear.txt")
         sandbox.reconnect_network()
     check_rewards(logs, declared_kinds(tests, env.values()))
@@ -134,7 +135,7 @@ def verifier_room(
     context: TrialContext, sandbox: Sandbox, request: SandboxRequest
 ) -> Iterator[Sandbox]:
     """Where the verifier runs. Shared (Harbor's default): the agent's sandbox as the agent
-    left it, after the sweep. Separate: a fresh sandbox from the same image with only the
+    left it, once emptied. Separate: a fresh sandbox from the same image with only the
     agent's /app copied in, so nothing the agent changed elsewhere (a replaced `python3`, a
     planted `.pth`, a process) reaches the verifier; closed when the context exits."""
     if not is_separate(context):
@@ -212,9 +213,10 @@ def _run_test_sh(
     task_settings: TaskVerifier,
 ) -> dict[str, bytes]:
     """The clean room, in this order: the agent's processes gone, /tests absent and
-    /logs/verifier empty (the turn's sweep ran EMPTY_ROOM; a separate room starts so), the
-    verifier's network set, the tests in (root's, unreadable to others), then test.sh as
-    root; what it wrote to /logs/verifier is returned (and kept in `folder`)."""
+    /logs/verifier empty (the turn's `empty_room` ran EMPTY_ROOM; a separate room starts so),
+    the verifier's network set, the tests in (root's, unreadable to others), then test.sh as
+    root; the sandbox then halted (killed whole by the kernel) and what test.sh wrote to
+    /logs/verifier returned (and kept in `folder`), read through the engine."""
     settings = context.spec.verifier
     proxied = cut_network(context, sandbox, task_settings)
     sandbox.import_tree(iter([_tests_archive(tests)]), "/")
@@ -236,6 +238,7 @@ def _run_test_sh(
             stderr=folder / "stderr.txt",
             workdir=context.workdir,
         )
+    sandbox.halt()  # nothing test.sh left (an agent's program it ran) writes after it
     logs = sandbox.read_tree(VERIFIER_LOGS)
     for name, content in logs.items():
         if "/" not in name:

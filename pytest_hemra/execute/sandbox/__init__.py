@@ -97,8 +97,7 @@ class Tree(dict[str, bytes]):
 class Sandbox(Protocol):
     """A running sandbox for one trial; closed (and gone) when its context exits."""
 
-    # whether anything but PID 1 may run that HEMRA did not start (the task's own services, an
-    # entrypoint kept); when not, what ran before the agent's turn is known without listing it
+    # whether the image's entrypoint runs the task's own services (started again by `empty`)
     runs_services: bool
 
     @property
@@ -139,7 +138,8 @@ class Sandbox(Protocol):
 
     def read_tree(self, path: str) -> Tree:
         """Regular files under `path`, bounded: streamed, never the whole archive in memory; files
-        over `MAX_TREE_FILE_BYTES` are never transferred, totals capped (see `Tree`)."""
+        over `MAX_TREE_FILE_BYTES` are never kept, totals capped (see `Tree`). A halted
+        sandbox is read through the engine alone."""
 
     def read_start_tree(self, path: str) -> Tree:
         """`read_tree(path)` before anything but HEMRA's own files (outside `WORKDIR`) was put in
@@ -153,6 +153,16 @@ class Sandbox(Protocol):
     def write_file(self, path: str, content: bytes, *, user: str) -> None:
         """Write one file as `user` (its missing folders made as that user), inside the sandbox,
         never through the engine's root. Raises the OSError that user met."""
+
+    def empty(self) -> None:
+        """Every process but a fresh PID 1 gone, by the kernel: the sandbox killed whole (its
+        PID namespace with it) and started again, files, networks and labels kept; the image's
+        entrypoint (its services) runs again. Raises VerifierError when what the agent left
+        keeps it from stopping or starting again (the trial's failure, not the engine's)."""
+
+    def halt(self) -> None:
+        """Killed whole, as `empty`, and left stopped: files can still be read (`read_tree`,
+        `export_tree`) and the network changed; commands run again only after `empty`."""
 
     def disconnect_network(self) -> None: ...
 
@@ -243,7 +253,7 @@ def run_as_owner(
 def kill_agent_processes(sandbox: Sandbox, logs: Path, user: str = AGENT_USER) -> None:
     """Kill every process the agent's user runs in the sandbox (all but PID 1): whatever an
     agent started, when its turn ends past its deadline or its protocol session closes. A root
-    agent's are left to the sweep that follows the turn, which spares the task's own services."""
+    agent's are left to the emptying that follows the turn (`Sandbox.empty`)."""
     if user.split(":")[0] in ("0", "root"):
         return
     sandbox.exec(

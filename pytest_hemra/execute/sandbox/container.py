@@ -1,5 +1,6 @@
 """One running docker sandbox: commands run in it with deadlines, files in and out, its network
-cut and given back, its processes killed, and the container removed with force."""
+cut and given back, its processes killed, the whole of it killed by the kernel and started again
+(`empty`), and the container removed with force."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import requests
 from docker.utils.socket import frames_iter
 
 from pytest_hemra.execute.output import DEFAULT_OUTPUT_CAP, CappedOutput
+from pytest_hemra.core.errors import VerifierError
 from pytest_hemra.execute.sandbox import (
     AGENT_HOME,
     AGENT_USER,
@@ -38,6 +40,8 @@ from pytest_hemra.execute.sandbox.snapshot import SNAPSHOTS
 
 DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
 KILL_GRACE_SECS = 5.0
+STOP_SECS = 30.0  # a killed sandbox gone: its processes can take a while on a loaded machine
+CHANGE_KINDS = {0: "modified", 1: "added", 2: "deleted"}  # the engine's diff Kind
 FILE_OP_TIMEOUT_SECS = 60.0
 MAX_UNLISTED = 8  # large files met in folders `find` could not list, each a second pass
 MAX_LISTING_BYTES = 64 << 20  # find's output for read_tree: about 500,000 entries
@@ -115,6 +119,8 @@ class DockerSandbox:
         self._kept = kept  # networks a verifier keeps: its task's services, no way out
         self._gateway_network = gateway_network  # HEMRA's, with no way out (None: a pool's)
         self._joined: list[str] = []  # networks joined for a verifier (its allowlist)
+        self._halted = False  # killed and left stopped (`halt`): read through the engine alone
+        self._restarted = False  # started again by `empty`: a PID 1 that then exits is the agent's
 
     @property
     def image_user(self) -> str:
@@ -135,16 +141,15 @@ class DockerSandbox:
     ) -> ExecResult:
         """Run argv to completion or until `timeout`, streaming its output to files."""
         started = time.monotonic()
-        exec_id = self.api.exec_create(
-            self.container.id,
-            list(argv),
+        exec_id = self._exec_create(
+            argv,
             stdout=True,
             stderr=True,
             stdin=False,
             user=user,
             environment=dict(env),
             workdir=workdir,
-        )["Id"]
+        )
         stream = self.api.exec_start(exec_id, stream=True, demux=True)
         failure: list[BaseException] = []
 
@@ -168,13 +173,16 @@ class DockerSandbox:
         reader.join(timeout)
         timed_out = reader.is_alive()
         if timed_out:
-            self._kill_processes(user)
+            try:
+                self._kill_processes(user)
+            except DOCKER_ERRORS:  # no command runs in it any more (pids exhausted): all of it
+                self.halt()
             reader.join(KILL_GRACE_SECS)
         if failure and not timed_out:
             raise failure[0]
-        exit_code = self.api.exec_inspect(exec_id).get("ExitCode")
+        exit_code = None if timed_out else self.api.exec_inspect(exec_id).get("ExitCode")
         return ExecResult(
-            exit_code=None if timed_out else exit_code,
+            exit_code=exit_code,
             timed_out=timed_out,
             duration=time.monotonic() - started,
         )
@@ -183,21 +191,69 @@ class DockerSandbox:
         self, argv: Sequence[str], *, user: str, env: Mapping[str, str], workdir: str = WORKDIR
     ) -> DockerInteractive:
         """Start argv with its stdin open, for a protocol spoken over stdio (ACP)."""
-        exec_id = self.api.exec_create(
-            self.container.id,
-            list(argv),
+        exec_id = self._exec_create(
+            argv,
             stdin=True,
             stdout=True,
             stderr=True,
             user=user,
             environment=dict(env),
             workdir=workdir,
-        )["Id"]
+        )
         return DockerInteractive(self.api.exec_start(exec_id, socket=True))
+
+    def _exec_create(self, argv: Sequence[str], **options: Any) -> str:
+        """A command made ready to start; in a sandbox whose PID 1 exited after `empty` started
+        it again (a root agent removed or replaced what it runs), VerifierError: the agent's."""
+        if self._halted:
+            raise RuntimeError("sandbox: a command asked of a halted sandbox (call empty first)")
+        try:
+            return str(self.api.exec_create(self.container.id, list(argv), **options)["Id"])
+        except docker.errors.APIError as error:
+            if self._restarted and error.status_code == 409:
+                raise VerifierError(
+                    f"sandbox: stopped after it was emptied and started again ({error.explanation})"
+                ) from error
+            raise
 
     def _kill_processes(self, user: str) -> None:
         """Kill every process of `user` but PID 1: the exec's whole tree, whatever it spawned."""
         self.container.exec_run(list(KILL_ALL), user=user)
+
+    def halt(self) -> None:
+        """SIGKILL to PID 1 (the kernel kills its whole PID namespace: every process, whatever
+        its name, thread state, user or session), then wait until the engine has it stopped."""
+        if self._halted:
+            return
+        try:
+            self.container.kill()
+        except docker.errors.APIError as error:
+            if error.status_code != 409:  # 409: not running (its PID 1 exited, or killed)
+                raise
+        try:
+            self.api.wait(self.container.id, timeout=STOP_SECS, condition="not-running")
+        except requests.exceptions.ReadTimeout as error:
+            self.client.ping()  # an engine that does not answer: its outage, raised as such
+            raise VerifierError(
+                f"sandbox: still running {STOP_SECS:g}s after it was killed (a process the"
+                " agent left stuck in the kernel)"
+            ) from error
+        self._halted = True
+
+    def empty(self) -> None:
+        """`halt`, then started again: a fresh PID 1 (docker-init, reaping), the entrypoint
+        run again. A sandbox that does not start again, or whose PID 1 exits at once, was
+        broken by what the agent changed (the engine answering): VerifierError."""
+        self.halt()
+        try:
+            self.container.start()
+        except docker.errors.APIError as error:
+            self.client.ping()
+            raise VerifierError(
+                f"sandbox: did not start again after it was emptied ({error.explanation})"
+            ) from error
+        self._halted = False
+        self._restarted = True
 
     def export_tree(self, path: str) -> Iterator[bytes]:
         """`path` as a tar stream (its last part the top folder), owners and modes kept."""
@@ -260,6 +316,9 @@ class DockerSandbox:
         could not see (a folder the agent user cannot list) is gone around when met, up to
         `MAX_UNLISTED` of them; the total caps stop the read."""
         tree = Tree()
+        if self._halted:  # no command to list it: files over the cap are read through, unkept
+            self._stream_tree(path, "", tree, read_through=MAX_TREE_BYTES)
+            return tree
         first = self._stream_tree(path, "", tree)
         if first is None:  # the usual case: nothing over the cap, one stream
             return tree
@@ -333,10 +392,14 @@ class DockerSandbox:
                     listing[name] = int(size)
         return listing
 
-    def _stream_tree(self, root: str, relative: str, tree: Tree) -> tuple[str, int] | None:
+    def _stream_tree(
+        self, root: str, relative: str, tree: Tree, read_through: int = 0
+    ) -> tuple[str, int] | None:
         """Add the regular files of `root/relative` to `tree`, streamed from the engine's archive
         one member at a time; the connection is closed at the first member over a cap. Returns
-        the name and size of a file over the per-file cap met there, before its data."""
+        the name and size of a file over the per-file cap met there, before its data; with
+        `read_through`, such files are named in `skipped` and their data read and dropped, up to
+        that many bytes in all (then the read stops)."""
         path = str(PurePosixPath(root) / relative) if relative else root
         response = self.api._get(
             self.api._url("/containers/{0}/archive", self.container.id),
@@ -363,8 +426,16 @@ class DockerSandbox:
                         name = parent + name
                     elif "/" in name:
                         name = name.split("/", 1)[1]
-                    if member.size > MAX_TREE_FILE_BYTES:  # unlisted: stop before its data
-                        return name, member.size
+                    if member.size > MAX_TREE_FILE_BYTES:
+                        if member.size > read_through:  # unlisted: stop before its data
+                            if not read_through:
+                                return name, member.size
+                            tree.stopped = f"{path}: large files past {MAX_TREE_BYTES} bytes"
+                            return None
+                        read_through -= member.size  # the stream reads past it, unkept
+                        tree.skipped[name] = member.size
+                        tree[name] = b""
+                        continue
                     if tree.size + member.size > MAX_TREE_BYTES:
                         tree.stopped = f"{path}: more than {MAX_TREE_BYTES} bytes"
                         return None
@@ -400,9 +471,7 @@ class DockerSandbox:
         """Run a file operation's argv (its path the fifth item) with `data` on its stdin; its
         exit code and output (stdout up to `limit` + 1 bytes, stderr up to 4 KiB), within
         `FILE_OP_TIMEOUT_SECS`."""
-        exec_id = self.api.exec_create(
-            self.container.id, list(argv), stdin=True, stdout=True, stderr=True, user=user
-        )["Id"]
+        exec_id = self._exec_create(argv, stdin=True, stdout=True, stderr=True, user=user)
         process = DockerInteractive(self.api.exec_start(exec_id, socket=True))
         out, err = bytearray(), bytearray()
         try:

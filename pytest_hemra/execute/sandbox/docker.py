@@ -1,8 +1,10 @@
 """The docker provider: task images cached by content digest, one locked-down container a trial.
 
-Containers run `sleep infinity` as PID 1 as the agent user with every capability dropped; they
-are removed with force (a `sleep` PID 1 ignores SIGTERM, and waiting out Docker's grace period
-costs ~10 s a trial). Every wait has a deadline enforced here.
+Containers run Docker's init (docker-init: it reaps every orphan) as PID 1, with `sleep infinity`
+(or the image's ENTRYPOINT) its child, as root with every capability but a few dropped; they stop
+with SIGKILL (a `sleep` ignores SIGTERM, and waiting out Docker's grace period costs ~10 s a
+trial). Killing PID 1 kills the whole PID namespace: that is how a sandbox is emptied
+(`DockerSandbox.empty`). Every wait has a deadline enforced here.
 
 A trial's sandbox sits on one of HEMRA's networks of the runner's own engine, never Docker's
 default bridge: `hemra-gateway` (internal: no route out; its host side is where the gateway
@@ -78,7 +80,7 @@ LABEL hemra.sandbox-layer="{SANDBOX_LAYER_VERSION}" hemra.image-user="{{user}}"
 """
 IMAGE_USER = re.compile(r"[A-Za-z0-9_.-]*(:[A-Za-z0-9_.-]+)?")  # "" (root), name, uid:gid
 KEEP_ALIVE = ["sh", "-c", "sleep infinity"]  # handed to an image's ENTRYPOINT, as Harbor does
-# How a daemon shutting down (`systemctl restart docker`) stops a sandbox: a `sleep` PID 1 ignores
+# How a daemon shutting down (`systemctl restart docker`) stops a sandbox: its `sleep` ignores
 # SIGTERM, and waiting out Docker's 10 s grace period for each would only hold the restart up.
 STOP_SIGNAL = "SIGKILL"
 
@@ -418,6 +420,7 @@ class DockerProvider:
             "entrypoint": None if entrypoint else ["sleep", "infinity"],
             "command": KEEP_ALIVE if entrypoint else [],
             "user": ROOT_USER,  # PID 1: root, so root's commands hold ROOT_CAPABILITIES
+            "init": True,  # docker-init as PID 1: it reaps, and its death empties the sandbox
             "working_dir": WORKDIR,
             "cap_drop": ["ALL"],
             "cap_add": list(ROOT_CAPABILITIES),

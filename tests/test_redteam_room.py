@@ -1,0 +1,172 @@
+"""Red team: the room is emptied by the kernel, not by reading a listing. Hostile harnesses leave
+a process behind that a listing of /proc misreads (a name with a newline, a main thread gone
+while another runs on: a zombie to a listing) or fill the pids limit; each runs as a real trial
+against a task whose answer is in the hidden tests alone, and scores what `nop` scores."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import BASE_IMAGE, TaskMaker
+
+pytestmark = pytest.mark.usefixtures("docker_test")
+
+SECRET = "answer-5e07"
+# the answer is in the hidden tests alone, and the verifier takes its time, as a real suite
+# does: a process still running when the tests enter could copy it into /app meanwhile
+SLOW_TEST = (
+    'sleep 3; if [ "$(cat /app/out.txt 2>/dev/null)" = "$(cat /tests/answer.txt)" ]; '
+    "then echo 1; else echo 0; fi > /logs/verifier/reward.txt"
+)
+# a root image (no USER: the agent is root unless the run asks for non-root) with python3, for
+# a process whose main thread exits while another runs
+IMAGE = (
+    f"FROM {BASE_IMAGE}\n"
+    "RUN apt-get update && apt-get install -y --no-install-recommends python3"
+    " && rm -rf /var/lib/apt/lists/*\nWORKDIR /app\n"
+)
+NOP = 'kind = "program"\ncommand = ["true"]\n'
+COPY_ANSWER = "cat /tests/answer.txt > /app/.a 2>/dev/null && mv /app/.a /app/out.txt"
+# re-parented, in a session of its own, its output let go: the harness's command ends at once
+LAUNCH = "( setsid nohup {program} >/dev/null 2>&1 & ); exit 0"
+
+
+def _harness(program: str, script: str) -> str:
+    launch = LAUNCH.format(program=program)
+    return f'kind = "program"\ncommand = {json.dumps(["sh", "-c", launch, script])}\n'
+
+
+# (a) a shell whose name (comm) holds a newline: /proc/<pid>/stat spans two lines
+NEWLINE_NAME = _harness(
+    'sh -c "$0"',
+    f"printf 'x\\ny' > /proc/self/comm\nsleep 1\nwhile :; do {COPY_ANSWER}; sleep 0.05; done\n",
+)
+# (b) a process whose main thread has exited while another keeps running: listed as a zombie
+THREAD_LEFT = _harness(
+    'python3 -c "$0"',
+    """\
+import ctypes, os, shutil, threading, time
+def plant():
+    time.sleep(1)
+    while True:
+        try:
+            shutil.copyfile("/tests/answer.txt", "/app/.a")
+            os.replace("/app/.a", "/app/out.txt")
+        except OSError:
+            pass
+        time.sleep(0.05)
+threading.Thread(target=plant).start()
+ctypes.CDLL(None).pthread_exit(None)
+""",
+)
+# (d) a plain daemon: a root agent's in the shared room reads /tests when they enter
+DAEMON = _harness('sh -c "$0"', f"sleep 1\nwhile :; do {COPY_ANSWER}; sleep 0.05; done\n")
+# (c) fork bombs: one that stays the harness's command (its turn times out), one left behind
+BOMB_STAYS = 'kind = "program"\ncommand = ["perl", "-e", "fork while 1; "]\n'
+BOMB_LEFT = _harness('perl -e "$0"', "sleep 1; fork while 1;")
+
+CHEATS = {"newline-name": NEWLINE_NAME, "thread-left": THREAD_LEFT, "daemon": DAEMON}
+ROOMS = {
+    "root-shared": "",
+    "root-separate": '[verifier]\nenvironment_mode = "separate"\n',
+    "nonroot-shared": '[sandbox]\nagent_user = "non-root"\n',
+}
+
+
+def _rows(store: Path) -> dict[str, dict[str, Any]]:
+    connection = sqlite3.connect(store)
+    connection.row_factory = sqlite3.Row
+    rows = {r["harness"]: dict(r) for r in connection.execute("SELECT * FROM trials")}
+    connection.close()
+    return rows
+
+
+def _run(pytester: pytest.Pytester, tmp_path: Path, harnesses: list[str], extra: str = "") -> Any:
+    run_file = tmp_path / "run.toml"
+    names = ", ".join(f'"{h}"' for h in harnesses)
+    run_file.write_text(f'harnesses = [{names}]\ndatasets = ["ds"]\n{extra}')
+    pytester.runpytest("--hemra-run", str(run_file))
+    return _rows(pytester.path / ".hemra" / "hemra.db")
+
+
+def _secret_task(make_task: TaskMaker, agent_timeout: int = 30, pids: int = 1024) -> Path:
+    folder = make_task(
+        "secret",
+        test=SLOW_TEST,
+        solve=f"echo {SECRET} > /app/out.txt",
+        dockerfile=IMAGE,
+        task_toml=f"[agent]\ntimeout_sec = {agent_timeout}\n[verifier]\ntimeout_sec = 30\n"
+        f"[environment]\npids_limit = {pids}\n",
+    )
+    (folder / "tests" / "answer.txt").write_text(SECRET + "\n")
+    return folder
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS))
+def test_a_process_a_listing_misreads_is_gone_before_the_tests_enter(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[[str, str], Path],
+    room: str,
+) -> None:
+    """A name with a newline, a main thread gone while another runs, a plain daemon: whatever
+    its name, thread state or user, nothing the agent started still runs when the tests enter
+    (its turn ended, the sandbox was killed whole and started again), so none copies the
+    hidden answer in; the oracle still passes."""
+    _secret_task(make_task)
+    write_harness("nop", NOP)
+    for name, harness in CHEATS.items():
+        write_harness(name, harness)
+    rows = _run(pytester, tmp_path, ["oracle", "nop", *CHEATS], ROOMS[room])
+    assert (rows["oracle"]["outcome"], rows["oracle"]["reward"]) == ("pass", 1.0)
+    assert (rows["nop"]["outcome"], rows["nop"]["reward"]) == ("fail", 0.0)
+    for name in CHEATS:
+        assert (rows[name]["outcome"], rows[name]["reward"]) == ("fail", 0.0), rows[name]
+        assert rows[name]["reward"] <= rows["nop"]["reward"]
+
+
+@pytest.mark.parametrize("room", ["root-shared", "nonroot-shared"])
+def test_a_fork_bomb_filling_the_pids_limit_is_a_scored_trial_never_an_infra_error(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[[str, str], Path],
+    room: str,
+) -> None:
+    """A fork bomb that stays the harness's command (its turn times out) and one it leaves
+    behind (its command ends at once) both fill the pids limit; the sandbox is emptied by the
+    kernel all the same, the verifier runs, and each trial scores as `nop` does."""
+    _secret_task(make_task, agent_timeout=5, pids=64)
+    write_harness("nop", NOP)
+    write_harness("bomb-stays", BOMB_STAYS)
+    write_harness("bomb-left", BOMB_LEFT)
+    rows = _run(pytester, tmp_path, ["oracle", "nop", "bomb-stays", "bomb-left"], ROOMS[room])
+    assert (rows["oracle"]["outcome"], rows["oracle"]["reward"]) == ("pass", 1.0)
+    assert (rows["bomb-stays"]["outcome"], rows["bomb-stays"]["reward"]) == ("timeout", 0.0)
+    assert (rows["bomb-left"]["outcome"], rows["bomb-left"]["reward"]) == ("fail", 0.0)
+    assert rows["bomb-left"]["reward"] <= rows["nop"]["reward"]
+
+
+def test_a_reward_is_read_from_the_halted_room_past_a_log_over_the_file_cap(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
+) -> None:
+    """The room is halted before its rewards are read (through the engine alone): a verifier
+    log over the per-file cap is named and left out, and the reward beside it still read."""
+    make_task(
+        "big-log",
+        test="head -c 3000000 /dev/zero > /logs/verifier/big.log; "
+        'if [ "$(cat /app/out.txt)" = hi ]; then echo 1; else echo 0; fi'
+        " > /logs/verifier/reward.txt",
+    )
+    rows = _run(pytester, tmp_path, ["oracle"])
+    assert (rows["oracle"]["outcome"], rows["oracle"]["reward"]) == ("pass", 1.0)
+    folder = Path(rows["oracle"]["trial_dir"]) / "verifier"
+    assert (folder / "reward.txt").read_text().strip() == "1"
+    assert (folder / "big.log").read_bytes() == b""
