@@ -22,8 +22,8 @@ import docker.errors
 import requests
 from docker.utils.socket import frames_iter
 
-from pytest_hemra.execute.output import DEFAULT_OUTPUT_CAP, CappedOutput
 from pytest_hemra.core.errors import VerifierError
+from pytest_hemra.execute.output import DEFAULT_OUTPUT_CAP, CappedOutput
 from pytest_hemra.execute.sandbox import (
     AGENT_HOME,
     AGENT_USER,
