@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from pytest_hemra.execute.sandbox import ROOT_USER, ExecResult, Sandbox, output_of
+from pytest_hemra.execute.sandbox import ROOT_USER, WORKDIR, ExecResult, Sandbox, output_of
 from pytest_hemra.score import swe_probes
 
 VERIFIER_USER = "65533:65533"  # neither the agent's user nor root: HEMRA's, for the hidden run
@@ -35,15 +35,42 @@ CLASSES = (
     "tampered", "success", "partial", "overfit", "timeout", "refusal", "wrong_approach", "crash",
     "no_change",
 )  # fmt: skip
+# pytest's configuration files, in the order it picks one (pytest 9's .toml names first); the
+# first four steer the tests whole, the others by their pytest section
+CONFIG_FILES = (
+    "pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini",
+    "setup.cfg",
+)  # fmt: skip
 # files that steer test collection or outcomes, wherever they are: put back as shipped
-STEERING_NAMES = frozenset({"conftest.py", "pytest.ini", "sitecustomize.py", "usercustomize.py"})
+STEERING_NAMES = frozenset(
+    {"conftest.py", "sitecustomize.py", "usercustomize.py", *CONFIG_FILES[:4]}
+)
 STEERING_SECTIONS = {  # config files whose pytest part alone steers the tests
     "pyproject.toml": ("tool", "pytest"),
     "setup.cfg": ("tool:pytest",),
     "tox.ini": ("pytest",),
 }
-# modules at the top of /app (first on sys.path) that would stand in for the test runner
+# modules at the top of /app (first on sys.path) that would stand in for the test runner; any
+# other the agent adds there named like an installed module is tampering too (`installed_modules`)
 RUNNER_MODULES = ("pytest", "_pytest", "py", "pluggy", "unittest", "iniconfig")
+# the top-level modules of the installed distributions, as the test command's Python finds them
+# with the working folder (and any path under /app) left out
+INSTALLED_PROBE = """
+import os, pkgutil, sys, sysconfig
+app = os.path.realpath(sys.argv[1])
+skip = {os.path.realpath(sysconfig.get_paths()[key]) for key in ("stdlib", "platstdlib")}
+paths = []
+for entry in sys.path:
+    real = os.path.realpath(entry or ".")
+    if not entry or real == app or real.startswith(app + os.sep) or entry.endswith(".zip"):
+        continue
+    if any(real == root or real.startswith(root + os.sep) for root in skip):
+        continue
+    paths.append(entry)
+print("\\n".join(sorted({module.name for module in pkgutil.iter_modules(paths)})))
+"""
+PYTHON = re.compile(r"^python[\d.]*$")
+SUMMARY_LINE_BYTES = 1 << 16  # the runner's output is read a line at a time, cut at this
 OUTCOMES = ("passed", "failed", "skipped")
 TEST_FILE = re.compile(r"^(test.*|.*_test)\.py$")
 PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|errors?|xfailed|xpassed|skipped)")
@@ -74,6 +101,7 @@ class SweScore:
     error_class: str
     counts: Tally | None
     detail: str
+    evidence: tuple[str, ...] = ()  # "path: why" a line, for a tampered trial
 
 
 def parse_test_output(text: str) -> Tally | None:
@@ -103,13 +131,29 @@ class Guard:
     originals: dict[str, bytes]  # /app-relative path: content before the agent, restored
     removed: tuple[str, ...]  # paths removed before the originals go back (and test files the
     # agent added: not run, so nothing they do at import reaches the test run)
-    tampered: tuple[str, ...]  # what the agent changed that steers the tests
+    tampered: tuple[str, ...]  # what the agent changed that steers the tests: "path: why" each
     uncounted: frozenset[str]  # files the agent added: their tests do not count
 
 
-def guard(before: Mapping[str, bytes], after: Mapping[str, bytes], hidden_patch: str) -> Guard:
-    """Compare /app before and after the agent (regular files, as read by the runner)."""
+def guard(
+    before: Mapping[str, bytes],
+    after: Mapping[str, bytes],
+    hidden_patch: str,
+    installed: frozenset[str] = frozenset(),
+) -> Guard:
+    """Compare /app before and after the agent (regular files, as read by the runner).
+
+    Test infrastructure is the task's: what steers pytest (configuration under any name it reads,
+    `conftest.py`, `.pth`, `sitecustomize`, plugin entry points), the tests folders (those the
+    hidden patch writes in: an `__init__.py` or helper the agent adds or changes there, or an
+    `__init__.py` above them), and the top-level modules of /app (a new one named like a module of
+    the installed distributions, `installed`, would stand in for it). A change to any of these is
+    tampering, and is put back as shipped; test files the agent adds or changes are left out or
+    put back, not tampering (unless the hidden patch writes them)."""
     touched = set(_patched_files(hidden_patch))
+    folders = {str(PurePosixPath(path).parent) for path in touched} - {"."}
+    above = {str(parent) for folder in folders for parent in PurePosixPath(folder).parents}
+    shipped_tops = {_top_module(path) for path in before}
     originals: dict[str, bytes] = {}
     removed: set[str] = set(touched)
     tampered: list[str] = []
@@ -117,17 +161,29 @@ def guard(before: Mapping[str, bytes], after: Mapping[str, bytes], hidden_patch:
         if not _is_safe(path):
             continue
         name = PurePosixPath(path).name
+        parent = str(PurePosixPath(path).parent)
         was, now = before.get(path), after.get(path)
         changed = was != now
+        in_tests = any(path.startswith(f"{folder}/") for folder in folders)
+        top = _top_module(path)
         if _is_steering(path) or (name == "entry_points.txt" and b"pytest11" in (now or b"")):
             if changed:
-                tampered.append(f"{_verb(was, now)} {path}")
+                tampered.append(f"{path}: {_verb(was, now)}, and it steers the tests")
                 removed.add(path)
         elif name in STEERING_SECTIONS and _pytest_section(name, was) != _pytest_section(name, now):
-            tampered.append(f"{_verb(was, now)} the pytest settings of {path}")
+            tampered.append(f"{path}: its pytest settings {_verb(was, now)}")
             removed.add(path)
         elif path in touched and was is not None and changed:
-            tampered.append(f"{_verb(was, now)} {path}, which the hidden tests patch")
+            tampered.append(f"{path}: {_verb(was, now)}, and the hidden tests patch it")
+        elif in_tests and changed and not TEST_FILE.match(name):
+            tampered.append(f"{path}: {_verb(was, now)} in the tests folder {parent}")
+            removed.add(path)
+        elif name == "__init__.py" and parent in above and changed:
+            tampered.append(f"{path}: {_verb(was, now)} above the tests folder")
+            removed.add(path)
+        elif was is None and top in installed and top not in shipped_tops and not in_tests:
+            tampered.append(f"{path}: added, named like the installed module {top}")
+            removed.add(path.split("/")[0])
         keep = _is_steering(path) or name == "entry_points.txt" or TEST_FILE.match(name)
         if was is not None and (keep or path in removed) and (was or changed):
             originals[path] = was  # a file over the read cap reads as empty: left as it is
@@ -153,18 +209,25 @@ def score(
     outcomes from HEMRA's report file, and classify the trial."""
     patch_text = (task_path / test_patch).read_bytes()
     hidden = patch_text.decode(errors="replace")
-    checked = guard(before, after, hidden)
+    checked = guard(before, after, hidden, installed_modules(sandbox, test_command, logs))
     token = secrets.token_hex(8)
     # /hemra is root's in every sandbox image: no folder above the room holds a file the agent
     # could have left (pytest looks for conftest.py and its settings in every parent folder)
     stage = f"/hemra/swe-{token}"
     scratch = f"{stage}/room"
-    plugin, runner = f"hemra_swe_{token}", f"hemra_unittest_{token}.py"
+    # the report: a name of its own in a folder nobody but root can list, written into HEMRA's
+    # copies of its plugin and runner, never in the tests' environment
+    report_path = f"/hemra/out-{secrets.token_hex(8)}/{secrets.token_hex(16)}.tsv"
+    names = Stage(
+        f"hemra_swe_{token}", f"hemra_unittest_{token}.py", f"hemra_pytest_{token}.py", report_path
+    )
     with tempfile.TemporaryDirectory(prefix="hemra-swe-") as host:
-        _write_stage(Path(host), patch_text, checked.originals, plugin, runner)
+        _write_stage(Path(host), patch_text, checked.originals, names)
         sandbox.put_dir(Path(host), stage)  # root's, read-only: HEMRA's plugin and originals
     sandbox.exec(
-        ["chmod", "1733", stage],  # the verifier's user may make its room in it
+        # the verifier's user may make its room in the stage, and its report in the other
+        ["/bin/sh", "-c", 'chmod 1733 "$1" && mkdir -m 1733 "$2"', "prepare", stage,
+         str(PurePosixPath(report_path).parent)],
         user=ROOT_USER, env={}, timeout=30, workdir="/",
         stdout=logs / "prepare.stdout.txt", stderr=logs / "prepare.stderr.txt",
     )  # fmt: skip
@@ -175,7 +238,8 @@ def score(
     links = [
         line[5:] for line in _text(logs, "prepare.stdout").splitlines() if line.startswith("link ")
     ]
-    tampered = [*checked.tampered, *(f"linked {path}" for path in links)]
+    tampered = [*checked.tampered, *(f"{path}: a link, where a file that steers the tests goes"
+                                     for path in links)]  # fmt: skip
     if prepared.exit_code != 0:
         return SweScore(0.0, "crash", None, "the copy of /app for the hidden tests failed")
     app = f"{scratch}/app"
@@ -189,7 +253,11 @@ def score(
         said = output_of(logs, "patch").strip()
         last = said.splitlines()[-1] if said else f"exit {applied.exit_code}"
         return SweScore(0.0, "crash", None, f"the hidden test patch did not apply: {last}")
-    argv = _with_runner(test_command, f"{stage}/lib/{runner}")
+    argv, by_unittest = _with_runner(
+        test_command, f"{stage}/lib/{names.runner}", f"{stage}/lib/{names.launcher}"
+    )
+    config = shipped_config(before) or ""
+    ini = f"{app}/{config}" if config else f"{stage}/hemra.ini"
     env = {
         "HOME": f"{scratch}/home",
         "TMPDIR": f"{scratch}/tmp",
@@ -198,12 +266,26 @@ def score(
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONNOUSERSITE": "1",
         "PYTHONPATH": f"{stage}/lib",
-        "PYTEST_ADDOPTS": f"-p {plugin} -p no:cacheprovider --confcutdir={app}",
-        "HEMRA_SWE_REPORT": f"{scratch}/out/report.tsv",
+        # HEMRA's configuration: the task's as shipped (else an empty one of HEMRA's), whatever
+        # files pytest would otherwise find; HEMRA's plugin; no cache written or read
+        "PYTEST_ADDOPTS": (
+            f"-p {names.plugin} -p no:cacheprovider --confcutdir={app} --rootdir={app} -c {ini}"
+        ),
     }
     ran = _as_verifier(sandbox, argv, workdir=app, timeout=timeout, logs=logs, env=env)
-    report = sandbox.read_tree(f"{scratch}/out").get("report.tsv")
+    folder, _, file = report_path.rpartition("/")
+    report = sandbox.read_tree(folder).get(file)
     counts = read_report(report, checked.uncounted) if report is not None else None
+    if counts is not None and counts.passed:  # a second channel: the runner's own summary
+        claimed = summary_passes(logs / ("stderr.txt" if by_unittest else "stdout.txt"))
+        if claimed is None:
+            return SweScore(0.0, "crash", counts, "the test runner printed no summary of its own "
+                            "to check HEMRA's report against")  # fmt: skip
+        if counts.passed > claimed:
+            tampered.append(
+                f"{report_path}: {counts.passed} tests passed, the test runner's own summary "
+                f"says {claimed}: the report was rewritten"
+            )
     error_class = (
         "tampered" if tampered
         else classify(counts, ran.timed_out or agent_timed_out, agent_diff, agent_output, hidden)
@@ -216,11 +298,9 @@ def score(
         else f"{counts.passed}/{counts.total} tests passed"
     )  # fmt: skip
     if tampered:
-        detail += "; the agent changed what steers the tests (put back as shipped): " + "; ".join(
-            tampered
-        )
+        detail += "; the agent changed the test infrastructure: " + "; ".join(tampered)
     crashed = counts is None or counts.total == 0
-    return SweScore(0.0 if crashed else reward, error_class, counts, detail)
+    return SweScore(0.0 if crashed else reward, error_class, counts, detail, tuple(tampered))
 
 
 # run as VERIFIER_USER: its own folder, a copy of /app in it, what steers the tests removed
@@ -230,11 +310,12 @@ set -u
 scratch=$1; stage=$2; shift 2
 umask 077
 mkdir "$scratch" || exit 3
-mkdir "$scratch/app" "$scratch/home" "$scratch/tmp" "$scratch/out" || exit 3
+mkdir "$scratch/app" "$scratch/home" "$scratch/tmp" || exit 3
 cp -R /app/. "$scratch/app/" || echo "hemra: some of /app could not be read" >&2
 cd "$scratch/app" || exit 3
-NAMES='-name conftest.py -o -name pytest.ini -o -name sitecustomize.py -o -name usercustomize.py
-  -o -name *.pth -o -name entry_points.txt'
+NAMES='-name conftest.py -o -name pytest.ini -o -name .pytest.ini -o -name pytest.toml
+  -o -name .pytest.toml -o -name sitecustomize.py -o -name usercustomize.py -o -name *.pth
+  -o -name entry_points.txt'
 set -f
 find . -type l \( $NAMES -o -name pyproject.toml -o -name setup.cfg -o -name tox.ini \) \
   -exec sh -c 'for f; do echo "link ${f#./}"; done' sh {} + -exec rm -f {} +
@@ -246,15 +327,21 @@ if [ -d "$stage/originals" ]; then cp -R "$stage/originals/." . || exit 4; fi
 """
 
 
-def _write_stage(
-    host: Path, patch: bytes, originals: Mapping[str, bytes], plugin: str, runner: str
-) -> None:
+def _write_stage(host: Path, patch: bytes, originals: Mapping[str, bytes], names: Stage) -> None:
     (host / "tests.patch").write_bytes(patch)
+    (host / "hemra.ini").write_text("[pytest]\n")  # the configuration of a task that ships none
     lib = host / "lib"
     lib.mkdir()
     probes = Path(swe_probes.__file__).parent
-    (lib / f"{plugin}.py").write_bytes((probes / "pytest_report.py").read_bytes())
-    (lib / runner).write_bytes((probes / "unittest_report.py").read_bytes())
+    for probe, copy in (
+        ("pytest_report.py", f"{names.plugin}.py"), ("unittest_report.py", names.runner),
+        ("pytest_launcher.py", names.launcher),
+    ):  # fmt: skip
+        text = (probes / probe).read_text()
+        named = text.replace('REPORT = ""', f"REPORT = {names.report!r}", 1)
+        if probe != "pytest_launcher.py" and named == text:
+            raise AssertionError(f"{probe} has no REPORT to name")
+        (lib / copy).write_text(named)
     for path, content in originals.items():
         target = host / "originals" / path
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -287,14 +374,78 @@ def _text(logs: Path, name: str) -> str:
     return path.read_text(errors="replace") if path.is_file() else ""
 
 
-def _with_runner(command: Sequence[str], runner: str) -> list[str]:
-    """`python -m unittest ARGS` becomes `python RUNNER ARGS`; pytest finds HEMRA's plugin
-    through PYTEST_ADDOPTS however it is started."""
+def _with_runner(command: Sequence[str], runner: str, launcher: str) -> tuple[list[str], bool]:
+    """`python -m unittest ARGS` becomes `python RUNNER ARGS` (True: HEMRA's unittest runner),
+    `python -m pytest ARGS` `python LAUNCHER ARGS`; pytest finds HEMRA's plugin through
+    PYTEST_ADDOPTS however it is started."""
     argv = list(command)
     for at in range(len(argv) - 1):
         if argv[at] == "-m" and argv[at + 1] == "unittest":
-            return [*argv[:at], runner, *argv[at + 2 :]]
-    return argv
+            return [*argv[:at], runner, *argv[at + 2 :]], True
+        if argv[at] == "-m" and argv[at + 1] in ("pytest", "py.test"):
+            return [*argv[:at], launcher, *argv[at + 2 :]], False
+    return argv, False
+
+
+@dataclass(frozen=True)
+class Stage:
+    """The names of HEMRA's files for one hidden run."""
+
+    plugin: str  # HEMRA's pytest plugin, a module name
+    runner: str  # its unittest runner, a file name
+    launcher: str  # its start of `python -m pytest`, a file name
+    report: str  # the report's path, written into the plugin's and the runner's copies
+
+
+def installed_modules(sandbox: Sandbox, test_command: Sequence[str], logs: Path) -> frozenset[str]:
+    """The top-level modules of the installed distributions, as the test command's Python (its
+    first word when that is a Python, else python3) finds them, /app left out; empty when that
+    Python does not answer."""
+    first = PurePosixPath(test_command[0]).name if test_command else ""
+    python = test_command[0] if PYTHON.match(first) else "python3"
+    result = _as_verifier(
+        sandbox, [python, "-I", "-c", INSTALLED_PROBE, WORKDIR], workdir="/", timeout=60,
+        logs=logs, name="installed",
+    )  # fmt: skip
+    if result.exit_code != 0:
+        return frozenset()
+    return frozenset(_text(logs, "installed.stdout").split())
+
+
+def shipped_config(before: Mapping[str, bytes]) -> str | None:
+    """The configuration file pytest reads in /app as the task shipped it (pytest's own order;
+    pyproject.toml, tox.ini and setup.cfg only with a pytest section), None for none."""
+    for name in CONFIG_FILES:
+        content = before.get(name)
+        if content is None:
+            continue
+        if name not in STEERING_SECTIONS or _pytest_section(name, content):
+            return name
+    return None
+
+
+def summary_passes(output: Path) -> int | None:
+    """The fewest passed tests any summary line of the runner's output claims (pytest's `N
+    passed, M failed in Xs`, unittest's `Ran N tests` less its `FAILED (failures=.., errors=..)`),
+    read a line at a time; None when there is none. Lines the tests print can lower it, never
+    raise it."""
+    found: list[int] = []
+    ran: int | None = None
+    if not output.is_file():
+        return None
+    with output.open("rb") as handle:
+        while chunk := handle.readline(SUMMARY_LINE_BYTES):
+            line = chunk.decode(errors="replace").strip()
+            if PYTEST_SUMMARY.match(line):
+                counts = {kind: int(n) for n, kind in PYTEST_COUNTS.findall(line)}
+                found.append(counts.get("passed", 0) + counts.get("xpassed", 0))
+            elif match := UNITTEST_RAN.match(line):
+                ran = int(match.group(1))
+                found.append(ran)
+            elif ran is not None and (match := UNITTEST_FAILED.match(line)):
+                failed = re.findall(r"(?:failures|errors)=(\d+)", match.group(1))
+                found.append(ran - sum(int(n) for n in failed))
+    return min(found) if found else None
 
 
 def read_report(report: bytes, uncounted: frozenset[str] = frozenset()) -> Tally:
@@ -357,6 +508,15 @@ def _pytest_section(name: str, content: bytes | None) -> object:
         for section in STEERING_SECTIONS[name]
         if parser.has_section(section)
     }
+
+
+def _top_module(path: str) -> str:
+    """The name of the module a path at the top of /app makes importable ("" for none)."""
+    parts = PurePosixPath(path).parts
+    if len(parts) > 1:
+        return parts[0]
+    stem, _, suffix = parts[0].partition(".")
+    return stem if suffix.rsplit(".", 1)[-1] in ("py", "pyc", "so", "pyd") else ""
 
 
 def _verb(was: bytes | None, now: bytes | None) -> str:

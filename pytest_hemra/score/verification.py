@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
 from pytest_hemra.core.environment import snapshot
-from pytest_hemra.core.errors import InfraError, VerifierError
+from pytest_hemra.core.errors import InfraError, Tampered, VerifierError
 from pytest_hemra.core.reward import parse_reward
 from pytest_hemra.execute.context import Progress, TrialContext
 from pytest_hemra.execute.gateway.egress import proxy_env
@@ -315,6 +315,8 @@ def verify_swe(
     )
     progress.error_class = result.error_class
     (folder / "verifier" / "swe.txt").write_text(f"{result.error_class}: {result.detail}\n")
+    if result.error_class == "tampered":  # the trial's outcome: tampered, reward 0
+        raise Tampered(result.detail, evidence=result.evidence)
     rewards = {"reward": result.reward}
     if result.counts is not None:
         rewards |= {"tests_passed": result.counts.passed, "tests_total": result.counts.total}

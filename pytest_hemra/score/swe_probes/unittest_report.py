@@ -1,15 +1,17 @@
 """HEMRA's unittest runner for the SWE track: `python -m unittest ARGS` as the task wrote it, run
-as `python THIS_FILE ARGS`, each test's outcome written at the end to `HEMRA_SWE_REPORT`."""
+as `python THIS_FILE ARGS`, each test's outcome written at the end to `REPORT` (a path HEMRA
+writes into its copy of this file). unittest is imported before the working folder joins
+sys.path, so a module of the agent's named like it, or like one it imports, is never loaded."""
 
 from __future__ import annotations
 
 import os
 import sys
+import unittest  # with all unittest.main() needs
 from typing import Any
 
+REPORT = ""  # HEMRA's copy names the report here
 sys.path[0] = os.getcwd()  # as `python -m unittest` has it, not this file's folder
-
-import unittest  # noqa: E402
 
 _outcomes: dict[str, str] = {}
 _files: dict[str, str] = {}
@@ -76,7 +78,7 @@ def main() -> int:
         + "\n"
         for name, outcome in _outcomes.items()
     ]
-    fd = os.open(os.environ["HEMRA_SWE_REPORT"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = os.open(REPORT, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         os.write(fd, "".join(lines).encode("utf-8", "replace"))
     finally:
