@@ -20,7 +20,7 @@ import pytest
 
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.resolve.datasets import bundled_dir
-from pytest_hemra.score.swe import guard, read_report
+from pytest_hemra.score.swe import guard, read_report, shipped_config, summary_passes
 from pytest_hemra.store import Store
 
 WORD_COUNT = bundled_dir("datasets") / "swe-mini" / "word-count"
@@ -346,3 +346,77 @@ def test_the_oracle_passes_every_bundled_swe_task_with_the_runner_out_of_reach(
     found = {t.task: (t.outcome, t.reward, t.error_class) for t in store.trials(run.id)}
     tasks = sorted(path.name for path in (WORD_COUNT.parent).iterdir() if path.is_dir())
     assert found == dict.fromkeys(tasks, (Outcome.PASS, 1.0, "success"))
+
+
+def test_test_infrastructure_the_agent_adds_is_tampering_and_honest_work_is_not() -> None:
+    shipped = {
+        "words.py": b"x = 1\n",
+        "attr/__init__.py": b"",  # the project's own package, named like an installed one
+        "tests/test_words.py": b"def test_a():\n    pass\n",
+        "tests/data.txt": b"a b\n",
+    }
+    hidden = "--- a/tests/test_words.py\n+++ b/tests/test_words.py\n@@ -1 +1 @@\n"
+    installed = frozenset({"attr", "packaging", "pluggy"})
+    honest = {
+        **shipped,
+        "words.py": b"x = 2\n",
+        "attr/__init__.py": b"y = 1\n",  # the project's own code, changed
+        "helpers.py": b"",  # a new module named like nothing installed
+        "tests/test_more.py": b"def test_b():\n    pass\n",  # a test of the agent's own
+    }
+    checked = guard(shipped, honest, hidden, installed)
+    assert checked.tampered == ()
+    assert "tests/test_more.py" in checked.removed  # not run: its tests do not count
+    cheat = {
+        **shipped,
+        ".pytest.ini": b"[pytest]\naddopts = -p evil\n",
+        "pytest.toml": b"[pytest]\n",
+        "packaging/__init__.py": b"",
+        "pluggy.py": b"",
+        "tests/__init__.py": b"import atexit\n",
+        "tests/data.txt": b"changed\n",
+        "__init__.py": b"",
+    }
+    found = guard(shipped, cheat, hidden, installed)
+    assert found.tampered == (
+        ".pytest.ini: added, and it steers the tests",
+        "__init__.py: added above the tests folder",
+        "packaging/__init__.py: added, named like the installed module packaging",
+        "pluggy.py: added, and it steers the tests",
+        "pytest.toml: added, and it steers the tests",
+        "tests/__init__.py: added in the tests folder tests",
+        "tests/data.txt: changed in the tests folder tests",
+    )
+    assert {"packaging", "tests/__init__.py", "tests/data.txt"} <= set(found.removed)
+    assert found.originals["tests/data.txt"] == b"a b\n"  # put back as shipped
+
+
+def test_the_tests_run_under_the_configuration_the_task_shipped() -> None:
+    shipped = {
+        "pyproject.toml": b'[project]\nname = "x"\n',  # no pytest section: not pytest's
+        "setup.cfg": b"[tool:pytest]\naddopts = -q\n",
+        "tox.ini": b"[tox]\n",
+    }
+    assert shipped_config(shipped) == "setup.cfg"
+    assert shipped_config({**shipped, ".pytest.ini": b""}) == ".pytest.ini"
+    assert shipped_config({"pyproject.toml": b"[tool.pytest.ini_options]\nx = 1\n"}) == (
+        "pyproject.toml"
+    )
+    assert shipped_config({"tox.ini": b"[tox]\n"}) is None
+
+
+def test_the_report_is_checked_against_the_fewest_passes_any_summary_line_claims(
+    tmp_path: Path,
+) -> None:
+    pytest_out = tmp_path / "stdout.txt"
+    pytest_out.write_text(
+        "==== 40 passed in 0.1s ====\n..F\n3 failed, 1 passed, 1 xpassed in 0.02s\n"
+        "40 passed in 1s\n"
+    )
+    assert summary_passes(pytest_out) == 2  # what the tests print can lower it, never raise it
+    unittest_err = tmp_path / "stderr.txt"
+    unittest_err.write_text("..F\nRan 5 tests in 0.001s\n\nFAILED (failures=1, errors=1)\n")
+    assert summary_passes(unittest_err) == 3
+    (tmp_path / "quiet.txt").write_text(".....\n")
+    assert summary_passes(tmp_path / "quiet.txt") is None
+    assert summary_passes(tmp_path / "missing.txt") is None
