@@ -52,7 +52,7 @@ class HarnessSummary:
     is_baseline: bool
     planned: int  # trials, deselected ones left out
     finished: int  # trials with a result (scored or errored)
-    scored: int
+    scored: int  # counts, of every trial (left-out tasks' too)
     passes: int
     tasks: int  # tasks its numbers are over: the table's task set (`taskset.py`)
     reward: Estimate | None  # mean reward, 95% CI clustered by task
@@ -129,8 +129,8 @@ def summarize(
     baseline: dict[str, list[float]] | None,
     task_set: TaskSet | None = None,
 ) -> HarnessSummary:
-    """A row's numbers over the table's task set (`taskset.py`; alone, its own); its trials,
-    tokens, cost, durations and outcomes over all of its trials."""
+    """A row's numbers over the table's task set (`taskset.py`; alone, its own); its counts
+    (trials, scored, passes, outcomes), tokens, cost and durations over all of its trials."""
     mine = [t for t in trials if t.status != "deselected"]  # the harness's own trials
     finished = [t for t in mine if t.status == "finished"]
     found = task_set or one_task_set({harness: mine}, [harness], attempts)
@@ -164,8 +164,8 @@ def summarize(
         is_baseline=baseline is None,
         planned=len(mine),
         finished=len(finished),
-        scored=sum(len(v) for v in rewards.values()),
-        passes=int(sum(sum(v) for v in passes.values())),
+        scored=sum(t.outcome in Outcome.SCORED for t in mine),  # counts: every trial
+        passes=sum(t.outcome == Outcome.PASS for t in mine),
         tasks=len(rewards),
         reward=mean_ci(rewards) if rewards else None,
         pass_rate=mean_ci(passes) if passes else None,

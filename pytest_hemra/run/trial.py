@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -56,6 +57,7 @@ from pytest_hemra.run.turn import (
     run_agent,
 )
 from pytest_hemra.score.judges import material, run_judge
+from pytest_hemra.score.tamper import raise_tampered, tampering
 from pytest_hemra.score.verification import (
     provider_keys,
     verifier_network,
@@ -240,15 +242,20 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
             run_agent(context, sandbox, progress, access, installed)
         if progress.usage.is_unreachable:
             raise InfraError("the model upstream was unreachable for the whole trial")
-        with progress.phase("diff"):
-            after = sandbox.read_tree(context.workdir)
-            write_diff(before, after, folder / "diff.patch")
-            keep_tree_notes(after, context.workdir, folder)
-            budget = FolderBudget(folder, context.spec.sandbox.folder_cap_mb << 20)
-            if progress.agent_logs:
-                _keep_agent_logs(sandbox, folder / "agent" / "logs", budget)
-            collect_artifacts(sandbox, task.config.artifacts, folder / "artifacts", budget)
-            budget.note()
+        # the engine's diff of the system, read beside the work folder's (it costs the engine)
+        with ThreadPoolExecutor(1, thread_name_prefix="hemra-tamper") as engine:
+            evidence = engine.submit(tampering, context, sandbox)
+            with progress.phase("diff"):
+                after = sandbox.read_tree(context.workdir)
+                write_diff(before, after, folder / "diff.patch")
+                keep_tree_notes(after, context.workdir, folder)
+                budget = FolderBudget(folder, context.spec.sandbox.folder_cap_mb << 20)
+                if progress.agent_logs:
+                    _keep_agent_logs(sandbox, folder / "agent" / "logs", budget)
+                collect_artifacts(sandbox, task.config.artifacts, folder / "artifacts", budget)
+                budget.note()
+            with progress.phase("tamper"):
+                raise_tampered(evidence.result())
         with progress.phase("verifier"), verifier_room(context, sandbox, request) as room:
             hemra = task.config.hemra
             if hemra.track == "swe":

@@ -33,6 +33,7 @@ from pytest_hemra.execute.sandbox import (
     MAX_TREE_ENTRIES,
     MAX_TREE_FILE_BYTES,
     WORKDIR,
+    Change,
     ExecResult,
     Tree,
 )
@@ -494,6 +495,13 @@ class DockerSandbox:
             time.sleep(0.02)
             state = self.api.exec_inspect(exec_id)
         return state.get("ExitCode"), bytes(out), bytes(err)
+
+    def changes(self) -> list[Change]:
+        """The engine's diff of the container against its image (Kind 0, 1, 2)."""
+        return [
+            Change(str(entry["Path"]), CHANGE_KINDS.get(entry["Kind"], "modified"))
+            for entry in self.container.diff() or ()
+        ]
 
     def disconnect_network(self) -> None:
         self.container.reload()
