@@ -379,6 +379,9 @@ class HemraTask(BaseModel):
     criteria: list[Criterion] = Field(default_factory=list)
     pass_threshold: float = Field(default=0.7, ge=0, le=1)
     judge_model: str | None = None
+    # the agent may change the system's programs and libraries (a task about them): its
+    # trials are not marked `tampered` for it (docs/datasets.md, docs/security.md)
+    agent_may_change_system: bool = False
 
 
 class TaskConfig(Harbor):

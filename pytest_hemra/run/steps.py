@@ -30,6 +30,7 @@ from pytest_hemra.run.turn import (
     put_instruction,
     run_agent,
 )
+from pytest_hemra.score.tamper import raise_tampered, tampering
 from pytest_hemra.score.verification import (
     verifier_room,
     verify_step,
@@ -79,6 +80,7 @@ def run_steps(
             after = sandbox.read_tree(workdir)
             (step_dir / "diff.patch").write_text(tree_diff(before, after))
             keep_tree_notes(after, workdir, step_dir)
+            raise_tampered(tampering(context, sandbox))  # the next verifier runs in it
             reward: float | None = None
             rewards: dict[str, float] = {}
             error: str | None = None

@@ -94,6 +94,15 @@ class Tree(dict[str, bytes]):
         return {"schema_version": 1, "skipped": dict(self.skipped), "stopped": self.stopped}
 
 
+@dataclass(frozen=True)
+class Change:
+    """One path the engine says differs from the sandbox's image (`Sandbox.changes`): `kind` is
+    "modified", "added" or "deleted"; a folder whose content changed shows as modified."""
+
+    path: str
+    kind: str
+
+
 class Sandbox(Protocol):
     """A running sandbox for one trial; closed (and gone) when its context exits."""
 
@@ -153,6 +162,10 @@ class Sandbox(Protocol):
     def write_file(self, path: str, content: bytes, *, user: str) -> None:
         """Write one file as `user` (its missing folders made as that user), inside the sandbox,
         never through the engine's root. Raises the OSError that user met."""
+
+    def changes(self) -> list[Change]:
+        """What changed in the sandbox's filesystem against its image, as the engine (not a tool
+        inside the sandbox) sees it."""
 
     def empty(self) -> None:
         """Every process but a fresh PID 1 gone, by the kernel: the sandbox killed whole (its
