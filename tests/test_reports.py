@@ -233,6 +233,36 @@ def test_html_is_autoescaped(tmp_path: Path) -> None:
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
 
 
+def test_a_task_one_harness_could_not_score_leaves_every_harness_numbers_and_gates(
+    tmp_path: Path,
+) -> None:
+    """`short`'s last task ended infra_error past its retries; `full` scored 0 on it. The task
+    leaves both rows: each mean, difference and `score<X` gate is over the same 7 tasks."""
+    store = Store(tmp_path / "s.db")
+    infra = {**result(0.0), "outcome": "infra_error", "reward": None}
+    record_run(
+        store,
+        "r",
+        {
+            "full": lambda task, attempt: result(0.0 if task == TASKS[7] else 1.0),
+            "short": lambda task, attempt: infra if task == TASKS[7] else result(1.0),
+        },
+    )
+    report = build_report(store, "r")
+    (dataset,) = report.datasets
+    full, short = dataset.harnesses
+    assert full.tasks == short.tasks == 7 and dataset.tasks_left_out == {
+        "task-7": ["short infra_error"]
+    }
+    assert full.reward == short.reward and full.reward is not None and full.reward.mean == 1.0
+    assert short.versus is not None and (short.versus.diff, short.versus.n_tasks) == (0.0, 7)
+    assert [f.kind for f in dataset.flags if f.kind == "task_set"] == ["task_set"]
+    assert tripped([parse_gate("score<1")], store.trials("r"), report) == []
+    assert tripped([parse_gate("failure")], store.trials("r"), report) == [
+        "2 scored trials did not pass"
+    ]
+
+
 def test_two_runs_compared_flag_a_regression(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.db")
     record_run(store, "before", {"agent": lambda task, attempt: result(1.0)}, timeout=600)

@@ -1,14 +1,16 @@
 """Exit gates: which finished runs count as a failure for CI (`--hemra-fail-on`).
 
 `unfinished`: a cell without a result (infra or verifier error, cancelled, never run).
-`failure`: any scored trial short of a pass. `score<X` / `HARNESS:score<X`: a harness's mean
-reward over its scored trials below X. `regression`: a harness significantly worse than the
-baseline (paired over tasks, p < 0.05), or than itself in the run given by `--hemra-compare`.
+`failure`: any scored trial short of a pass (a verifier_error too). `score<X` /
+`HARNESS:score<X`: a harness's mean reward over its scored trials below X, on the tasks its
+tables count (`taskset.py`). `regression`: a harness significantly worse than the baseline
+(paired over tasks, p < 0.05), or than itself in the run given by `--hemra-compare`.
 """
 
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,6 +20,7 @@ from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.core.words import plural
 from pytest_hemra.report.comparison import RunComparison
 from pytest_hemra.report.tables import RunReport
+from pytest_hemra.report.taskset import one_task_set
 
 SCORE = re.compile(r"^(?:(?P<harness>[A-Za-z0-9_.-]+):)?score<(?P<threshold>[0-9.]+)$")
 KINDS = ("unfinished", "failure", "regression")
@@ -71,13 +74,16 @@ def tripped(
             if failed:
                 reasons.append(f"{plural(len(failed), 'scored trial')} did not pass")
         else:
+            left_out = _left_out(counted)
             for harness in sorted({t.harness for t in counted}):
                 if gate.harness not in (None, harness):
                     continue
                 rewards = [
                     t.reward or 0.0
                     for t in counted
-                    if t.harness == harness and t.outcome in Outcome.SCORED
+                    if t.harness == harness
+                    and t.outcome in Outcome.SCORED
+                    and (t.dataset, t.task) not in left_out
                 ]
                 mean = sum(rewards) / len(rewards) if rewards else 0.0
                 if mean < gate.threshold:
@@ -85,6 +91,19 @@ def tripped(
             if gate.harness is not None and gate.harness not in {t.harness for t in counted}:
                 reasons.append(f"{gate.harness}: no trials in this run")
     return reasons
+
+
+def _left_out(trials: Sequence[TrialRecord]) -> set[tuple[str, str]]:
+    """(dataset, task) pairs left out of every harness's numbers (`taskset.py`): a `score<X`
+    gate reads a harness's mean over the same tasks as its table."""
+    found: set[tuple[str, str]] = set()
+    for dataset in {t.dataset for t in trials}:
+        rows: dict[str, list[TrialRecord]] = defaultdict(list)
+        for trial in trials:
+            if trial.dataset == dataset:
+                rows[f"{trial.harness} {trial.model or ''}"].append(trial)
+        found |= {(dataset, task) for task in one_task_set(rows, list(rows), 1).left_out}
+    return found
 
 
 def _regressions(report: RunReport | None, comparison: RunComparison | None) -> list[str]:
