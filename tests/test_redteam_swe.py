@@ -420,3 +420,41 @@ def test_the_report_is_checked_against_the_fewest_passes_any_summary_line_claims
     (tmp_path / "quiet.txt").write_text(".....\n")
     assert summary_passes(tmp_path / "quiet.txt") is None
     assert summary_passes(tmp_path / "missing.txt") is None
+
+
+@pytest.mark.usefixtures("docker_test")
+@pytest.mark.parametrize(
+    "command",
+    [["python3", "-m", "pytest", "-qq", "tests"], ["pytest", "-q", "tests"]],
+    ids=["python-m-pytest-qq", "pytest-script"],
+)
+def test_the_tests_run_under_the_tasks_own_pytest_settings_and_not_the_agents(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    write_harness: Callable[[str, str], Path],
+    command: list[str],
+) -> None:
+    """A task whose code is in src/, found through its pyproject.toml's pytest settings: the
+    oracle passes, started either way and however quiet (HEMRA keeps pytest's summary line), and
+    an agent's `.pytest.ini`, which pytest would read first, neither helps nor harms it."""
+    task = tmp_path / "datasets" / "mine" / "words"
+    pytest_task(task)
+    app = task / "environment" / "app"
+    (app / "src").mkdir()
+    (app / "words.py").rename(app / "src" / "words.py")
+    (app / "pyproject.toml").write_text('[tool.pytest.ini_options]\npythonpath = ["src"]\n')
+    solve = task / "solution" / "solve.sh"
+    solve.write_text(solve.read_text().replace("cat > words.py", "cat > src/words.py"))
+    toml = task / "task.toml"
+    toml.write_text(toml.read_text().replace('["python3", "-m", "pytest", "-q", "tests"]',
+                                             json.dumps(command)))  # fmt: skip
+    program(write_harness, "dot-ini", "printf '[pytest]\\naddopts = -x\\n' > /app/.pytest.ini")
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["oracle", "nop", "dot-ini"]\ndatasets = ["mine"]\n')
+    pytester.runpytest("--hemra-run", str(run_file))
+    store = Store(pytester.path / ".hemra" / "hemra.db")
+    (run,) = store.runs()
+    found = {t.harness: (t.outcome, t.reward, t.error_class) for t in store.trials(run.id)}
+    assert found["oracle"] == (Outcome.PASS, 1.0, "success")
+    assert found["nop"] == (Outcome.FAIL, 0.25, "no_change")
+    assert found["dot-ini"] == (Outcome.TAMPERED, 0.0, "tampered")
