@@ -211,7 +211,8 @@ def test_a_separate_verifier_room_ignores_a_tool_the_agent_replaced_outside_app(
     write_harness: Callable[[str, str], Path],
     where: str,
 ) -> None:
-    """In the shared room (Harbor's default) a replaced `cat` fools the verifier; in a
+    """In the shared room (Harbor's default) a replaced `cat` would fool the verifier: the
+    engine's diff shows it, and the trial is `tampered` (tests/test_redteam_tamper.py); in a
     separate room, asked for by the task or the run, it is not there, and the oracle's /app
     still is."""
     toml = "[agent]\ntimeout_sec = 30\n[verifier]\ntimeout_sec = 30\n"
@@ -222,7 +223,8 @@ def test_a_separate_verifier_room_ignores_a_tool_the_agent_replaced_outside_app(
     extra = '[verifier]\nenvironment_mode = "separate"\n' if where == "run" else ""
     rows = _run(pytester, tmp_path, ["oracle", "shadow"], extra)
     assert rows["oracle"]["reward"] == 1.0
-    assert rows["shadow"]["reward"] == (1.0 if where == "shared" else 0.0)
+    assert rows["shadow"]["reward"] == 0.0
+    assert rows["shadow"]["outcome"] == ("tampered" if where == "shared" else "fail")
 
 
 def test_environment_mode_is_checked_in_task_and_run_files(
