@@ -132,13 +132,14 @@ def _verifier_offline(harness: str, mine: list[TrialRecord]) -> list[Flag]:
 
 
 def _tampered(harness: str, mine: list[TrialRecord]) -> list[Flag]:
-    """SWE trials whose agent changed what steers the hidden tests (docs/tracks.md)."""
-    tampered = [t for t in mine if t.error_class == "tampered"]
+    """Trials whose agent changed what scores them: a reward its verifier did not write, a
+    tool or library the verifier runs, what steers the hidden tests (docs/security.md)."""
+    tampered = [t for t in mine if t.outcome == Outcome.TAMPERED or t.error_class == "tampered"]
     if not tampered:
         return []
-    message = f"{plural(len(tampered), 'trial')} tampered with what steers the hidden tests"
-    message += " (conftest.py, pytest settings, test files; run as shipped instead), e.g."
-    message += f" {tampered[0].item_id}"
+    message = f"{plural(len(tampered), 'trial')} tampered with what scores them (a reward the"
+    message += " verifier did not write, a tool it runs, the hidden tests' settings), scored 0;"
+    message += f" e.g. {tampered[0].item_id} (hemra show lists what and why)"
     return [Flag("tampered", harness, message)]
 
 
