@@ -195,6 +195,30 @@ def test_a_harness_that_makes_half_its_trials_unscoreable_gets_the_numbers_of_on
 
 
 @pytest.mark.usefixtures("docker_test")
+def test_an_answer_the_verifier_hangs_on_scores_0_in_a_separate_room_too(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[[str, str], Path],
+) -> None:
+    """The FIFO and the link reach the separate room with /app (copied as they are, never
+    read on the way) and hang its verifier the same: verifier_error, 0, a failed test."""
+    make_task("hard", test=HARD, task_toml="[verifier]\ntimeout_sec = 3\n")
+    for name in ("fifo", "dev-zero"):
+        write_harness(name, _program(UNSCOREABLE[name]))
+    trials = _session(
+        pytester,
+        tmp_path,
+        'harnesses = ["fifo", "dev-zero"]\ndatasets = ["ds"]\n'
+        '[verifier]\nenvironment_mode = "separate"\n',
+    )
+    assert sorted((t.harness, t.outcome, t.reward) for t in trials) == [
+        ("dev-zero", "verifier_error", 0.0), ("fifo", "verifier_error", 0.0),
+    ]  # fmt: skip
+    assert all("3s timeout" in (t.error or "") for t in trials)
+
+
+@pytest.mark.usefixtures("docker_test")
 def test_a_task_whose_infra_error_persists_leaves_every_harness_numbers_flagged(
     pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker
 ) -> None:
