@@ -26,6 +26,7 @@ from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import PlannedTrial, TrialRecord
 from pytest_hemra.core.reward import shown_reward
 from pytest_hemra.core.store_location import store_location
+from pytest_hemra.core.text import printable, printable_lines
 from pytest_hemra.core.usage import Usage
 from pytest_hemra.core.words import plural
 from pytest_hemra.execute.gateway.server import Gateway
@@ -331,7 +332,7 @@ class TrialItem(pytest.Item):
             ]
         )
         if record.outcome == Outcome.CANCELLED:
-            pytest.skip(f"cancelled: {record.error or ''}".rstrip(": "))
+            pytest.skip(f"cancelled: {printable(record.error or '')}".rstrip(": "))
         if record.outcome in Outcome.ERROR:
             pytest.fail(self._verdict(record), pytrace=False)
 
@@ -349,7 +350,7 @@ class TrialItem(pytest.Item):
 
     def _verdict(self, record: TrialRecord) -> str:
         reward = shown_reward(record.outcome, record.reward)
-        detail = f": {record.error}" if record.error else ""
+        detail = f": {printable(record.error)}" if record.error else ""
         exit_code = "" if record.exit_code in (0, None) else f", exit code {record.exit_code}"
         return f"{record.outcome} ({reward}{exit_code}){detail} - see {record.trial_dir}"
 
@@ -462,8 +463,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     report = hemra.report or build_report(hemra.runner.store, hemra.runner.run.id)
     # a terminal: its width, the most important columns kept (a log file or CI: every column)
     width = terminalreporter._tw.fullwidth if terminalreporter.isatty() else None
-    terminalreporter.write_line(render_text(report, width=width))
+    # what an agent chose (a model's name, an error's words) shown, never obeyed by the terminal
+    terminalreporter.write_line(printable_lines(render_text(report, width=width)))
     if hemra.comparison is not None:
-        terminalreporter.write_line("\n" + render_comparison(hemra.comparison))
+        terminalreporter.write_line("\n" + printable_lines(render_comparison(hemra.comparison)))
     for reason in hemra.gate_reasons:
-        terminalreporter.write_line(f"hemra: fail-on gate tripped: {reason}", red=True)
+        terminalreporter.write_line(f"hemra: fail-on gate tripped: {printable(reason)}", red=True)

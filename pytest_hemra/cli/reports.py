@@ -18,6 +18,7 @@ from pytest_hemra.cli.arguments import (
 )
 from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.store_location import store_location
+from pytest_hemra.core.text import printable, printable_lines
 from pytest_hemra.core.words import plural
 from pytest_hemra.report import FORMATS
 
@@ -72,6 +73,8 @@ def report_command(args: argparse.Namespace) -> int:
         text = render_comparison(compare_runs(store, run_id, args.other_run), args.format)
     else:
         text = render(build_report(store, run_id), args.format)
+    if args.format != "json":  # an agent's words shown, never obeyed (JSON escapes its own)
+        text = printable_lines(text)
     if args.output:
         Path(args.output).write_text(text if text.endswith("\n") else text + "\n")
         print(f"wrote {args.output}", file=sys.stderr)
@@ -114,28 +117,30 @@ def show_command(args: argparse.Namespace) -> int:
         + (f", agent user {trial.agent_user}" if trial.agent_user else ""),
     ]
     if trial.error:
-        lines.append(f"  error: {trial.error}")
+        lines.append(f"  error: {printable(trial.error)}")
     lines += trial_history(store, trial)
     lines += [
         f"  step {step['seq']} {step['name']}: reward {step['reward']}"
         for step in store.steps(trial.id)
     ]
     lines += [
-        f"  judge {j['judge']}: score {j['score']}" + (f" ({j['error']})" if j["error"] else "")
+        f"  judge {j['judge']}: score {j['score']}"
+        + (f" ({printable(j['error'])})" if j["error"] else "")
         for j in store.judgments(trial.id)
     ]
     calls = store.calls(trial=trial.id)
     if calls:
         rows = [
-            [c.role, c.model or c.model_requested or "", c.status,
+            [c.role, printable(c.model or c.model_requested or ""), c.status,
              c.input_tokens if c.is_usage_known else "?",
-             c.output_tokens if c.is_usage_known else "?", f"{c.latency:.3f}s", c.error or ""]
+             c.output_tokens if c.is_usage_known else "?", f"{c.latency:.3f}s",
+             printable(c.error or "")]
             for c in calls
         ]  # fmt: skip
         table = tabulate(rows, headers=["role", "model", "status", "in", "out", "latency", ""])
         lines += ["", table]
     lines.append(f"\nfolder {trial.trial_dir or '-'}")
-    print("\n".join(lines))
+    print(printable_lines("\n".join(lines)))  # an agent's words shown, never obeyed
     return 0
 
 

@@ -13,6 +13,8 @@ read when a runner starts (an xdist worker inherits them):
 | `HEMRA_ENGINE_SETTLE_SECS`   | 3       | how long a lost engine must answer on end to be back;  |
 |                              |         | after it refused a trial, how long it must keep        |
 |                              |         | answering for that to count as the trial's own fault   |
+| `HEMRA_REMOVE_TIMEOUT_SECS`  | 120     | one request to remove a sandbox: its answer awaited    |
+| `HEMRA_REMOVE_PATIENCE_SECS` | 600     | a removal slowed by the sandbox's content, in all      |
 
 Each wait is drawn between half and all of its bound (jitter), so runners that lost an engine at
 the same moment do not all ask it again at the same moment.
@@ -35,6 +37,12 @@ STORE_GIVE_UP_SECS = ("HEMRA_STORE_GIVE_UP_SECS", 300.0)
 # to start new ones: an error then is its outage, seen as such once it stops answering.
 SETTLE_SECS = ("HEMRA_ENGINE_SETTLE_SECS", 3.0)
 SETTLE_POLL_SECS = 0.25
+# Removing a sandbox: the engine's client gives up on one answer after its own timeout (120 s)
+# unless this says less; a removal given up on while the engine still answers pings is slow for
+# what the agent left in the sandbox (100k files): it is waited for up to the patience, as the
+# trial's own time, never an outage.
+REMOVE_TIMEOUT_SECS = ("HEMRA_REMOVE_TIMEOUT_SECS", 120.0)
+REMOVE_PATIENCE_SECS = ("HEMRA_REMOVE_PATIENCE_SECS", 600.0)
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,14 @@ def engine_settle_secs(environ: Mapping[str, str] | None = None) -> float:
     """How long an engine must keep answering after refusing a trial (an error of its API) for
     the error to be the trial's own (`HEMRA_ENGINE_SETTLE_SECS`)."""
     return seconds(*SETTLE_SECS, os.environ if environ is None else environ)
+
+
+def removal_secs(environ: Mapping[str, str] | None = None) -> tuple[float, float]:
+    """How long one request to remove a sandbox waits for its answer, and how long a removal
+    slowed by the sandbox's content is waited for in all (`HEMRA_REMOVE_TIMEOUT_SECS`,
+    `HEMRA_REMOVE_PATIENCE_SECS`)."""
+    environ = os.environ if environ is None else environ
+    return seconds(*REMOVE_TIMEOUT_SECS, environ), seconds(*REMOVE_PATIENCE_SECS, environ)
 
 
 def store_backoff(environ: Mapping[str, str] | None = None) -> Backoff:

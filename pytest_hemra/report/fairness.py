@@ -14,6 +14,7 @@ from typing import Any
 from pytest_hemra.core.network import NETWORK_FIX
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import UPSTREAM_REFUSED, TrialRecord
+from pytest_hemra.core.text import printable
 from pytest_hemra.core.usage import Usage, disagrees
 from pytest_hemra.core.words import plural
 from pytest_hemra.report.taskset import one_task_set
@@ -230,7 +231,9 @@ def _other_models(harness: str, mine: list[TrialRecord], model: str | None) -> l
     total = sum(t.tokens for t in mine)
     if not other or not total:
         return []
-    models = sorted({m for t in mine if t.other_model_tokens for m in t.models if m != model})
+    models = sorted(
+        {printable(m) for t in mine if t.other_model_tokens for m in t.models if m != model}
+    )  # names the agent asked for: shown on one line each, never obeyed
     return [
         Flag(
             "other_models",

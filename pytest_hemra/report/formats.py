@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 from tabulate import tabulate
 
+from pytest_hemra.core.text import printable_lines
 from pytest_hemra.core.words import plural
 from pytest_hemra.report import FORMATS
 from pytest_hemra.report.stats import Estimate, Spread
@@ -31,7 +32,10 @@ def render(report: RunReport, fmt: str) -> str:
         "json": render_json,
         "html": render_html,
     }
-    return renderers[fmt](report)
+    text = renderers[fmt](report)
+    # JSON escapes control characters itself; elsewhere an agent's words (a model's name it
+    # asked for) are shown, never obeyed by the terminal or page that shows them
+    return text if fmt == "json" else printable_lines(text)
 
 
 def headers(dataset: DatasetReport) -> list[str]:

@@ -41,7 +41,11 @@ from pytest_hemra.execute.sandbox import (
     Sandbox,
     SandboxRequest,
 )
-from pytest_hemra.execute.sandbox.health import is_engine_answer, is_engine_fault
+from pytest_hemra.execute.sandbox.health import (
+    is_engine_answer,
+    is_engine_fault,
+    is_slow_answer,
+)
 from pytest_hemra.resolve.judges import Judgment
 from pytest_hemra.resolve.limits import task_limits, with_run_defaults
 from pytest_hemra.run.outage import is_runner_disk_full, settled, write_durably
@@ -139,8 +143,13 @@ def _keep_evidence(folder: Path, failure: Tampered) -> None:
 def _outage_class(failure: BaseException, context: TrialContext, progress: Progress) -> str | None:
     """The class of an infrastructure error that was not the trial's doing: its engine could
     not be reached, or stopped answering within HEMRA_ENGINE_SETTLE_SECS of refusing it (a
-    daemon shutting down); or the runner's own disk (where its folder is) was full."""
+    daemon shutting down); or the runner's own disk (where its folder is) was full. An answer
+    that did not come in time from an engine that still answers pings is not an outage: it was
+    slow for what the trial left (a retry used, never a free rerun)."""
     if is_engine_fault(failure):
+        provider = context.pool or context.provider
+        if is_slow_answer(failure) and settled(provider, progress.engine, 0) is None:
+            return None
         return ENGINE_OUTAGE
     if is_engine_answer(failure):
         provider = context.pool or context.provider

@@ -468,8 +468,8 @@ class DockerProvider:
         except DOCKER_ERRORS as error:
             raise InfraError(f"docker: sandbox failed ({error})") from error
         finally:
-            if container is not None:
-                remove_container(container)
+            if container is not None:  # slow for what the trial left, with the engine up: waited
+                remove_container(container, answers=lambda: self.engine_error() is None)
 
     def _on_networks(self, request: SandboxRequest, options: dict[str, Any], run_id: str) -> Any:
         """The container on one network of HEMRA's: `hemra-gateway` (internal) without internet,

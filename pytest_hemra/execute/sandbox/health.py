@@ -37,6 +37,13 @@ def is_engine_fault(error: BaseException) -> bool:
     return _raised_from(error, UNREACHABLE)
 
 
+def is_slow_answer(error: BaseException) -> bool:
+    """Whether `error` (or one it came from) is an engine's answer that did not come in time
+    (the client's read timeout), rather than a connection refused or cut: an engine that
+    answers pings meanwhile was slow for what the trial asked of it, not gone."""
+    return _raised_from(error, (requests.ReadTimeout, urllib3.exceptions.ReadTimeoutError))
+
+
 def is_engine_answer(error: BaseException) -> bool:
     """Whether `error` came from the engine's API at all (it refused, failed, or could not be
     reached), rather than from HEMRA's own checks: only such an error can be an engine going

@@ -1,6 +1,20 @@
 // Building blocks shared by every page. Text from the store or a trial folder is never parsed as
 // HTML: elements are made with createElement and filled with text nodes (textContent), so an
-// agent's `<script>` is shown, never run.
+// agent's `<script>` is shown, never run; and its control characters are shown as visible
+// symbols (`visible`), so an ESC, a CR or a bidirectional override in a file name or an output
+// neither hides nor reorders what is around it.
+
+// C0 controls but newline and tab, DEL, C1 controls, line separators, bidirectional overrides
+const CONTROL = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g;
+
+export function visible(text) {
+  return String(text).replace(CONTROL, (found) => {
+    const code = found.charCodeAt(0);
+    if (code < 0x20) return String.fromCharCode(0x2400 + code); // ␛ for ESC, ␍ for CR...
+    if (code === 0x7f) return "\u2421"; // ␡
+    return code <= 0xff ? `\\x${code.toString(16)}` : `\\u${code.toString(16)}`;
+  });
+}
 
 export function h(tag, attrs = {}, ...children) {
   const element = document.createElement(tag);
@@ -20,14 +34,14 @@ function setAttributes(element, attrs) {
   for (const [key, value] of Object.entries(attrs)) {
     if (value === null || value === undefined || value === false) continue;
     if (key.startsWith("on")) element.addEventListener(key.slice(2), value);
-    else element.setAttribute(key, value === true ? "" : String(value));
+    else element.setAttribute(key, value === true ? "" : visible(value));
   }
 }
 
 export function add(element, children) {
   for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
-    element.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    element.append(child instanceof Node ? child : document.createTextNode(visible(child)));
   }
   return element;
 }
