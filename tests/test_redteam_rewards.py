@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import TaskMaker
+from conftest import REPO, TaskMaker
 from pytest_hemra.core.errors import Tampered
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.report.formats import render
@@ -110,6 +110,29 @@ def test_which_reward_files_a_task_writes_is_read_from_its_tests(tmp_path: Path)
     assert declared_kinds([other], ["/logs/verifier/reward.json"]) == {
         "reward.json", "reward.txt",
     }  # fmt: skip
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_check_reports_a_task_whose_verifier_writes_a_reward_kind_its_tests_do_not_name(
+    pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker, monkeypatch: Any
+) -> None:
+    """A test.sh that names reward.txt but writes reward.json through a name built at run time:
+    its own oracle scores tampered, so `hemra check` says the task is broken, and why."""
+    make_task(
+        "built-name",
+        test='# writes no reward.txt\nkind=json; echo \'{"reward": 1}\' > "/logs/verifier/reward.$kind"',
+    )
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    checked = pytester.run(
+        "hemra", "check", str(tmp_path / "datasets" / "ds"), "--store", str(tmp_path / "s.db"),
+        "--format", "json", timeout=240,
+    )  # fmt: skip
+    assert checked.ret == 1, checked.errlines[-20:]
+    (task,) = json.loads(checked.stdout.str())["tasks"]
+    assert task["verdicts"] == ["broken"]
+    assert task["notes"][0].startswith(
+        "oracle tampered (reward 0): a reward file the task's verifier did not write"
+    )
 
 
 def test_reward_files_the_verifier_did_not_write_are_refused_with_evidence() -> None:
