@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.client
 import json
 import sqlite3
 import zipfile
@@ -30,6 +31,7 @@ from pytest_hemra.score.package_records import (
     record_digest,
 )
 from pytest_hemra.score.tamper import watched
+from pytest_hemra.viewer.server import ViewerThread
 
 SECRET = "answer-5d02"
 TEST = (
@@ -136,6 +138,23 @@ def test_a_root_agent_that_changes_what_the_verifier_runs_is_tampered(
         assert any(line.startswith(f"{path}: ") for line in lines), (name, lines)
     for name in ("oracle", "nop"):
         assert not (Path(rows[name]["trial_dir"]) / "tampered.json").exists()
+    # `hemra show` and the viewer list the paths and why
+    shown = pytester.run("hemra", "show", rows["replaces-cat"]["id"]).stdout.str()
+    assert "tampered: the agent changed" in shown
+    assert "/usr/bin/cat: changed, no package record explains it" in shown
+    viewer = ViewerThread(pytester.path / ".hemra" / "hemra.db", "127.0.0.1", 0)
+    viewer.start()
+    try:
+        port = int(viewer.url.rstrip("/").rsplit(":", 1)[1])
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        connection.request("GET", f"/api/trials/{rows['shadows-cat']['id']}")
+        page = json.loads(connection.getresponse().read())
+        connection.close()
+    finally:
+        viewer.stop()
+    assert page["tampered"]["evidence"] == [
+        "/usr/local/bin/cat: added, shadows the image's /usr/bin/cat; no package record explains it"
+    ]
 
 
 @docker

@@ -118,6 +118,7 @@ def show_command(args: argparse.Namespace) -> int:
     ]
     if trial.error:
         lines.append(f"  error: {printable(trial.error)}")
+    lines += tampered_lines(trial.trial_dir)
     lines += trial_history(store, trial)
     lines += [
         f"  step {step['seq']} {step['name']}: reward {step['reward']}"
@@ -142,6 +143,26 @@ def show_command(args: argparse.Namespace) -> int:
     lines.append(f"\nfolder {trial.trial_dir or '-'}")
     print(printable_lines("\n".join(lines)))  # an agent's words shown, never obeyed
     return 0
+
+
+MAX_SHOWN_EVIDENCE = 20  # lines of a tampered trial's evidence `hemra show` prints
+
+
+def tampered_lines(trial_dir: str | None) -> list[str]:
+    """What made a trial `tampered` (its folder's `tampered.json`): the reason, then each path
+    and why, escaped (the paths are the agent's)."""
+    from pytest_hemra.core.text import printable
+
+    try:
+        found = json.loads((Path(trial_dir or "") / "tampered.json").read_text())
+        reason, evidence = str(found["reason"]), [str(line) for line in found["evidence"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    lines = [f"  tampered: {printable(reason)}"]
+    lines += [f"    {printable(line)}" for line in evidence[:MAX_SHOWN_EVIDENCE]]
+    if len(evidence) > MAX_SHOWN_EVIDENCE:
+        lines.append(f"    ... {len(evidence) - MAX_SHOWN_EVIDENCE} more in tampered.json")
+    return lines
 
 
 def view_command(args: argparse.Namespace) -> int:

@@ -20,6 +20,8 @@ DEFAULT_LIMIT = 64 << 10
 MAX_LIMIT = 1 << 20
 MAX_LISTED = 2000  # files listed per trial folder
 MAX_INSTRUCTION = 256 << 10
+MAX_EVIDENCE = 200  # a tampered trial's evidence lines the trial page lists
+MAX_TAMPERED_BYTES = 4 << 20  # tampered.json read at most this big
 MAX_TRAJECTORY = 32 << 20  # trajectory.json parsed at most this big; page the raw file beyond
 MAX_MESSAGE_CHARS = 64 << 10  # each transcript field cut here (the raw file has it whole)
 
@@ -60,6 +62,18 @@ class TrialFolder:
                 if len(found) >= MAX_LISTED:
                     return found
         return found
+
+    def tampered(self) -> dict[str, Any] | None:
+        """What made the trial `tampered` (`tampered.json`: its reason and evidence lines, the
+        first MAX_EVIDENCE of them), or None."""
+        if self.root is None:
+            return None
+        try:
+            found = json.loads((self.root / "tampered.json").read_bytes()[:MAX_TAMPERED_BYTES])
+            reason, evidence = str(found["reason"]), [str(line) for line in found["evidence"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return {"reason": reason, "evidence": evidence[:MAX_EVIDENCE], "total": len(evidence)}
 
     def path(self, relative: str) -> Path:
         """The file `relative` names, checked to be inside the trial folder."""

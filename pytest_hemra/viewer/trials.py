@@ -31,9 +31,10 @@ def _trial(store: Store, trial_id: str) -> dict[str, Any]:
     run = store.run(trial.run_id)
     dataset = run.plan.datasets.get(trial.dataset)
     try:
-        files, folder_error = TrialFolder(run.trials_dir, trial.trial_dir).files(), None
+        folder = TrialFolder(run.trials_dir, trial.trial_dir)
+        files, folder_error, tampered = folder.files(), None, folder.tampered()
     except NotFound as error:
-        files, folder_error = [], str(error)
+        files, folder_error, tampered = [], str(error), None
     return {
         "trial": trial_json(trial),
         "run": {"id": run.id, "name": run.name, "status": run.status},
@@ -52,6 +53,7 @@ def _trial(store: Store, trial_id: str) -> dict[str, Any]:
         "instruction": read_instruction(dataset.path if dataset else None, trial.task),
         "files": files,
         "folder_error": folder_error,
+        "tampered": tampered,
     }
 
 

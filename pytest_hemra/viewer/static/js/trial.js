@@ -55,6 +55,7 @@ function draw(app, data, path) {
       t.replaces ? h("span", {}, "replaces ", h("a", { href: `/trials/${encodeURIComponent(t.replaces)}` }, t.replaces)) : null,
       t.stopped_by ? h("span", {}, "stopped by ", h("b", {}, t.stopped_by)) : null),
     t.error ? h("pre", { class: "error", id: "trial-error" }, t.error) : null,
+    data.tampered ? tampered(data.tampered) : null,
     h("h2", {}, "Instruction"),
     instruction(data.instruction),
     h("div", { class: "columns" },
@@ -90,6 +91,16 @@ function draw(app, data, path) {
   );
   loadCalls(calls, path);
   loadTranscript(transcript, path);
+}
+
+// what made the trial `tampered` (its tampered.json): each path the agent changed, and why
+function tampered(found) {
+  const more = found.total - found.evidence.length;
+  return h("div", { id: "tampered" },
+    h("h2", {}, "Tampered"),
+    h("p", {}, found.reason),
+    h("ul", {}, found.evidence.map((line) => h("li", { class: "wrap" }, line))),
+    more > 0 ? h("p", { class: "muted" }, `… ${more} more in tampered.json`) : null);
 }
 
 function instruction(found) {
