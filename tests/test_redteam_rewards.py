@@ -120,7 +120,8 @@ def test_check_reports_a_task_whose_verifier_writes_a_reward_kind_its_tests_do_n
     its own oracle scores tampered, so `hemra check` says the task is broken, and why."""
     make_task(
         "built-name",
-        test='# writes no reward.txt\nkind=json; echo \'{"reward": 1}\' > "/logs/verifier/reward.$kind"',
+        test="# writes no reward.txt\nkind=json\n"
+        'echo \'{"reward": 1}\' > "/logs/verifier/reward.$kind"',
     )
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     checked = pytester.run(
