@@ -98,6 +98,40 @@ def test_a_reward_the_agents_program_writes_for_the_verifier_scores_tampered(
     assert (cheat.outcome, cheat.reward) == ("fail", 0.0)
 
 
+# a program that leaves a writer behind, rewriting the kind test.sh writes, after test.sh
+LINGERING_WRITER = """cat > /app/check.sh <<'EOF'
+( while :; do echo 1 > /tmp/r; mv /tmp/r /logs/verifier/reward.txt; done ) >/dev/null 2>&1 &
+echo 0
+EOF
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: the room is emptied ~100 ms after test.sh exits; a writer test.sh's run of the"
+    " agent's program left behind replaces reward.txt in that gap (a fix: test.sh as the child"
+    " of the room's PID 1, so the kernel kills its namespace the moment test.sh exits)",
+)
+@pytest.mark.usefixtures("docker_test")
+@pytest.mark.parametrize("room", ["shared", "separate"])
+def test_a_writer_the_agents_program_leaves_running_under_the_verifier_scores_no_pass(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[[str, str], Path],
+    room: str,
+) -> None:
+    """test.sh runs the agent's program, which leaves a loop rewriting reward.txt 1 after
+    test.sh has written its 0: the verifier's room is emptied before its rewards are read, and
+    what is left there is never a pass."""
+    make_task("runs-app", test=RUNS_APP, solve="printf 'echo 42\\n' > /app/check.sh")
+    write_harness("writer", _program(LINGERING_WRITER))
+    separate = '[verifier]\nenvironment_mode = "separate"\n' if room == "separate" else ""
+    run_toml = f'harnesses = ["writer"]\ndatasets = ["ds"]\n{separate}'
+    (trial,) = _session(pytester, tmp_path, run_toml)
+    assert trial.outcome != "pass" and trial.reward == 0.0, (trial.outcome, trial.error)
+
+
 def test_which_reward_files_a_task_writes_is_read_from_its_tests(tmp_path: Path) -> None:
     tests = tmp_path / "tests"
     (tests / "lib").mkdir(parents=True)
