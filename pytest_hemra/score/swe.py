@@ -149,7 +149,8 @@ def guard(
     `__init__.py` above them), and the top-level modules of /app (a new one named like a module of
     the installed distributions, `installed`, would stand in for it). A change to any of these is
     tampering, and is put back as shipped; test files the agent adds or changes are left out or
-    put back, not tampering (unless the hidden patch writes them)."""
+    put back, not tampering (unless the hidden patch writes them), and so are empty files it adds
+    in a tests folder (an empty `__init__.py`)."""
     touched = set(_patched_files(hidden_patch))
     folders = {str(PurePosixPath(path).parent) for path in touched} - {"."}
     above = {str(parent) for folder in folders for parent in PurePosixPath(folder).parents}
@@ -176,10 +177,12 @@ def guard(
         elif path in touched and was is not None and changed:
             tampered.append(f"{path}: {_verb(was, now)}, and the hidden tests patch it")
         elif in_tests and changed and not TEST_FILE.match(name):
-            tampered.append(f"{path}: {_verb(was, now)} in the tests folder {parent}")
+            if was is not None or (now or b"").strip():  # an empty file added: removed alone
+                tampered.append(f"{path}: {_verb(was, now)} in the tests folder {parent}")
             removed.add(path)
         elif name == "__init__.py" and parent in above and changed:
-            tampered.append(f"{path}: {_verb(was, now)} above the tests folder")
+            if was is not None or (now or b"").strip():
+                tampered.append(f"{path}: {_verb(was, now)} above the tests folder")
             removed.add(path)
         elif was is None and top in installed and top not in shipped_tops and not in_tests:
             tampered.append(f"{path}: added, named like the installed module {top}")
