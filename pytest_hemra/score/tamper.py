@@ -20,19 +20,21 @@ tampering.
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import io
 import posixpath
 import re
-import tarfile
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from pytest_hemra.core.errors import Tampered
 from pytest_hemra.execute.context import TrialContext
 from pytest_hemra.execute.sandbox import AGENT_HOME, WORKDIR, Change, Sandbox
+from pytest_hemra.score.fingerprints import (
+    MAX_SUSPECT_BYTES,
+    Fingerprint,
+    archive_of,
+    fingerprint,
+    fingerprints,
+)
 from pytest_hemra.score.package_records import (
     Records,
     aliases,
@@ -64,19 +66,17 @@ HOME_PROFILES = frozenset({".bashrc", ".profile", ".bash_profile", ".bash_login"
 ALWAYS = frozenset({"/etc/ld.so.preload"})
 HOOK_NAMES = ("sitecustomize", "usercustomize")
 MODULE_SUFFIXES = (".py", ".so", ".pth")
+# what the engine itself puts in every sandbox: Docker's init, bound read-only from the host
+ENGINE_MOUNTS = frozenset({"/sbin/docker-init", "/usr/sbin/docker-init"})
 # root's PATH in order, as the verifier's commands are looked up
 COMMAND_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 DPKG_INFO = "/var/lib/dpkg/info"
 DPKG_STATUS = "/var/lib/dpkg/status"
 # the bounds of what is read
 MAX_SUSPECTS = 2000  # changed files checked; past it, each one left is tampering
-MAX_SUSPECT_BYTES = 1 << 30  # streamed from the engine to hash them, in all
-MAX_BATCH_BYTES = 256 << 20  # one folder's archive, read for several of them at once
-BATCH_MIN = 8  # changed files in one folder read as one archive
 MAX_RECORD_BYTES = 256 << 20  # dpkg's records and RECORD files streamed, in all
 MAX_RECORDS = 1000  # RECORD files read
 MAX_LINKS = 8  # links followed from a changed link
-CHUNK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -89,22 +89,12 @@ class Suspect:
     shadows: bool = False  # an added command: tampering only if it shadows one of the image's
 
 
-@dataclass(frozen=True)
-class Fingerprint:
-    """A changed path as the engine's archive holds it: a regular file's digests, a link's
-    target ("" for a device or FIFO), or a folder."""
-
-    md5: str = ""
-    sha256: str = ""
-    link: str | None = None
-    size: int = 0
-    is_folder: bool = False
-
-
 def watched(change: Change, homes: Iterable[str] = ("/root",)) -> Suspect | None:
     """Whether a changed path (not a folder) is one the verifier may run, and why; None if not."""
     path, kind = change.path, change.kind
     if kind == "deleted" or path == WORKDIR or path.startswith(WORKDIR + "/"):
+        return None
+    if path in ENGINE_MOUNTS:
         return None
     name = posixpath.basename(path)
     stem = name.split(".", 1)[0]
@@ -261,47 +251,6 @@ class _Explainer:
         return False
 
 
-def fingerprints(
-    sandbox: Sandbox, paths: Iterable[str], added: set[str]
-) -> tuple[dict[str, Fingerprint], set[str]]:
-    """Each path's fingerprint, streamed from the engine's archive (what is not there is left
-    out), and the paths left unread past `MAX_SUSPECT_BYTES` streamed. A folder the agent
-    added, or one holding `BATCH_MIN` of the paths, is read once for all it holds (up to
-    `MAX_BATCH_BYTES`); the rest one request each."""
-    pending, found = set(paths), dict[str, Fingerprint]()
-    budget = [MAX_SUSPECT_BYTES]
-    per_folder = Counter(posixpath.dirname(path) for path in pending)
-    roots: set[str] = set()
-    for path in pending:
-        top = next((folder for folder in _parents(path) if folder in added), None)
-        if top is None and per_folder[posixpath.dirname(path)] >= BATCH_MIN:
-            top = posixpath.dirname(path)
-        if top is not None:
-            roots.add(top)
-    for root in sorted(roots, key=len):
-        if budget[0] > 0:
-            found |= _read_folder(sandbox, root, pending - found.keys(), budget)
-    for path in sorted(pending - found.keys()):
-        if budget[0] <= 0:
-            break
-        single = fingerprint(sandbox, path)
-        if single is not None:
-            budget[0] -= single.size
-            found[path] = single
-    unread = {path for path in pending - found.keys()} if budget[0] <= 0 else set()
-    return found, unread
-
-
-def fingerprint(sandbox: Sandbox, path: str) -> Fingerprint | None:
-    """The fingerprint of `path` (a file's digests streamed, never held whole), or None when
-    it is not there."""
-    with _archive(sandbox, path) as archive:
-        if archive is None:
-            return None
-        member = next(iter(archive), None)
-        return None if member is None else _fingerprint_of(archive, member)
-
-
 def read_records(sandbox: Sandbox, changes: Iterable[Change], wanted: set[str]) -> Records:
     """dpkg's md5sums and lists (one stream of its info folder), its conffiles' digests, and
     the RECORD of every wheel written in this turn, kept for the `wanted` paths; bounded by
@@ -330,45 +279,6 @@ def read_records(sandbox: Sandbox, changes: Iterable[Change], wanted: set[str]) 
     return records
 
 
-def _read_folder(
-    sandbox: Sandbox, root: str, wanted: set[str], budget: list[int]
-) -> dict[str, Fingerprint]:
-    """The fingerprints of the `wanted` paths under `root`, from one archive of it; stops past
-    `MAX_BATCH_BYTES` (what is left is read one by one) or the budget."""
-    found: dict[str, Fingerprint] = {}
-    streamed = 0
-    parent = posixpath.dirname(root)
-    with _archive(sandbox, root) as archive:
-        if archive is None:
-            return found
-        for member in archive:
-            streamed += member.size
-            budget[0] -= member.size
-            if streamed > MAX_BATCH_BYTES or budget[0] <= 0:
-                break
-            path = posixpath.join(parent, member.name.rstrip("/"))
-            if path in wanted:
-                found[path] = _fingerprint_of(archive, member)
-    return found
-
-
-def _fingerprint_of(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Fingerprint:
-    if member.isdir():
-        return Fingerprint(is_folder=True)
-    if member.issym() or member.islnk():
-        return Fingerprint(link=member.linkname)
-    if not member.isfile():
-        return Fingerprint(link="")  # a device, a FIFO: no package ships one here
-    md5, sha256 = hashlib.md5(usedforsecurity=False), hashlib.sha256()
-    handle = archive.extractfile(member)
-    if handle is not None:
-        while block := handle.read(CHUNK):
-            md5.update(block)
-            sha256.update(block)
-    digest = base64.urlsafe_b64encode(sha256.digest()).rstrip(b"=").decode()
-    return Fingerprint(md5=md5.hexdigest(), sha256=digest, size=member.size)
-
-
 def _shadows(sandbox: Sandbox, path: str) -> str | None:
     """The image's command that `path`, added to a folder of root's PATH, is found before: the
     same name in a later folder of the PATH (None if none)."""
@@ -387,7 +297,7 @@ def _members(
 ) -> Iterator[tuple[str, str]]:
     """(name, text) of the regular files under `path` whose name ends in one of `endings`,
     streamed from the engine's archive; stops at `MAX_RECORD_BYTES` in all, noted."""
-    with _archive(sandbox, path) as archive:
+    with archive_of(sandbox, path) as archive:
         if archive is None:
             return
         for member in archive:
@@ -404,72 +314,12 @@ def _members(
                 yield member.name, handle.read().decode(errors="replace")
 
 
-class _Archive:
-    """The engine's tar stream of a path, read one member at a time (None: not there)."""
-
-    def __init__(self, sandbox: Sandbox, path: str) -> None:
-        self._chunks = sandbox.export_tree(path)
-        self._archive: tarfile.TarFile | None = None
-
-    def __enter__(self) -> tarfile.TarFile | None:
-        stream = _ChunkReader(self._chunks)
-        if not stream.has_data():
-            return None
-        self._archive = tarfile.open(fileobj=stream, mode="r|")
-        return self._archive
-
-    def __exit__(self, *_: object) -> None:
-        if self._archive is not None:
-            self._archive.close()
-        close = getattr(self._chunks, "close", None)
-        if close is not None:
-            close()
-
-
-def _archive(sandbox: Sandbox, path: str) -> _Archive:
-    return _Archive(sandbox, path)
-
-
-class _ChunkReader(io.RawIOBase):
-    """A readable file over an iterator of byte chunks (the engine's archive stream)."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = iter(chunks)
-        self._pending = memoryview(b"")
-
-    def has_data(self) -> bool:
-        while not self._pending:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return False
-            self._pending = memoryview(chunk)
-        return True
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        if not self.has_data():
-            return 0
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
-
-
 def _source(path: str) -> str:
     """The source of a compiled module (`x/__pycache__/m.cpython-311.pyc` -> `x/m.py`), or ""."""
     folder, name = posixpath.split(path)
     if not name.endswith(".pyc") or posixpath.basename(folder) != "__pycache__":
         return ""
     return posixpath.join(posixpath.dirname(folder), name.split(".", 1)[0] + ".py")
-
-
-def _parents(path: str) -> Iterator[str]:
-    """The folders holding `path`, outermost first (not /)."""
-    parts = path.strip("/").split("/")[:-1]
-    for depth in range(1, len(parts) + 1):
-        yield "/" + "/".join(parts[:depth])
 
 
 def _target(path: str, link: str) -> str:
