@@ -130,7 +130,7 @@ class Progress:
     steps: list[StepResult] = field(default_factory=list)  # a multi-step task's
     judgments: list[Judgment] = field(default_factory=list)  # the open track's rubric judge
     engine: str | None = None  # where a pool placed the trial
-    agent_logs: bool = True  # whether /logs/agent may hold something (the sweep looked)
+    agent_logs: bool = True  # whether /logs/agent may hold something (`empty_room` looked)
     agent_user: str | None = None  # whose user the agent ran as ("0:0 (root, image)")
 
     @contextmanager

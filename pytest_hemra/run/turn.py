@@ -237,9 +237,13 @@ def empty_room(context: TrialContext, sandbox: Sandbox) -> bool:
     one-step task verified in it, the task's services healthy again, then, as root, /tests
     removed and /logs/verifier a new empty folder (EMPTY_ROOM). Whether /logs/agent holds
     anything is returned. A room that cannot be made clean for what the agent left in it is
-    the trial's failure (VerifierError), never the engine's."""
+    the trial's failure (VerifierError), never the engine's. A one-step task verified in a
+    separate room leaves the sandbox halted: only its files are read from then on (through
+    the engine), so it is not started again."""
     sandbox.halt()
-    if not context.task.config.steps and not is_separate(context):
+    if not context.task.config.steps:
+        if is_separate(context):
+            return True  # /logs/agent read through the engine, whether it holds anything or not
         cut_network(context, sandbox, context.task.config.verifier)
     sandbox.empty()
     if sandbox.runs_services:  # the entrypoint ran again: its services come back fresh

@@ -359,11 +359,15 @@ class DockerSandbox:
         read again around every such file: their sizes listed inside the sandbox (`find`, as the
         agent user), the folders holding one fetched child by child. A large file the listing
         could not see (a folder the agent user cannot list) is gone around when met, up to
-        `MAX_UNLISTED` of them; the total caps stop the read."""
+        `MAX_UNLISTED` of them; the total caps stop the read. A halted sandbox, where nothing
+        runs to list it, is read in one stream, files over the cap read through and dropped;
+        past `MAX_TREE_BYTES` of those it is started again (`empty`) and read as above."""
         tree = Tree()
         if self._halted:  # no command to list it: files over the cap are read through, unkept
-            self._stream_tree(path, "", tree, read_through=MAX_TREE_BYTES)
-            return tree
+            if self._stream_tree(path, "", tree, read_through=MAX_TREE_BYTES) is None:
+                return tree
+            self.empty()  # too much to read through: started again (nothing left of the agent's)
+            tree = Tree()
         first = self._stream_tree(path, "", tree)
         if first is None:  # the usual case: nothing over the cap, one stream
             return tree
@@ -444,7 +448,7 @@ class DockerSandbox:
         one member at a time; the connection is closed at the first member over a cap. Returns
         the name and size of a file over the per-file cap met there, before its data; with
         `read_through`, such files are named in `skipped` and their data read and dropped, up to
-        that many bytes in all (then the read stops)."""
+        that many bytes in all (the one past it is returned)."""
         path = str(PurePosixPath(root) / relative) if relative else root
         response = self.api._get(
             self.api._url("/containers/{0}/archive", self.container.id),
@@ -473,10 +477,7 @@ class DockerSandbox:
                         name = name.split("/", 1)[1]
                     if member.size > MAX_TREE_FILE_BYTES:
                         if member.size > read_through:  # unlisted: stop before its data
-                            if not read_through:
-                                return name, member.size
-                            tree.stopped = f"{path}: large files past {MAX_TREE_BYTES} bytes"
-                            return None
+                            return name, member.size
                         read_through -= member.size  # the stream reads past it, unkept
                         tree.skipped[name] = member.size
                         tree[name] = b""
