@@ -20,7 +20,8 @@ import pytest
 
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.resolve.datasets import bundled_dir
-from pytest_hemra.score.swe import guard, read_report, shipped_config, summary_passes
+from pytest_hemra.score.swe import read_report, summary_passes
+from pytest_hemra.score.swe_guard import guard, shipped_config
 from pytest_hemra.store import Store
 
 WORD_COUNT = bundled_dir("datasets") / "swe-mini" / "word-count"
