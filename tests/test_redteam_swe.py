@@ -311,8 +311,12 @@ def test_attacks_on_the_test_runner_by_a_non_root_agent_are_tampered_or_score_no
     pytest_task(tmp_path / "datasets" / "mine" / "words")
     for name, script in RUNNER_ATTACKS.items():
         program(write_harness, name, script)
+    solve = (WORD_COUNT / "solution" / "solve.sh").read_text()
+    program(write_harness, "solves-and-runs-the-tests", f"{solve}\npython3 -m pytest -q tests\n"
+            "cd tests && python3 -m pytest -q . ; true")  # fmt: skip
     run_file = tmp_path / "run.toml"
-    harnesses = ", ".join(f'"{name}"' for name in ["oracle", "nop", *RUNNER_ATTACKS])
+    honest = ["oracle", "nop", "solves-and-runs-the-tests"]
+    harnesses = ", ".join(f'"{name}"' for name in [*honest, *RUNNER_ATTACKS])
     run_file.write_text(
         f'harnesses = [{harnesses}]\ndatasets = ["mine"]\n'
         '[sandbox]\nagent_user = "non-root"\n'
@@ -324,6 +328,8 @@ def test_attacks_on_the_test_runner_by_a_non_root_agent_are_tampered_or_score_no
     found = {t.harness: t for t in store.trials(run.id)}
     assert (found["oracle"].error_class, found["oracle"].reward) == ("success", 1.0)
     assert (found["nop"].error_class, found["nop"].reward) == ("no_change", 0.25)
+    solver = found["solves-and-runs-the-tests"]  # its caches in the tests folder: no tampering
+    assert (solver.outcome, solver.reward, solver.error_class) == (Outcome.PASS, 1.0, "success")
     ended = {name: (found[name].outcome, found[name].reward) for name in RUNNER_ATTACKS}
     assert ended == dict.fromkeys(RUNNER_ATTACKS, (Outcome.TAMPERED, 0.0))
     for name in RUNNER_ATTACKS:
@@ -365,6 +371,8 @@ def test_test_infrastructure_the_agent_adds_is_tampering_and_honest_work_is_not(
         "helpers.py": b"",  # a new module named like nothing installed
         "tests/test_more.py": b"def test_b():\n    pass\n",  # a test of the agent's own
         "tests/helpers/__init__.py": b"\n",  # empty: left out, not tampering
+        "tests/__pycache__/test_words.cpython-311-pytest-7.2.1.pyc": b"\x00",  # it ran the tests
+        "tests/.pytest_cache/v/cache/lastfailed": b"{}",
     }
     checked = guard(shipped, honest, hidden, installed)
     assert checked.tampered == ()

@@ -235,6 +235,7 @@ set -f
 find . -type l \( $NAMES -o -name pyproject.toml -o -name setup.cfg -o -name tox.ini \) \
   -exec sh -c 'for f; do echo "link ${f#./}"; done' sh {} + -exec rm -f {} +
 find . \( $NAMES \) ! -type d -exec rm -f {} +
+find . \( -name __pycache__ -o -name .pytest_cache \) -prune -exec rm -rf {} +
 set +f
 rm -rf pytest.py _pytest py py.py pluggy pluggy.py unittest unittest.py iniconfig iniconfig.py
 for path in "$@"; do rm -rf "./$path"; done

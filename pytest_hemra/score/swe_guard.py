@@ -30,6 +30,9 @@ STEERING_SECTIONS = {  # config files whose pytest part alone steers the tests
 # other the agent adds there named like an installed module is tampering too (`installed_modules`)
 RUNNER_MODULES = ("pytest", "_pytest", "py", "pluggy", "unittest", "iniconfig")
 TEST_FILE = re.compile(r"^(test.*|.*_test)\.py$")
+# caches Python and pytest write when the agent runs the tests: never tampering, and removed
+# from the hidden run's copy (a cached module could stand in for its source)
+CACHES = frozenset({"__pycache__", ".pytest_cache"})
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ def guard(
     removed: set[str] = set(touched)
     tampered: list[str] = []
     for path in sorted(set(before) | set(after)):
-        if not _is_safe(path):
+        if not _is_safe(path) or CACHES.intersection(path.split("/")):
             continue
         name = PurePosixPath(path).name
         parent = str(PurePosixPath(path).parent)
