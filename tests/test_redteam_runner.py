@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -259,3 +260,60 @@ def test_printable_escapes_every_control_character_an_agent_may_send() -> None:
     )
     assert printable_lines("one\n\x1b]0;title\x07two\tthree") == ("one\n\\e]0;title\\x07two\tthree")
     assert printable("plain text, caf\u00e9") == "plain text, caf\u00e9"
+
+
+def test_a_diff_crafted_to_be_costly_to_match_is_made_in_bounded_work(tmp_path: Path) -> None:
+    # every other line of 20,000 changed: difflib alone would take ~40 s on this file; lines
+    # found once on each side anchor the match (as git's patience diff), so it is made at once
+    old = "".join(f"{i}\n" for i in range(20_000)).encode()
+    new = "".join(f"{i}\n" if i % 2 else f"y{i}\n" for i in range(20_000)).encode()
+    head = "".join(f"same {i}\n" for i in range(10)).encode()
+    write_diff({"f.txt": head + old + head}, {"f.txt": head + new + head}, tmp_path / "p")
+    lines = (tmp_path / "p").read_text().splitlines()
+    assert [line for line in lines if line.startswith("@@")] == ["@@ -8,20005 +8,20005 @@"]
+    assert lines[3:9] == [" same 7", " same 8", " same 9", "-0", "+y0", " 1"]
+    # every line twice: one anchor alone (the middle line, once its twin is set aside as a
+    # common last line), and each half, too big to match, is removed then added whole
+    write_diff({"f.txt": old + old}, {"f.txt": new + new}, tmp_path / "q")
+    lines = (tmp_path / "q").read_text().splitlines()
+    assert [line for line in lines if line.startswith("@@")] == ["@@ -1,40000 +1,40000 @@"]
+    assert lines[3:5] == ["-0", "-1"] and lines[3 + 19_999] == "+y0"
+    assert sorted(Counter(line[0] for line in lines[3:]).items()) == [
+        (" ", 2),
+        ("+", 39_998),
+        ("-", 39_998),
+    ]
+    # a small change in a big file is matched as usual
+    edited = old.replace(b"\n100\n", b"\nhundred\n").replace(b"\n15000\n", b"\nlate\n")
+    write_diff({"f.txt": old}, {"f.txt": edited}, tmp_path / "r")
+    hunks = [line for line in (tmp_path / "r").read_text().splitlines() if line[:2] == "@@"]
+    assert hunks == ["@@ -98,7 +98,7 @@", "@@ -14998,7 +14998,7 @@"]
+
+
+@pytest.mark.slow
+def test_a_128_mib_change_to_app_costs_the_runner_under_200_mb_and_its_diff_is_capped(
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[..., Path],
+) -> None:
+    from tests.test_redteam_files import peak_rss_mb
+
+    make_task("one")
+    write_harness(
+        "honest", 'kind = "program"\ncommand = ["bash", "-c", "echo hi > /app/out.txt"]\n'
+    )
+    # 128 text files of 1 MiB (the per-file cap), 128 MiB in all (the tree read's cap)
+    big = (
+        "yes 'a line of the agent text' | head -c 1048576 > /tmp/one; "
+        "for i in $(seq 1 128); do cp /tmp/one /app/big$i.txt; done; echo hi > /app/out.txt"
+    )
+    write_harness("big", f'kind = "program"\ncommand = {json.dumps(["bash", "-c", big])}\n')
+    honest = peak_rss_mb(tmp_path, "honest")
+    peak = peak_rss_mb(tmp_path, "big")
+    print(f"runner peak RSS: honest trial {honest:.0f} MB, 128 MiB change {peak:.0f} MB")
+    assert peak - honest < 200
+    trials = {t.harness: t for t in _trials(tmp_path)}
+    assert [(t.outcome, t.reward) for t in trials.values()] == [("pass", 1.0)] * 2
+    diff = Path(trials["big"].trial_dir) / "diff.patch"
+    assert diff.stat().st_size < (4 << 20) + 200
+    assert diff.read_text().endswith("changed files not shown\n")
