@@ -401,6 +401,13 @@ def test_test_infrastructure_the_agent_adds_is_tampering_and_honest_work_is_not(
     assert found.originals["tests/data.txt"] == b"a b\n"  # put back as shipped
 
 
+def test_a_folder_with_the_projects_code_beside_its_tests_stays_the_agents() -> None:
+    shipped = {"pkg/core.py": b"x = 1\n", "pkg/core_test.py": b"", "pkg/helpers.py": b""}
+    hidden = "--- a/pkg/core_test.py\n+++ b/pkg/core_test.py\n@@ -1 +1 @@\n"
+    fixed = {**shipped, "pkg/core.py": b"x = 2\n", "pkg/util.py": b"y = 1\n"}
+    assert guard(shipped, fixed, hidden).tampered == ()
+
+
 def test_the_tests_run_under_the_configuration_the_task_shipped() -> None:
     shipped = {
         "pyproject.toml": b'[project]\nname = "x"\n',  # no pytest section: not pytest's

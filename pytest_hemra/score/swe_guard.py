@@ -55,15 +55,15 @@ def guard(
     """Compare /app before and after the agent (regular files, as read by the runner).
 
     Test infrastructure is the task's: what steers pytest (configuration under any name it reads,
-    `conftest.py`, `.pth`, `sitecustomize`, plugin entry points), the tests folders (those the
-    hidden patch writes in: an `__init__.py` or helper the agent adds or changes there, or an
+    `conftest.py`, `.pth`, `sitecustomize`, plugin entry points), the tests folders
+    (`tests_folders`: an `__init__.py` or helper the agent adds or changes there, or an
     `__init__.py` above them), and the top-level modules of /app (a new one named like a module of
     the installed distributions, `installed`, would stand in for it). A change to any of these is
     tampering, and is put back as shipped; test files the agent adds or changes are left out or
     put back, not tampering (unless the hidden patch writes them), and so are empty files it adds
     in a tests folder (an empty `__init__.py`)."""
     touched = set(_patched_files(hidden_patch))
-    folders = {str(PurePosixPath(path).parent) for path in touched} - {"."}
+    folders = tests_folders(before, touched)
     above = {str(parent) for folder in folders for parent in PurePosixPath(folder).parents}
     shipped_tops = {_top_module(path) for path in before}
     originals: dict[str, bytes] = {}
@@ -104,6 +104,29 @@ def guard(
     uncounted = frozenset(p for p in after if p not in before and p not in touched)
     removed |= {p for p in uncounted if _is_safe(p) and TEST_FILE.match(PurePosixPath(p).name)}
     return Guard(originals, tuple(sorted(removed)), tuple(tampered), uncounted)
+
+
+def tests_folders(before: Mapping[str, bytes], touched: set[str]) -> set[str]:
+    """The folders below the top of /app that hold the hidden tests and nothing but tests: a
+    folder a test file the hidden patch writes is in, named like one (`tests`, `test_x`,
+    `testing`) or whose shipped Python files are all tests, `conftest.py` or `__init__.py`. A
+    folder that also holds the project's code is not one (the agent's fix goes there)."""
+    found = set()
+    for path in touched:
+        folder = PurePosixPath(path).parent
+        if folder == PurePosixPath(".") or not TEST_FILE.match(PurePosixPath(path).name):
+            continue
+        shipped = [
+            PurePosixPath(other).name
+            for other in before
+            if PurePosixPath(other).parent == folder and other.endswith(".py")
+        ]
+        only_tests = all(
+            TEST_FILE.match(name) or name in ("conftest.py", "__init__.py") for name in shipped
+        )
+        if folder.name.startswith("test") or only_tests:
+            found.add(str(folder))
+    return found
 
 
 def shipped_config(before: Mapping[str, bytes]) -> str | None:
