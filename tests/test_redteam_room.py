@@ -37,8 +37,8 @@ COPY_ANSWER = "cat /tests/answer.txt > /app/.a 2>/dev/null && mv /app/.a /app/ou
 LAUNCH = "( setsid nohup {program} >/dev/null 2>&1 & ); exit 0"
 
 
-def _harness(program: str, script: str) -> str:
-    launch = LAUNCH.format(program=program)
+def _harness(program: str, script: str, before: str = "") -> str:
+    launch = before + LAUNCH.format(program=program)
     return f'kind = "program"\ncommand = {json.dumps(["sh", "-c", launch, script])}\n'
 
 
@@ -170,3 +170,65 @@ def test_a_reward_is_read_from_the_halted_room_past_a_log_over_the_file_cap(
     folder = Path(rows["oracle"]["trial_dir"]) / "verifier"
     assert (folder / "reward.txt").read_text().strip() == "1"
     assert (folder / "big.log").read_bytes() == b""
+
+
+# what the verifier sees: whether a process left behind still touches /app once the tests are
+# in, and whether PID 1 is the one the agent's turn ran beside (the sandbox not started again)
+WATCH_TEST = (
+    "rm -f /app/alive; sleep 1; if [ -e /app/alive ]; then echo alive; else echo gone; fi"
+    " > /logs/verifier/seen.txt; "
+    'if [ "$(cat /app/init.txt 2>/dev/null)" = "$(cut -d" " -f22 /proc/1/stat)" ]; '
+    "then echo same; else echo restarted; fi > /logs/verifier/init.txt; "
+    "echo 0 > /logs/verifier/reward.txt"
+)
+NOTE_INIT = "cut -d' ' -f22 /proc/1/stat > /app/init.txt"
+WATCHED = {
+    "quiet": f'kind = "program"\ncommand = {json.dumps(["sh", "-c", NOTE_INIT])}\n',
+    "newline-name": _harness(
+        'sh -c "$0"',
+        "printf 'x\\ny' > /proc/self/comm\nwhile :; do : > /app/alive; sleep 0.05; done\n",
+        before=f"{NOTE_INIT}; ",
+    ),
+    "thread-left": _harness(
+        'python3 -c "$0"',
+        """\
+import ctypes, threading, time
+def touch():
+    while True:
+        open("/app/alive", "w").close()
+        time.sleep(0.05)
+threading.Thread(target=touch).start()
+ctypes.CDLL(None).pthread_exit(None)
+""",
+        before=f"{NOTE_INIT}; ",
+    ),
+}
+
+
+@pytest.mark.parametrize("user", ["root", "non-root"])
+def test_nothing_the_agent_left_runs_when_the_tests_enter_whoever_it_ran_as(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[[str, str], Path],
+    user: str,
+) -> None:
+    """Seen by the verifier itself: a process named with a newline, or whose main thread has
+    exited, no longer touches /app once the tests are in, for a root agent and a non-root one.
+    A root agent's sandbox is always started again (it could have tampered with PID 1); a
+    non-root agent's only when the engine counts anything but PID 1 and its child."""
+    make_task("watch", test=WATCH_TEST, dockerfile=IMAGE)
+    for name, harness in WATCHED.items():
+        write_harness(name, harness)
+    extra = '[sandbox]\nagent_user = "non-root"\n' if user == "non-root" else ""
+    rows = _run(pytester, tmp_path, list(WATCHED), extra)
+    seen = {}
+    for name, row in rows.items():
+        folder = Path(row["trial_dir"]) / "verifier"
+        seen[name] = tuple((folder / f).read_text().strip() for f in ("seen.txt", "init.txt"))
+    quiet = "same" if user == "non-root" else "restarted"
+    assert seen == {
+        "quiet": ("gone", quiet),
+        "newline-name": ("gone", "restarted"),
+        "thread-left": ("gone", "restarted"),
+    }

@@ -228,10 +228,10 @@ def run_agent(
     try:
         _take_turn(context, sandbox, progress, values, env, deadline, identity)
     finally:  # exit, timeout or error: nothing the agent started outlives its turn
-        progress.agent_logs = empty_room(context, sandbox)
+        progress.agent_logs = empty_room(context, sandbox, identity)
 
 
-def empty_room(context: TrialContext, sandbox: Sandbox) -> bool:
+def empty_room(context: TrialContext, sandbox: Sandbox, identity: Identity) -> bool:
     """After an agent's turn: the sandbox emptied by the kernel (killed whole, started again),
     the verifier's network cut while it is stopped (cheaper than on a running one) for a
     one-step task verified in it, the task's services healthy again, then, as root, /tests
@@ -239,7 +239,11 @@ def empty_room(context: TrialContext, sandbox: Sandbox) -> bool:
     anything is returned. A room that cannot be made clean for what the agent left in it is
     the trial's failure (VerifierError), never the engine's. A one-step task verified in a
     separate room leaves the sandbox halted: only its files are read from then on (through
-    the engine), so it is not started again."""
+    the engine), so it is not started again. A non-root agent that left nothing running (the
+    engine counts PID 1 and its child alone, both root's, which that agent can neither signal
+    nor trace) leaves the sandbox as it is: there is nothing to kill."""
+    if not identity.is_root and not sandbox.runs_services and sandbox.runs_only_init():
+        return _clear_room(context, sandbox)
     sandbox.halt()
     if not context.task.config.steps:
         if is_separate(context):
@@ -252,6 +256,12 @@ def empty_room(context: TrialContext, sandbox: Sandbox) -> bool:
             healthy(context, sandbox, check, "[environment] healthcheck, after the agent")
         except InfraError as error:
             raise VerifierError(f"after the agent's turn: {error}") from error
+    return _clear_room(context, sandbox)
+
+
+def _clear_room(context: TrialContext, sandbox: Sandbox) -> bool:
+    """EMPTY_ROOM and AGENT_LOGS_SAID as root in one command, once nothing of the agent's runs:
+    whether /logs/agent holds anything."""
     log = context.trial_dir / "agent" / "room.txt"
     result = sandbox.exec(
         ["/bin/sh", "-c", EMPTY_ROOM + AGENT_LOGS_SAID],

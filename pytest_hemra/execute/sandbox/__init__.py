@@ -173,6 +173,11 @@ class Sandbox(Protocol):
         entrypoint (its services) runs again. Raises VerifierError when what the agent left
         keeps it from stopping or starting again (the trial's failure, not the engine's)."""
 
+    def runs_only_init(self) -> bool:
+        """Whether the kernel holds no process in the sandbox but its PID 1 and that one's child
+        (`sleep`), as the engine counts them from outside (names never read); False when it
+        cannot tell. A sandbox whose image runs services is never asked."""
+
     def halt(self) -> None:
         """Killed whole, as `empty`, and left stopped: files can still be read (`read_tree`,
         `export_tree`) and the network changed; commands run again only after `empty`."""

@@ -265,6 +265,14 @@ class DockerSandbox:
         """Kill every process of `user` but PID 1: the exec's whole tree, whatever it spawned."""
         self.container.exec_run(list(KILL_ALL), user=user)
 
+    def runs_only_init(self) -> bool:
+        """The engine's count of the container's processes (its cgroup's, listed on the host: a
+        process whose main thread has exited is still one) is two: docker-init and `sleep`."""
+        try:
+            return len(self.container.top()["Processes"]) <= 2
+        except DOCKER_ERRORS:
+            return False
+
     def halt(self) -> None:
         """SIGKILL to PID 1 (the kernel kills its whole PID namespace: every process, whatever
         its name, thread state, user or session), then wait until the engine has it stopped."""
