@@ -475,3 +475,38 @@ def test_the_tests_run_under_the_tasks_own_pytest_settings_and_not_the_agents(
     assert found["oracle"] == (Outcome.PASS, 1.0, "success")
     assert found["nop"] == (Outcome.FAIL, 0.25, "no_change")
     assert found["dot-ini"] == (Outcome.TAMPERED, 0.0, "tampered")
+
+
+# the code under test runs in the test process: what it changes there, HEMRA's plugin sees
+PATCHES_PYTEST = """\
+from _pytest.reports import TestReport
+_made = TestReport.from_item_and_call.__func__
+def _passing(cls, item, call):
+    report = _made(cls, item, call)
+    report.outcome, report.longrepr = "passed", None
+    return report
+TestReport.from_item_and_call = classmethod(_passing)
+"""
+
+
+@pytest.mark.usefixtures("docker_test")
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: code under test that the tests import can rewrite pytest's own objects in the "
+    "test process, and the report and pytest's summary then agree (docs/tracks.md)",
+)
+def test_code_under_test_that_patches_pytest_in_the_test_process_scores_no_more_than_nop(
+    pytester: pytest.Pytester, tmp_path: Path, write_harness: Callable[[str, str], Path]
+) -> None:
+    pytest_task(tmp_path / "datasets" / "mine" / "words")
+    program(write_harness, "patches-pytest", f"cat >> /app/words.py <<'PY'\n{PATCHES_PYTEST}PY")
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(
+        'harnesses = ["nop", "patches-pytest"]\ndatasets = ["mine"]\n'
+        '[sandbox]\nagent_user = "non-root"\n'
+    )
+    pytester.runpytest("--hemra-run", str(run_file))
+    store = Store(pytester.path / ".hemra" / "hemra.db")
+    (run,) = store.runs()
+    found = {t.harness: t.reward for t in store.trials(run.id)}
+    assert (found["patches-pytest"] or 0.0) <= (found["nop"] or 0.0)
