@@ -46,8 +46,9 @@ def _entry_point_modules() -> list[str]:
 
 
 def main() -> int:
-    for info in pkgutil.walk_packages(_pytest.__path__, "_pytest."):
-        _load(info.name)
+    with contextlib.suppress(Exception):  # a package that fails to load ends the walk alone
+        for info in pkgutil.walk_packages(_pytest.__path__, "_pytest.", onerror=lambda _: None):
+            _load(info.name)
     for name in (*LATER, *_entry_point_modules()):
         _load(name)
     sys.path.insert(0, os.getcwd())  # as `python -m pytest` has it, for the project alone
