@@ -34,6 +34,8 @@ HARNESSES = ["base", "rival"]
 SCRIPT = "<script>alert(1)</script>"
 INSTRUCTION = 'Fix <b>the</b> bug <img src=x onerror="alert(2)"> & <script>alert(3)</script>'
 ODD_FILE = "<img src=x onerror=alert(4)>.txt"  # a file name is untrusted text too
+ESC_FILE = "esc\x1b[31mred\r.txt"  # control characters: shown as symbols, never raw
+CONTROL_TEXT = "\x1b[2Jcleared\rhidden\n"
 
 
 @dataclass
@@ -73,12 +75,13 @@ def write_folder(folder: Path, trial: Any) -> None:
     (folder / "verifier").mkdir()
     first = trial.task == "alpha" and trial.harness == "base" and trial.attempt == 1
     (folder / "agent" / "stdout.txt").write_text(
-        f"{SCRIPT}\nran {trial.item_id}\n" if first else "ok\n"
+        f"{SCRIPT}\nran {trial.item_id}\n{CONTROL_TEXT}" if first else "ok\n"
     )
     (folder / "agent" / "stderr.txt").write_text("")
     (folder / "verifier" / "stdout.txt").write_text("1 passed\n")
     (folder / "diff.patch").write_text("--- a/app.py\n+++ b/app.py\n@@ -1 +1 @@\n-bug\n+fixed\n")
     (folder / ODD_FILE).write_text("odd name\n")
+    (folder / ESC_FILE).write_text("escaped name\n")
     trajectory = {
         "schema_version": 1, "format": "hemra-trajectory/1", "wire": "anthropic-messages",
         "main_call": 1,
@@ -637,6 +640,10 @@ def test_agent_output_instruction_and_file_names_render_as_text(
     assert page.text_content("#instruction") == INSTRUCTION
     assert page.locator("#instruction *").count() == 0  # no element was made from the text
     assert page.locator("#files").get_by_text(ODD_FILE, exact=True).is_visible()
+    shown = page.text_content('pre[data-file="agent/stdout.txt"]') or ""
+    assert "\u241b[2Jcleared\u240dhidden" in shown and "\x1b" not in shown
+    files = page.text_content("#files") or ""
+    assert "esc\u241b[31mred\u240d.txt" in files and "\x1b" not in files
     page.wait_for_selector("#transcript .message.tool")
     assert SCRIPT in (page.text_content("#transcript .message.tool pre") or "")
     assert page.locator("main script, main img, main b:text('the')").count() == 0
