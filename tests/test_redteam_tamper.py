@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from conftest import BASE_IMAGE, TaskMaker
-from pytest_hemra.execute.sandbox import Change
+from pytest_hemra.execute.sandbox import ROOT_USER, Change, Limits, SandboxRequest
+from pytest_hemra.execute.sandbox.docker import DockerProvider
 from pytest_hemra.resolve.datasets import load_task
 from pytest_hemra.score.package_records import (
     Records,
@@ -30,7 +31,7 @@ from pytest_hemra.score.package_records import (
     parse_record,
     record_digest,
 )
-from pytest_hemra.score.tamper import watched
+from pytest_hemra.score.tamper import find_tampering, watched
 from pytest_hemra.viewer.server import ViewerThread
 
 SECRET = "answer-5d02"
@@ -266,6 +267,39 @@ def test_an_honest_agent_that_installs_or_upgrades_packages_is_not_marked(
         assert (rows[name]["outcome"], rows[name]["reward"]) == ("pass", 1.0), rows[name]
     assert (rows["edits-demo"]["outcome"], rows["edits-demo"]["reward"]) == ("tampered", 0.0)
     assert _evidence(rows["edits-demo"])["evidence"][0].startswith(f"{DEMO}: changed, no")
+
+
+@docker
+def test_the_engines_diff_and_the_reads_are_bounded_and_what_is_past_a_cap_is_tampering(
+    tmp_path: Path, docker_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below the trial: names with a quote and a newline come through the diff whole; a
+    changed file past the bytes left to read, or a diff past its cap, is not checked and is
+    evidence of its own."""
+    provider = DockerProvider(docker_client)
+    request = SandboxRequest(BASE_IMAGE, Limits(pids=256), network=False, labels={"hemra": "1"})
+    logs = tmp_path / "x.txt"
+    with provider.open(request) as sandbox:
+        sandbox.exec(
+            ["sh", "-c", 'cp /usr/bin/ls /usr/bin/cat && touch "/usr/bin/a\\"b\nc"'],
+            user=ROOT_USER,
+            env={},
+            timeout=30,
+            stdout=logs,
+            stderr=logs,
+            workdir="/",
+        )
+        paths = {change.path: change.kind for change in sandbox.changes()}
+        assert paths["/usr/bin/cat"] == "modified" and paths['/usr/bin/a"b\nc'] == "added"
+        assert find_tampering(sandbox) == [
+            "/usr/bin/cat: changed, no package record explains it (a program or library)"
+        ]
+        monkeypatch.setattr("pytest_hemra.score.fingerprints.MAX_SUSPECT_BYTES", 1024)
+        assert find_tampering(sandbox) == [
+            "/usr/bin/cat: changed, not checked (past the cap on bytes read)"
+        ]
+        monkeypatch.setattr("pytest_hemra.execute.sandbox.container.MAX_CHANGES_BYTES", 64)
+        assert find_tampering(sandbox) == ["/: the engine's diff is over 0 MiB, not checked"]
 
 
 def test_the_task_key_is_read_and_an_unknown_hemra_key_refused(make_task: TaskMaker) -> None:

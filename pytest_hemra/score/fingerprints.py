@@ -32,6 +32,7 @@ class Fingerprint:
     link: str | None = None
     size: int = 0
     is_folder: bool = False
+    is_unread: bool = False  # a file over the bytes left to read: not hashed
 
 
 def fingerprints(
@@ -58,22 +59,28 @@ def fingerprints(
     for path in sorted(pending - found.keys()):
         if budget[0] <= 0:
             break
-        single = fingerprint(sandbox, path)
+        single = fingerprint(sandbox, path, budget[0])
         if single is not None:
             budget[0] -= single.size
             found[path] = single
-    unread = pending - found.keys() if budget[0] <= 0 else set()
-    return found, unread
+    unread = {path for path, seen in found.items() if seen.is_unread}
+    if budget[0] <= 0:
+        unread |= pending - found.keys()
+    return {p: seen for p, seen in found.items() if not seen.is_unread}, unread
 
 
-def fingerprint(sandbox: Sandbox, path: str) -> Fingerprint | None:
-    """The fingerprint of `path` (a file's digests streamed, never held whole), or None when
-    it is not there."""
+def fingerprint(sandbox: Sandbox, path: str, limit: int = MAX_SUSPECT_BYTES) -> Fingerprint | None:
+    """The fingerprint of `path` (a file's digests streamed, never held whole; one over `limit`
+    bytes is not read), or None when it is not there."""
     with archive_of(sandbox, path) as archive:
         if archive is None:
             return None
         member = next(iter(archive), None)
-        return None if member is None else _fingerprint_of(archive, member)
+        if member is None:
+            return None
+        if member.islnk():  # alone in its archive, a hard link is the file it shares
+            member.type = tarfile.REGTYPE
+        return _fingerprint_of(archive, member, limit)
 
 
 def _read_folder(
@@ -93,18 +100,20 @@ def _read_folder(
             if streamed > MAX_BATCH_BYTES or budget[0] <= 0:
                 break
             path = posixpath.join(parent, member.name.rstrip("/"))
-            if path in wanted:
-                found[path] = _fingerprint_of(archive, member)
+            if path in wanted and not member.islnk():  # a hard link: read alone
+                found[path] = _fingerprint_of(archive, member, budget[0])
     return found
 
 
-def _fingerprint_of(archive: tarfile.TarFile, member: tarfile.TarInfo) -> Fingerprint:
+def _fingerprint_of(archive: tarfile.TarFile, member: tarfile.TarInfo, limit: int) -> Fingerprint:
     if member.isdir():
         return Fingerprint(is_folder=True)
-    if member.issym() or member.islnk():
+    if member.issym():
         return Fingerprint(link=member.linkname)
     if not member.isfile():
         return Fingerprint(link="")  # a device, a FIFO: no package ships one here
+    if member.size > limit:
+        return Fingerprint(size=member.size, is_unread=True)
     md5, sha256 = hashlib.md5(usedforsecurity=False), hashlib.sha256()
     handle = archive.extractfile(member)
     if handle is not None:

@@ -29,7 +29,6 @@ from pytest_hemra.core.errors import Tampered
 from pytest_hemra.execute.context import TrialContext
 from pytest_hemra.execute.sandbox import AGENT_HOME, WORKDIR, Change, Sandbox
 from pytest_hemra.score.fingerprints import (
-    MAX_SUSPECT_BYTES,
     Fingerprint,
     archive_of,
     fingerprint,
@@ -121,7 +120,10 @@ def watched(change: Change, homes: Iterable[str] = ("/root",)) -> Suspect | None
 def find_tampering(sandbox: Sandbox, homes: Iterable[str] = ("/root", "/home/agent")) -> list[str]:
     """Evidence lines ("path: why") for every watched file the agent changed that no package
     record explains; empty when there is none."""
-    changes = sandbox.changes()
+    try:
+        changes = sandbox.changes()
+    except OverflowError as error:  # more changed paths than the runner reads: not checked
+        return [f"/: {error}, not checked"]
     folders = {posixpath.dirname(change.path) for change in changes}
     homes = tuple(homes) + tuple(c.path for c in changes if posixpath.dirname(c.path) == "/home")
     suspects = sorted(
@@ -158,7 +160,7 @@ def find_tampering(sandbox: Sandbox, homes: Iterable[str] = ("/root", "/home/age
         for suspect in suspects[len(checked) :]
     ]
     evidence += [
-        f"{suspect.path}: {_verb(suspect)}, not checked (past {MAX_SUSPECT_BYTES >> 20} MiB read)"
+        f"{suspect.path}: {_verb(suspect)}, not checked (past the cap on bytes read)"
         for suspect in checked
         if suspect.path in unread
     ]

@@ -94,7 +94,11 @@ class Tree(dict[str, bytes]):
         return {"schema_version": 1, "skipped": dict(self.skipped), "stopped": self.stopped}
 
 
-@dataclass(frozen=True)
+# The engine's diff of a sandbox (`changes`) read at most this big (about 400,000 paths)
+MAX_CHANGES_BYTES = 32 << 20
+
+
+@dataclass(frozen=True, slots=True)
 class Change:
     """One path the engine says differs from the sandbox's image (`Sandbox.changes`): `kind` is
     "modified", "added" or "deleted"; a folder whose content changed shows as modified."""
@@ -165,7 +169,8 @@ class Sandbox(Protocol):
 
     def changes(self) -> list[Change]:
         """What changed in the sandbox's filesystem against its image, as the engine (not a tool
-        inside the sandbox) sees it."""
+        inside the sandbox) sees it. Raises OverflowError when the engine's answer is over
+        `MAX_CHANGES_BYTES` (what is read of it stays bounded)."""
 
     def empty(self) -> None:
         """Every process but a fresh PID 1 gone, by the kernel: the sandbox killed whole (its
