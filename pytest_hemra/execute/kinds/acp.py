@@ -35,6 +35,10 @@ from pytest_hemra.execute.sandbox import (
 PROTOCOL_VERSION = 1
 OUTPUT_LIMIT = 1 << 20
 MAX_MESSAGE_BYTES = 64 << 20  # one line of the agent's stdout: longer is recorded cut, not read
+# terminals an agent holds at once (not released): each one's output is a scratch file (up to
+# the output cap), removed when it is released and when the session ends (the record keeps
+# what the agent was shown of it)
+MAX_TERMINALS = 64
 RESOURCE_NOT_FOUND = -32002  # ACP's error code for a missing file
 INTERNAL_ERROR = -32603
 
@@ -69,6 +73,7 @@ class Terminal:
     stdout: Path
     thread: threading.Thread
     result: list[ExecResult] = field(default_factory=list)
+    released: bool = False
 
 
 class AcpClient:
@@ -200,11 +205,19 @@ class AcpClient:
             if terminal.thread.is_alive():  # the deadline ends the session, not the command
                 raise TimeoutError(method)
             return self._exit_status(terminal)
-        if method in ("terminal/release", "terminal/kill"):
+        if method == "terminal/release":
+            terminal = self.terminals[params["terminalId"]]
+            terminal.released = True
+            if not terminal.thread.is_alive():
+                terminal.stdout.unlink(missing_ok=True)
+            return {}
+        if method == "terminal/kill":
             return {}
         raise NotImplementedError(f"HEMRA does not answer {method}")
 
     def _create_terminal(self, params: dict[str, Any]) -> str:
+        if sum(not terminal.released for terminal in self.terminals.values()) >= MAX_TERMINALS:
+            raise RuntimeError(f"more than {MAX_TERMINALS} terminals held at once")
         name = f"term-{len(self.terminals) + 1}"
         args = [str(a) for a in params.get("args") or []]
         # a command without args is a command line (claude-code-acp sends whole scripts)
@@ -299,4 +312,6 @@ def run_acp(
         with client._recording:
             client.record.close()
         client.stderr.close()
+        for terminal in client.terminals.values():  # scratch: the record keeps what was shown
+            terminal.stdout.unlink(missing_ok=True)
     return ExecResult(exit_code, timed_out, time.monotonic() - started)
