@@ -60,7 +60,8 @@ def collect(
                 "source": source,
                 "destination": destination,
                 "files": written,
-                "skipped": dict(tree.skipped),
+                "skipped": tree.noted_skips(),  # the first 1,000 (the agent's names)
+                "skipped_files": len(tree.skipped),
                 "stopped": tree.stopped,
                 "over_cap": over_cap,
                 "missing": not tree and not tree.skipped,

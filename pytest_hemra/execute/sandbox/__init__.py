@@ -10,6 +10,7 @@ answering says so (`EngineHealth`), and the runner waits for it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ MAX_TREE_BYTES = 128 << 20
 MAX_TREE_ENTRIES = 100_000
 # One file an agent reads through its protocol (ACP's fs/read_text_file, SdkAgent.read_file).
 MAX_FILE_OP_BYTES = 16 << 20
+MAX_NOTED = 1000  # skipped files a trial folder's notes name (all are counted)
 
 
 @dataclass(frozen=True)
@@ -88,10 +90,21 @@ class Tree(dict[str, bytes]):
         self.is_file = False  # the path read was a regular file (held under its own name)
 
     def notes(self) -> dict[str, Any] | None:
-        """What the trial folder keeps of a bounded read (`tree-notes.json`), or None."""
+        """What the trial folder keeps of a bounded read (`tree-notes.json`), or None: the
+        first `MAX_NOTED` files skipped by name (the agent's names: it may leave 100,000s),
+        and how many in all."""
         if not self.skipped and self.stopped is None:
             return None
-        return {"schema_version": 1, "skipped": dict(self.skipped), "stopped": self.stopped}
+        return {
+            "schema_version": 1,
+            "skipped": self.noted_skips(),
+            "skipped_files": len(self.skipped),
+            "stopped": self.stopped,
+        }
+
+    def noted_skips(self) -> dict[str, int]:
+        """The first `MAX_NOTED` skipped files with their sizes."""
+        return dict(itertools.islice(self.skipped.items(), MAX_NOTED))
 
 
 # The engine's diff of a sandbox (`changes`) read at most this big (about 400,000 paths)
@@ -116,6 +129,11 @@ class Sandbox(Protocol):
     @property
     def image_user(self) -> str:
         """The task image's USER ("" for none: root)."""
+
+    @property
+    def image_path(self) -> str:
+        """The PATH of the sandbox's environment as the engine holds it (the image's, which
+        the verifier's commands are looked up in); "" when it has none."""
 
     def exec(
         self,
