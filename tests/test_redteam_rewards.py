@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, TaskMaker
+from conftest import BASE_IMAGE, REPO, TaskMaker
 from pytest_hemra.core.errors import Tampered
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.report.formats import render
@@ -58,23 +58,27 @@ def _by_item(trials: list[TrialRecord]) -> dict[str, TrialRecord]:
 
 
 @pytest.mark.usefixtures("docker_test")
-@pytest.mark.parametrize("room", ["shared", "separate"])
+@pytest.mark.parametrize(
+    ("room", "agent"), [("shared", "non-root"), ("separate", "non-root"), ("shared", "root")]
+)
 def test_a_reward_the_agents_program_writes_for_the_verifier_scores_tampered(
     pytester: pytest.Pytester,
     tmp_path: Path,
     make_task: TaskMaker,
     write_harness: Callable[[str, str], Path],
     room: str,
+    agent: str,
 ) -> None:
-    """A non-root agent leaves /app/check.sh; test.sh runs it as root, and it writes
+    """An agent (uid 1000, or root) leaves /app/check.sh; test.sh runs it as root, and it writes
     reward.json {"reward": 1} while test.sh writes reward.txt 0 after it. Harbor's order read
     1.0. Now: a kind the task's tests do not name, or one that disagrees with reward.txt, is
     `tampered` (reward 0), in either room. The oracle still passes, whichever kind its task
     writes."""
     solve = "printf 'echo 42\\n' > /app/check.sh"
-    make_task("runs-app", test=RUNS_APP, solve=solve)
-    make_task("runs-app-naming-both", test=RUNS_APP_NAMING_BOTH, solve=solve)
-    make_task("json-only", test=JSON_ONLY)
+    image = {"dockerfile": f"FROM {BASE_IMAGE}\nWORKDIR /app\n"} if agent == "root" else {}
+    make_task("runs-app", test=RUNS_APP, solve=solve, **image)
+    make_task("runs-app-naming-both", test=RUNS_APP_NAMING_BOTH, solve=solve, **image)
+    make_task("json-only", test=JSON_ONLY, **image)
     write_harness("cheat", _program(CHEAT))
     separate = '[verifier]\nenvironment_mode = "separate"\n' if room == "separate" else ""
     found = _by_item(
@@ -96,6 +100,8 @@ def test_a_reward_the_agents_program_writes_for_the_verifier_scores_tampered(
         assert any(line.startswith(why) for line in evidence["evidence"]), evidence
     cheat = found["ds::json-only[cheat-1]"]
     assert (cheat.outcome, cheat.reward) == ("fail", 0.0)
+    assert cheat.agent_user is not None
+    assert cheat.agent_user.startswith("0:" if agent == "root" else "1000:")
 
 
 # a program that leaves a writer behind, rewriting the kind test.sh writes, after test.sh
