@@ -88,8 +88,22 @@ class Suspect:
     shadows: bool = False  # an added command: tampering only if it shadows one of the image's
 
 
-def watched(change: Change, homes: Iterable[str] = ("/root",)) -> Suspect | None:
-    """Whether a changed path (not a folder) is one the verifier may run, and why; None if not."""
+def command_path(image_path: str) -> tuple[str, ...]:
+    """The folders the verifier's commands are looked up in, in order: the image's PATH (its
+    environment's, as the engine holds it), then root's usual ones it lacks."""
+    found: list[str] = []
+    for folder in [*image_path.split(":"), *COMMAND_PATH]:
+        folder = posixpath.normpath(folder) if folder.startswith("/") else ""
+        if folder and folder != "/" and folder not in found:
+            found.append(folder)
+    return tuple(found)
+
+
+def watched(
+    change: Change, homes: Iterable[str] = ("/root",), path_folders: tuple[str, ...] = COMMAND_PATH
+) -> Suspect | None:
+    """Whether a changed path (not a folder) is one the verifier may run, and why; None if not.
+    `path_folders`: where the verifier's commands are looked up (`command_path`)."""
     path, kind = change.path, change.kind
     if kind == "deleted" or path == WORKDIR or path.startswith(WORKDIR + "/"):
         return None
@@ -108,18 +122,21 @@ def watched(change: Change, homes: Iterable[str] = ("/root",)) -> Suspect | None
         if kind == "modified" or path.startswith(PROFILE_FOLDERS):
             return Suspect(path, kind, PROFILE)
         return None
-    if kind == "modified" and (_in_programs(path) or in_python):
+    if kind == "modified" and (_in_programs(path, path_folders) or in_python):
         return Suspect(path, kind, "a program or library")
     if kind == "added" and in_python and name.endswith(MODULE_SUFFIXES):
         return Suspect(path, kind, "a module added to Python's path")
-    if kind == "added" and posixpath.dirname(path) in COMMAND_PATH:
-        return Suspect(path, kind, "a command added to root's PATH", shadows=True)
+    if kind == "added" and posixpath.dirname(path) in path_folders:
+        return Suspect(path, kind, "a command added to the verifier's PATH", shadows=True)
     return None
 
 
-def find_tampering(sandbox: Sandbox, homes: Iterable[str] = ("/root", "/home/agent")) -> list[str]:
+def find_tampering(
+    sandbox: Sandbox, homes: Iterable[str] = ("/root", "/home/agent"), image_path: str = ""
+) -> list[str]:
     """Evidence lines ("path: why") for every watched file the agent changed that no package
-    record explains; empty when there is none."""
+    record explains; empty when there is none. `image_path`: the image's PATH."""
+    path_folders = command_path(image_path)
     try:
         changes = sandbox.changes()
     except OverflowError as error:  # more changed paths than the runner reads: not checked
@@ -130,7 +147,8 @@ def find_tampering(sandbox: Sandbox, homes: Iterable[str] = ("/root", "/home/age
         (
             suspect
             for change in changes
-            if change.path not in folders and (suspect := watched(change, homes)) is not None
+            if change.path not in folders
+            and (suspect := watched(change, homes, path_folders)) is not None
         ),
         key=lambda suspect: suspect.path,
     )
@@ -154,7 +172,7 @@ def find_tampering(sandbox: Sandbox, homes: Iterable[str] = ("/root", "/home/age
         more, unread_more = fingerprints(sandbox, targets, added)
         seen, unread = seen | more, unread | unread_more
     records = read_records(sandbox, changes, {a for path in seen for a in aliases(path)})
-    explain = _Explainer(sandbox, seen, changed, records)
+    explain = _Explainer(sandbox, seen, changed, records, path_folders)
     evidence = [
         f"{suspect.path}: {_verb(suspect)}, not checked (past the cap of {MAX_SUSPECTS} files)"
         for suspect in suspects[len(checked) :]
@@ -185,7 +203,7 @@ def tampering(context: TrialContext, sandbox: Sandbox) -> list[str]:
     """After an agent's turn, `find_tampering`'s evidence where the trial is guarded, else []."""
     if not is_guarded(context):
         return []
-    return find_tampering(sandbox, ("/root", AGENT_HOME))
+    return find_tampering(sandbox, ("/root", AGENT_HOME), sandbox.image_path)
 
 
 def raise_tampered(evidence: Sequence[str]) -> None:
@@ -208,8 +226,10 @@ class _Explainer:
         seen: Mapping[str, Fingerprint],
         changed: set[str],
         records: Records,
+        path_folders: tuple[str, ...],
     ) -> None:
         self.sandbox, self.seen, self.changed, self.records = sandbox, seen, changed, records
+        self.path_folders = path_folders
 
     def why(self, suspect: Suspect) -> str | None:
         verb, found = _verb(suspect), self.seen[suspect.path]
@@ -218,7 +238,7 @@ class _Explainer:
         if self.is_explained(suspect.path, replaced=suspect.kind == "modified"):
             return None
         if suspect.shadows:
-            shadowed = _shadows(self.sandbox, suspect.path)
+            shadowed = _shadows(self.sandbox, suspect.path, self.path_folders)
             if shadowed is None:
                 return None
             return f"added, shadows the image's {shadowed}; no package record explains it"
@@ -246,7 +266,7 @@ class _Explainer:
                 source = _source(path)
                 return bool(source) and source in self.seen and self.is_explained(source)
             target = _target(path, found.link)
-            inside = _in_programs(target) or _in_python(target)
+            inside = _in_programs(target, self.path_folders) or _in_python(target)
             if not inside and not self.records.lists(path):
                 return False
             path = target
@@ -281,11 +301,11 @@ def read_records(sandbox: Sandbox, changes: Iterable[Change], wanted: set[str]) 
     return records
 
 
-def _shadows(sandbox: Sandbox, path: str) -> str | None:
-    """The image's command that `path`, added to a folder of root's PATH, is found before: the
-    same name in a later folder of the PATH (None if none)."""
+def _shadows(sandbox: Sandbox, path: str, path_folders: tuple[str, ...]) -> str | None:
+    """The image's command that `path`, added to a folder of the verifier's PATH, is found
+    before: the same name in a later folder of the PATH (None if none)."""
     folder, name = posixpath.split(path)
-    for other in COMMAND_PATH[COMMAND_PATH.index(folder) + 1 :]:
+    for other in path_folders[path_folders.index(folder) + 1 :]:
         candidate = f"{other}/{name}"
         if set(aliases(candidate)) & set(aliases(path)):
             continue  # the same file under /usr-merge
@@ -332,8 +352,10 @@ def _verb(suspect: Suspect) -> str:
     return "changed" if suspect.kind == "modified" else "added"
 
 
-def _in_programs(path: str) -> bool:
-    return path.startswith(PROGRAM_FOLDERS) or LIBRARY_FOLDER.match(path) is not None
+def _in_programs(path: str, path_folders: tuple[str, ...] = ()) -> bool:
+    if path.startswith(PROGRAM_FOLDERS) or LIBRARY_FOLDER.match(path) is not None:
+        return True
+    return posixpath.dirname(path) in path_folders
 
 
 def _in_python(path: str) -> bool:

@@ -180,6 +180,15 @@ class DockerSandbox:
         labels = self.container.attrs.get("Config", {}).get("Labels") or {}
         return str(labels.get("hemra.image-user") or "")
 
+    @property
+    def image_path(self) -> str:
+        """PATH in the container's environment (the image's ENV, as the engine holds it)."""
+        for entry in self.container.attrs.get("Config", {}).get("Env") or ():
+            name, _, value = str(entry).partition("=")
+            if name == "PATH":
+                return value
+        return ""
+
     def exec(
         self,
         argv: Sequence[str],
