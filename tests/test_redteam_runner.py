@@ -317,3 +317,35 @@ def test_a_128_mib_change_to_app_costs_the_runner_under_200_mb_and_its_diff_is_c
     diff = Path(trials["big"].trial_dir) / "diff.patch"
     assert diff.stat().st_size < (4 << 20) + 200
     assert diff.read_text().endswith("changed files not shown\n")
+
+
+@pytest.mark.parametrize("room", ["shared", "separate"])
+def test_a_root_agents_program_flooding_the_verifiers_output_is_capped_and_still_scored(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[..., Path],
+    room: str,
+) -> None:
+    # the verifier runs what the agent left in /app, as many Harbor verifiers do
+    make_task(
+        "runs-agent-code",
+        dockerfile="FROM debian:bookworm-slim\nWORKDIR /app\n",  # no USER: the agent is root
+        test='bash /app/check.sh; if [ "$(cat /app/out.txt)" = hi ]; then echo 1; else echo 0;'
+        " fi > /logs/verifier/reward.txt",
+    )
+    check = "yes zzzzzzz | head -c 52428800; echo END-OF-CHECK"
+    script = f"echo {json.dumps(check)} > /app/check.sh; echo hi > /app/out.txt"
+    write_harness(
+        "floods-verifier", f'kind = "program"\ncommand = {json.dumps(["bash", "-c", script])}\n'
+    )
+    settings = f'[sandbox]\noutput_cap_mb = 1\n[verifier]\nenvironment_mode = "{room}"\n'
+    result, trial = _run(pytester, tmp_path, "floods-verifier", settings)
+    result.assert_outcomes(passed=1)
+    assert (trial.outcome, trial.reward) == ("pass", 1.0)
+    assert (trial.agent_user or "").startswith("0:0"), trial.agent_user  # a root agent
+    out = (Path(trial.trial_dir) / "verifier" / "stdout.txt").read_bytes()
+    cut = 50 * MiB + len("END-OF-CHECK\n") - MiB
+    assert len(out) == MiB + len(marker(cut, MiB)) and out.endswith(b"zzz\nEND-OF-CHECK\n")
+    cuts = json.loads((Path(trial.trial_dir) / "verifier" / "cuts.json").read_text())
+    assert cuts["stdout.txt"]["cut"] == cut
