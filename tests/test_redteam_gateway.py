@@ -296,3 +296,32 @@ def test_a_verifier_env_may_name_a_provider_key_and_only_the_verifier_gets_it(
     (spec,) = connection.execute("SELECT spec FROM runs").fetchone()
     connection.close()
     assert "ANTHROPIC_API_KEY" in spec and SENTINEL not in spec
+
+
+def test_call_bodies_past_the_trials_cap_are_not_kept_and_the_cut_is_noted(
+    gateway: Gateway,
+    store: Store,
+    upstream: Upstream,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a harness making call after call cannot fill the runner's disk through its trial folder
+    monkeypatch.setattr("pytest_hemra.execute.gateway.server.KEPT_TRIAL_BYTES", 1500)
+    calls_dir = tmp_path / "trial" / "calls"
+    access = gateway.open_trial("r.1", "r", keys={"anthropic": SENTINEL}, calls_dir=calls_dir)
+    for _ in range(6):
+        response = requests.post(
+            access.base_url("127.0.0.1") + "/v1/messages",
+            json=BODY,
+            headers={"x-api-key": access.token, **ANTHROPIC_HEADERS},
+            timeout=10,
+        )
+        assert response.status_code == 200
+    gateway.close_trial(access.token)
+    assert len(store.calls(run_id="r")) == 6  # every call recorded
+    kept = sorted(path.name for path in calls_dir.glob("*.request.json"))
+    assert 0 < len(kept) < 6
+    kept_bytes = sum(path.stat().st_size for path in calls_dir.iterdir() if path.suffix != ".txt")
+    assert kept_bytes <= 1500
+    note = (calls_dir / "over-cap.txt").read_text()
+    assert note.startswith(f"bodies of call {len(kept) + 1} and later not kept")

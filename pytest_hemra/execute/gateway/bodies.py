@@ -13,6 +13,10 @@ from aiohttp import web
 from pytest_hemra.execute.gateway.wire import Wire
 
 KEPT_BODY_BYTES = 4 * 1024 * 1024  # per body in the trial folder; longer ones are cut
+# per trial: past this, a call's bodies are no longer kept (its row is), so a harness making
+# call after call cannot fill the runner's disk through its trial folder
+KEPT_TRIAL_BYTES = 256 * 1024 * 1024
+OVER_CAP_NOTE = "over-cap.txt"
 
 
 def keep_bodies(folder: Path, seq: int, request: bytes, response: bytearray | None) -> None:
@@ -21,6 +25,15 @@ def keep_bodies(folder: Path, seq: int, request: bytes, response: bytearray | No
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{seq:04d}.request.json").write_bytes(request[:KEPT_BODY_BYTES])
     (folder / f"{seq:04d}.response").write_bytes(bytes(response or b""))
+
+
+def note_over_cap(folder: Path, seq: int) -> None:
+    """`calls/over-cap.txt`: from which call on the bodies were not kept."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / OVER_CAP_NOTE).write_text(
+        f"bodies of call {seq} and later not kept: the trial's calls reached"
+        f" {KEPT_TRIAL_BYTES} bytes of kept bodies\n"
+    )
 
 
 def json_object(body: bytes) -> dict[str, Any]:

@@ -27,6 +27,7 @@ class TrialRoute:
     totals: TrialUsage = field(default_factory=TrialUsage)
     calls_dir: Path | None = None  # where each call's request and response bodies are kept
     seq: int = 0
+    kept_bytes: int = 0  # of bodies kept in calls_dir (at most KEPT_TRIAL_BYTES)
     rows: list[CallRow] = field(default_factory=list)
     role: str = "agent"  # or "judge:<name>": counted apart from the harness's calls
 

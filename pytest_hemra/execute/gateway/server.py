@@ -34,10 +34,13 @@ from aiohttp import web
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.core.records import CallRow
 from pytest_hemra.execute.gateway.bodies import (
+    KEPT_BODY_BYTES,
+    KEPT_TRIAL_BYTES,
     error_format,
     error_response,
     json_object,
     keep_bodies,
+    note_over_cap,
 )
 from pytest_hemra.execute.gateway.calls import Call, call_row
 from pytest_hemra.execute.gateway.chatusage import with_usage_asked
@@ -383,7 +386,13 @@ class Gateway:
     ) -> None:
         if route is not None and route.calls_dir is not None:
             route.seq += 1
-            self._writer.submit(keep_bodies, route.calls_dir, route.seq, body, call.kept)
+            size = min(len(body), KEPT_BODY_BYTES) + len(call.kept or b"")
+            if route.kept_bytes + size <= KEPT_TRIAL_BYTES:
+                route.kept_bytes += size
+                self._writer.submit(keep_bodies, route.calls_dir, route.seq, body, call.kept)
+            elif route.kept_bytes <= KEPT_TRIAL_BYTES:  # the first call over: noted once
+                route.kept_bytes = KEPT_TRIAL_BYTES + 1
+                self._writer.submit(note_over_cap, route.calls_dir, route.seq)
         record = call_row(
             call,
             usage=usage,
