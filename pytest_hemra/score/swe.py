@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from pytest_hemra.execute.sandbox import ROOT_USER, WORKDIR, ExecResult, Sandbox, output_of
+from pytest_hemra.execute.sandbox import ROOT_USER, ExecResult, Sandbox, output_of
 from pytest_hemra.score import swe_probes
 from pytest_hemra.score.swe_guard import guard, shipped_config
 
@@ -37,8 +37,8 @@ CLASSES = (
     "tampered", "success", "partial", "overfit", "timeout", "refusal", "wrong_approach", "crash",
     "no_change",
 )  # fmt: skip
-# the top-level modules of the installed distributions, as the test command's Python finds them
-# with the working folder (and any path under /app) left out
+# the top-level modules of the installed distributions ("module NAME" a line), as the test
+# command's Python finds them with the working folder (and any path under /app) left out
 INSTALLED_PROBE = """
 import os, pkgutil, sys, sysconfig
 app = os.path.realpath(sys.argv[1])
@@ -51,7 +51,7 @@ for entry in sys.path:
     if any(real == root or real.startswith(root + os.sep) for root in skip):
         continue
     paths.append(entry)
-print("\\n".join(sorted({module.name for module in pkgutil.iter_modules(paths)})))
+print("".join(f"module {module.name}\\n" for module in pkgutil.iter_modules(paths)), end="")
 """
 PYTHON = re.compile(r"^python[\d.]*$")
 SUMMARY_LINE_BYTES = 1 << 16  # the runner's output is read a line at a time, cut at this
@@ -124,7 +124,7 @@ def score(
     outcomes from HEMRA's report file, and classify the trial."""
     patch_text = (task_path / test_patch).read_bytes()
     hidden = patch_text.decode(errors="replace")
-    checked = guard(before, after, hidden, installed_modules(sandbox, test_command, logs))
+    checked = guard(before, after, hidden)  # and again once the installed modules are known
     token = secrets.token_hex(8)
     # /hemra is root's in every sandbox image: no folder above the room holds a file the agent
     # could have left (pytest looks for conftest.py and its settings in every parent folder)
@@ -147,17 +147,26 @@ def score(
         stdout=logs / "prepare.stdout.txt", stderr=logs / "prepare.stderr.txt",
     )  # fmt: skip
     prepared = _as_verifier(
-        sandbox, ["/bin/sh", "-c", PREPARE, "prepare", scratch, stage, *checked.removed],
+        sandbox,
+        ["/bin/sh", "-c", PREPARE, "prepare", scratch, stage, _python(test_command),
+         INSTALLED_PROBE, *checked.removed],
         workdir="/", timeout=120, logs=logs, name="prepare",
     )  # fmt: skip
-    links = [
-        line[5:] for line in _text(logs, "prepare.stdout").splitlines() if line.startswith("link ")
-    ]
+    lines = _text(logs, "prepare.stdout").splitlines()
+    links = [line[5:] for line in lines if line.startswith("link ")]
+    installed = frozenset(line[7:] for line in lines if line.startswith("module "))
+    app = f"{scratch}/app"
+    # a module the agent added named like an installed one: tampering, and out of the copy
+    full = guard(before, after, hidden, installed)
+    shadows = sorted(set(full.removed) - set(checked.removed))
+    checked = full
+    if shadows and prepared.exit_code == 0:
+        _as_verifier(sandbox, ["rm", "-rf", "--", *shadows], workdir=app, timeout=60, logs=logs,
+                     name="prepare-shadows")  # fmt: skip
     tampered = [*checked.tampered, *(f"{path}: a link, where a file that steers the tests goes"
                                      for path in links)]  # fmt: skip
     if prepared.exit_code != 0:
         return SweScore(0.0, "crash", None, "the copy of /app for the hidden tests failed")
-    app = f"{scratch}/app"
     folders = _new_folders(hidden)
     if folders:  # patch makes new files, but not the folders they go in
         _as_verifier(sandbox, ["mkdir", "-p", "--", *folders], workdir=app, timeout=30, logs=logs,
@@ -222,7 +231,7 @@ def score(
 # (links to such files too: the runner reads only regular files), then the originals put back
 PREPARE = r"""
 set -u
-scratch=$1; stage=$2; shift 2
+scratch=$1; stage=$2; python=$3; probe=$4; shift 4
 umask 077
 mkdir "$scratch" || exit 3
 mkdir "$scratch/app" "$scratch/home" "$scratch/tmp" || exit 3
@@ -240,6 +249,8 @@ set +f
 rm -rf pytest.py _pytest py py.py pluggy pluggy.py unittest unittest.py iniconfig iniconfig.py
 for path in "$@"; do rm -rf "./$path"; done
 if [ -d "$stage/originals" ]; then cp -R "$stage/originals/." . || exit 4; fi
+"$python" -I -c "$probe" /app 2>/dev/null || echo "hemra: $python did not list its modules" >&2
+exit 0
 """
 
 
@@ -313,19 +324,10 @@ class Stage:
     report: str  # the report's path, written into the plugin's and the runner's copies
 
 
-def installed_modules(sandbox: Sandbox, test_command: Sequence[str], logs: Path) -> frozenset[str]:
-    """The top-level modules of the installed distributions, as the test command's Python (its
-    first word when that is a Python, else python3) finds them, /app left out; empty when that
-    Python does not answer."""
+def _python(test_command: Sequence[str]) -> str:
+    """The test command's Python: its first word when that is a Python, else python3."""
     first = PurePosixPath(test_command[0]).name if test_command else ""
-    python = test_command[0] if PYTHON.match(first) else "python3"
-    result = _as_verifier(
-        sandbox, [python, "-I", "-c", INSTALLED_PROBE, WORKDIR], workdir="/", timeout=60,
-        logs=logs, name="installed",
-    )  # fmt: skip
-    if result.exit_code != 0:
-        return frozenset()
-    return frozenset(_text(logs, "installed.stdout").split())
+    return test_command[0] if PYTHON.match(first) else "python3"
 
 
 def summary_passes(output: Path) -> int | None:
