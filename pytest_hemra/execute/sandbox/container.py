@@ -25,7 +25,7 @@ import requests
 from docker.utils.socket import frames_iter
 
 from pytest_hemra.core.backoff import removal_secs
-from pytest_hemra.core.errors import InfraError, VerifierError
+from pytest_hemra.core.errors import InfraError, Tampered, VerifierError
 from pytest_hemra.execute.output import DEFAULT_OUTPUT_CAP, CappedOutput
 from pytest_hemra.execute.sandbox import (
     AGENT_HOME,
@@ -45,6 +45,7 @@ from pytest_hemra.execute.sandbox.snapshot import SNAPSHOTS
 
 DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
 KILL_GRACE_SECS = 5.0
+PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 STOP_SECS = 30.0  # a killed sandbox gone: its processes can take a while on a loaded machine
 CHANGE_KINDS = {0: "modified", 1: "added", 2: "deleted"}  # the engine's diff Kind
 # one entry of the engine's diff, its keys in either order: Kind, then the JSON string of its Path
@@ -159,6 +160,7 @@ class DockerSandbox:
         kept: tuple[str, ...] = (),
         gateway_network: str | None = None,
         output_cap: int = DEFAULT_OUTPUT_CAP,
+        entrypoint: tuple[str, ...] = (),
     ) -> None:
         self.output_cap = output_cap  # each file an exec's output goes to: bytes kept at most
         # without: PID 1 is `sleep infinity` (the image has no ENTRYPOINT), and every other
@@ -173,6 +175,7 @@ class DockerSandbox:
         self._joined: list[str] = []  # networks joined for a verifier (its allowlist)
         self._halted = False  # killed and left stopped (`halt`): read through the engine alone
         self._restarted = False  # started again by `empty`: a PID 1 that then exits is the agent's
+        self._entrypoint = entrypoint  # the image's ENTRYPOINT, run again by `empty`
 
     @property
     def image_user(self) -> str:
@@ -314,6 +317,8 @@ class DockerSandbox:
         run again. A sandbox that does not start again, or whose PID 1 exits at once, was
         broken by what the agent changed (the engine answering): VerifierError."""
         self.halt()
+        if self.runs_services and self._entrypoint:
+            self._check_entrypoint()
         try:
             self.container.start()
         except docker.errors.APIError as error:
@@ -323,6 +328,29 @@ class DockerSandbox:
             ) from error
         self._halted = False
         self._restarted = True
+
+    def _check_entrypoint(self) -> None:
+        """Before the image's entrypoint runs again (as root, beside the verifier): Tampered when
+        the engine's diff says the agent changed what it runs (a path it names, or the program
+        it names found on PATH); a diff too large to read is not checked, and says so."""
+        try:
+            changed = [change.path for change in self.changes()]
+        except OverflowError as error:
+            raise Tampered(
+                "the sandbox's changes could not be checked before its entrypoint ran again",
+                evidence=(f"/: {error}, not checked",),
+            ) from error
+        first = self._entrypoint[0]
+        named = {arg for arg in self._entrypoint if arg.startswith("/")}
+        if "/" not in first:
+            named |= {f"{folder}/{first}" for folder in PATH}
+        found = [path for path in changed if path in named]
+        if found:
+            raise Tampered(
+                "the agent changed the image's entrypoint, which runs again when its sandbox is"
+                " emptied",
+                evidence=tuple(f"{path}: the image's ENTRYPOINT, run as root" for path in found),
+            )
 
     def export_tree(self, path: str) -> Iterator[bytes]:
         """`path` as a tar stream (its last part the top folder), owners and modes kept."""

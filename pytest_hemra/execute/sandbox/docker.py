@@ -461,6 +461,7 @@ class DockerProvider:
                 self.client,
                 container,
                 runs_services=bool(entrypoint),
+                entrypoint=tuple(entrypoint or ()),
                 kept=kept,
                 gateway_network=GATEWAY_NETWORK if self.own_networks and run_id else None,
                 output_cap=request.output_cap,
