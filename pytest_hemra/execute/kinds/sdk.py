@@ -28,6 +28,7 @@ from typing import Any
 from pytest_hemra.core.errors import InfraError, SpecError
 from pytest_hemra.execute.installs import Installed
 from pytest_hemra.execute.kinds import AgentTurn, SandboxKind
+from pytest_hemra.execute.output import DEFAULT_OUTPUT_CAP, CappedOutput
 from pytest_hemra.execute.sandbox import (
     AGENT_USER,
     WORKDIR,
@@ -220,9 +221,12 @@ def run_sdk(
         agent.drain(DRAIN_SECS)
         return ExecResult(None, True, time.monotonic() - started)
     agent.drain(DRAIN_SECS)
+    cap = int(getattr(sandbox, "output_cap", DEFAULT_OUTPUT_CAP))  # as an exec's output
     if "error" in outcome:
-        stderr.write_text(outcome["error"])
+        with CappedOutput(stderr, cap) as err:
+            err.write(str(outcome["error"]).encode(errors="replace"))
         return ExecResult(1, False, time.monotonic() - started)
     if outcome.get("result") is not None:
-        stdout.write_text(str(outcome["result"]) + "\n")
+        with CappedOutput(stdout, cap) as out:
+            out.write((str(outcome["result"]) + "\n").encode(errors="replace"))
     return ExecResult(0, False, time.monotonic() - started)
