@@ -202,10 +202,10 @@ def score(
     counts = read_report(report, checked.uncounted) if report is not None else None
     if counts is not None and counts.passed:  # a second channel: the runner's own summary
         claimed = summary_passes(logs / ("stderr.txt" if by_unittest else "stdout.txt"))
-        if claimed is None:
+        if claimed is None and not tampered:  # tampering, if any, is the trial's class
             return SweScore(0.0, "crash", counts, "the test runner printed no summary of its own "
                             "to check HEMRA's report against")  # fmt: skip
-        if counts.passed > claimed:
+        if claimed is not None and counts.passed > claimed:
             tampered.append(
                 f"{report_path}: {counts.passed} tests passed, the test runner's own summary "
                 f"says {claimed}: the report was rewritten"
