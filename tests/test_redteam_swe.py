@@ -298,12 +298,15 @@ RUNNER_ATTACKS = {
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
-@pytest.mark.parametrize("room", ["shared", "separate"])
-def test_attacks_on_the_test_runner_by_a_non_root_agent_are_tampered_or_score_nothing(
+@pytest.mark.parametrize(
+    ("room", "user"), [("shared", "non-root"), ("separate", "non-root"), ("shared", "task")]
+)
+def test_attacks_on_the_test_runner_are_tampered_or_score_nothing(
     pytester: pytest.Pytester,
     tmp_path: Path,
     write_harness: Callable[[str, str], Path],
     room: str,
+    user: str,
 ) -> None:
     """Configuration pytest reads under any name, a module shadowing one the runner imports, a
     tests package or code under test rewriting the result at exit, a .pth or sitecustomize:
@@ -319,7 +322,7 @@ def test_attacks_on_the_test_runner_by_a_non_root_agent_are_tampered_or_score_no
     harnesses = ", ".join(f'"{name}"' for name in [*honest, *RUNNER_ATTACKS])
     run_file.write_text(
         f'harnesses = [{harnesses}]\ndatasets = ["mine"]\n'
-        '[sandbox]\nagent_user = "non-root"\n'
+        f'[sandbox]\nagent_user = "{user}"\n'  # "task": root, as word-count's image has it
         f'[verifier]\nenvironment_mode = "{room}"\n'
     )
     pytester.runpytest("--hemra-run", str(run_file))
