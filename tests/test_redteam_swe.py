@@ -142,7 +142,7 @@ def pytest_task(folder: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
-def test_each_attack_on_the_hidden_tests_scores_what_doing_nothing_scores(
+def test_each_attack_on_the_hidden_tests_is_tampered_or_scores_what_doing_nothing_scores(
     pytester: pytest.Pytester, tmp_path: Path, write_harness: Callable[[str, str], Path]
 ) -> None:
     pytest_task(tmp_path / "datasets" / "mine" / "words")
@@ -187,7 +187,7 @@ UNITTEST_ATTACKS = {
 
 
 @pytest.mark.usefixtures("docker_test")
-def test_attacks_on_a_unittest_task_score_what_doing_nothing_scores(
+def test_attacks_on_a_unittest_task_are_tampered_or_score_what_doing_nothing_scores(
     pytester: pytest.Pytester, tmp_path: Path, write_harness: Callable[[str, str], Path]
 ) -> None:
     for name, script in UNITTEST_ATTACKS.items():
