@@ -268,13 +268,15 @@ def test_emptying_a_sandbox_leaves_only_a_fresh_init_whatever_ran_and_init_reaps
         return [row[1:] for row in listed["Processes"]]
 
     with provider.open(request) as sandbox:
+        run(ROOT_USER, "echo kept > /tmp/kept")  # the fork loop last: it fills the pids limit
+        run(ROOT_USER, "(setsid sleep 500 &)")
+        run(ROOT_USER, "(setsid sh -c 'printf \"x\\ny\" > /proc/self/comm; sleep 500' &)")
+        assert sorted(comm for _, comm in processes())[:3] == ["docker-init", "sleep", "sleep"]
+        assert any("\n" in comm or "?" in comm for _, comm in processes())
         fork_loop = (
             "( setsid sh -c 'while :; do (sleep 30 &); sleep 0.01; done' >/dev/null 2>&1 & )"
         )
         run(AGENT_USER, fork_loop)
-        run(ROOT_USER, "(setsid sleep 500 &)")
-        run(ROOT_USER, "(setsid sh -c 'printf \"x\\ny\" > /proc/self/comm; sleep 500' &)")
-        run(ROOT_USER, "echo kept > /tmp/kept")
         assert len(processes()) > 4
         sandbox.empty()
         assert sorted(comm for _, comm in processes()) == ["docker-init", "sleep"]
