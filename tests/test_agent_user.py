@@ -28,7 +28,7 @@ INSTALLED = (
 )
 ENTRY_IMAGE = f"""FROM {BASE_IMAGE}
 RUN useradd -m -u 1234 app && mkdir /srv/state \\
- && printf '#!/bin/sh\\n[ -s /srv/state/token ] || echo "token-$$" > /srv/state/token\\n\
+ && printf '#!/bin/sh\\necho "token-$$" > /srv/state/token\\n\
 echo start >> /srv/state/starts\\nexec "$@"\\n' > /entry.sh \\
  && chmod 755 /entry.sh
 USER app
@@ -98,14 +98,15 @@ def test_the_images_entrypoint_runs_and_its_user_is_the_agents(
 ) -> None:
     """The image's ENTRYPOINT leaves a token the agent must hand back; its USER (uid 1234) is
     the agent's, which owns the work folder; the clean room still empties what the agent left
-    running: the sandbox is killed whole and started again, so the entrypoint has run twice
-    when the verifier looks (what it keeps must outlive a restart, as under `docker restart`)."""
+    running (killed by the kernel as the agent's user, and seen gone by the engine), while the
+    entrypoint, root's, runs once, as Harbor runs it: its state is what the agent saw."""
     make_task(
         "entry",
         dockerfile=ENTRY_IMAGE,
         solve="cp /srv/state/token /app/answer.txt; id -u >> /app/answer.txt; (setsid sleep 300 &)",
         test='[ "$(head -1 /app/answer.txt)" = "$(cat /srv/state/token)" ] '
-        '&& [ "$(wc -l < /srv/state/starts)" = 2 ] '
+        '&& [ "$(wc -l < /srv/state/starts)" = 1 ] '
+        '&& [ -z "$(find /proc -maxdepth 1 -user 1234 -name "[0-9]*")" ] '
         '&& [ "$(sed -n 2p /app/answer.txt)" = 1234 ] && echo 1 > /logs/verifier/reward.txt '
         "|| echo 0 > /logs/verifier/reward.txt",
         task_toml="[environment.healthcheck]\ncommand = 'test -s /srv/state/token'\n"

@@ -216,7 +216,7 @@ def test_nothing_the_agent_left_runs_when_the_tests_enter_whoever_it_ran_as(
     """Seen by the verifier itself: a process named with a newline, or whose main thread has
     exited, no longer touches /app once the tests are in, for a root agent and a non-root one.
     A root agent's sandbox is always started again (it could have tampered with PID 1); a
-    non-root agent's only when the engine counts anything but PID 1 and its child."""
+    non-root agent's never: its processes are killed as its user and seen gone by the engine."""
     make_task("watch", test=WATCH_TEST, dockerfile=IMAGE)
     for name, harness in WATCHED.items():
         write_harness(name, harness)
@@ -226,11 +226,11 @@ def test_nothing_the_agent_left_runs_when_the_tests_enter_whoever_it_ran_as(
     for name, row in rows.items():
         folder = Path(row["trial_dir"]) / "verifier"
         seen[name] = tuple((folder / f).read_text().strip() for f in ("seen.txt", "init.txt"))
-    quiet = "same" if user == "non-root" else "restarted"
+    init = "same" if user == "non-root" else "restarted"
     assert seen == {
-        "quiet": ("gone", quiet),
-        "newline-name": ("gone", "restarted"),
-        "thread-left": ("gone", "restarted"),
+        "quiet": ("gone", init),
+        "newline-name": ("gone", init),
+        "thread-left": ("gone", init),
     }
 
 

@@ -18,6 +18,7 @@ from pytest_hemra.core.backoff import engine_settle_secs
 from pytest_hemra.core.errors import (
     ENGINE_OUTAGE,
     RUNNER_DISK_FULL,
+    WAITED_OUT,
     HemraError,
     InfraError,
     Tampered,
@@ -98,9 +99,12 @@ def run_trial(context: TrialContext) -> TrialResult:
     except HemraError as failure:
         outcome, retried = outcome_of(failure)
         error = str(failure)
-        if outcome == Outcome.VERIFIER_ERROR:  # the sandbox the agent left gave no reward
+        outage = _outage_class(failure, context, progress)
+        if outage in WAITED_OUT and outcome == Outcome.VERIFIER_ERROR:
+            outcome, retried = Outcome.INFRA_ERROR, True  # the engine went away under it
+        elif outcome == Outcome.VERIFIER_ERROR:  # the sandbox the agent left gave no reward
             reward, rewards = 0.0, {"reward": 0.0}
-        progress.error_class = _outage_class(failure, context, progress) or progress.error_class
+        progress.error_class = outage or progress.error_class
     except Exception as failure:  # anything unexpected under a trial is infrastructure
         outcome, retried = outcome_of(failure)
         error = f"{type(failure).__name__}: {failure}"

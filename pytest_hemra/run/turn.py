@@ -239,10 +239,13 @@ def empty_room(context: TrialContext, sandbox: Sandbox, identity: Identity) -> b
     anything is returned. A room that cannot be made clean for what the agent left in it is
     the trial's failure (VerifierError), never the engine's. A one-step task verified in a
     separate room leaves the sandbox halted: only its files are read from then on (through
-    the engine), so it is not started again. A non-root agent that left nothing running (the
-    engine counts PID 1 and its child alone, both root's, which that agent can neither signal
-    nor trace) leaves the sandbox as it is: there is nothing to kill."""
-    if not identity.is_root and not sandbox.runs_services and sandbox.runs_only_init():
+    the engine), so it is not started again. A non-root agent's processes are all its user's
+    (no-new-privileges: it cannot become another), so they are killed by the kernel as that
+    user and seen gone by the engine (`end_user`), and the sandbox keeps running: its PID 1
+    and the image's entrypoint, root's, which that agent can neither signal nor trace, are
+    untouched (an entrypoint's state stays as Harbor leaves it); only when that fails is the
+    sandbox emptied whole."""
+    if not identity.is_root and sandbox.end_user(identity.user):
         return _clear_room(context, sandbox)
     sandbox.halt()
     if not context.task.config.steps:

@@ -196,10 +196,11 @@ class Sandbox(Protocol):
         entrypoint (its services) runs again. Raises VerifierError when what the agent left
         keeps it from stopping or starting again (the trial's failure, not the engine's)."""
 
-    def runs_only_init(self) -> bool:
-        """Whether the kernel holds no process in the sandbox but its PID 1 and that one's child
-        (`sleep`), as the engine counts them from outside (names never read); False when it
-        cannot tell. A sandbox whose image runs services is never asked."""
+    def end_user(self, user: str) -> bool:
+        """Every process of `user` ("uid:gid") killed by the kernel (`kill -9 -1` as that user) and
+        seen gone in the engine's own listing (numbers, never names); False when that cannot
+        be done (the pids limit full, the image's shell changed): `empty` the sandbox then. For
+        a non-root agent, which can neither change user nor signal anyone else's process."""
 
     def halt(self) -> None:
         """Killed whole, as `empty`, and left stopped: files can still be read (`read_tree`,

@@ -46,6 +46,7 @@ from pytest_hemra.execute.sandbox.snapshot import SNAPSHOTS
 DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
 KILL_GRACE_SECS = 5.0
 PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+END_USER_SECS = 5.0  # a user's processes killed and seen gone, else the sandbox emptied whole
 STOP_SECS = 30.0  # a killed sandbox gone: its processes can take a while on a loaded machine
 CHANGE_KINDS = {0: "modified", 1: "added", 2: "deleted"}  # the engine's diff Kind
 # one entry of the engine's diff, its keys in either order: Kind, then the JSON string of its Path
@@ -284,13 +285,28 @@ class DockerSandbox:
         """Kill every process of `user` but PID 1: the exec's whole tree, whatever it spawned."""
         self.container.exec_run(list(KILL_ALL), user=user)
 
-    def runs_only_init(self) -> bool:
-        """The engine's count of the container's processes (its cgroup's, listed on the host: a
-        process whose main thread has exited is still one) is two: docker-init and `sleep`."""
-        try:
-            return len(self.container.top()["Processes"]) <= 2
-        except DOCKER_ERRORS:
-            return False
+    def end_user(self, user: str) -> bool:
+        """Every process of `user` ("uid:gid") gone: `kill -9 -1` run as that user (the kernel
+        picks the processes it may signal, whatever their names or thread states), until the
+        engine's own listing (the container's cgroup, read on the engine's host: numbers only)
+        shows none of its uid's. False when that cannot be done by `END_USER_SECS` (a command cannot
+        start: the pids limit is full; the image's shell no longer kills): the caller empties
+        the sandbox whole instead."""
+        uid = user.split(":")[0]
+        deadline = time.monotonic() + END_USER_SECS
+        while True:
+            try:
+                listed = self.container.top(ps_args="-o pid,uid")["Processes"] or []
+            except DOCKER_ERRORS:
+                return False
+            if not any(len(row) > 1 and row[1].strip() == uid for row in listed):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            try:
+                self.container.exec_run(list(KILL_ALL), user=user)
+            except DOCKER_ERRORS:
+                return False
 
     def halt(self) -> None:
         """SIGKILL to PID 1 (the kernel kills its whole PID namespace: every process, whatever
