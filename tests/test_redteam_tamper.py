@@ -329,8 +329,55 @@ def test_the_engines_diff_and_the_reads_are_bounded_and_what_is_past_a_cap_is_ta
         assert find_tampering(sandbox) == [
             "/usr/bin/cat: changed, not checked (past the cap on bytes read)"
         ]
+        monkeypatch.setattr("pytest_hemra.execute.sandbox.overlay.MAX_CHANGES", 2)
+        assert find_tampering(sandbox) == [
+            "/: the container's changes are over 2 paths, not checked"
+        ]
+        monkeypatch.setattr("pytest_hemra.execute.sandbox.container._NATIVE_DIFF", {})
+        monkeypatch.setattr("pytest_hemra.execute.sandbox.container._has_native_diff", _remote)
         monkeypatch.setattr("pytest_hemra.execute.sandbox.container.MAX_CHANGES_BYTES", 64)
         assert find_tampering(sandbox) == ["/: the engine's diff is over 0 MiB, not checked"]
+
+
+def _remote(client: Any) -> bool:
+    return False  # as for an engine on another machine: its storage is not read here
+
+
+@docker
+def test_the_changes_read_from_the_engines_storage_are_the_engines_own_diff(
+    tmp_path: Path, docker_client: Any
+) -> None:
+    """On a local overlay2 engine the sandbox's changes are read from its upper folder (the
+    engine's diff costs 0.2-0.4 s a call here): files and folders added, changed, removed,
+    replaced by a link, odd names, give exactly what the engine's own diff says."""
+    from pytest_hemra.execute.sandbox.overlay import overlay_changes
+
+    provider = DockerProvider(docker_client)
+    request = SandboxRequest(BASE_IMAGE, Limits(pids=256), network=False, labels={"hemra": "1"})
+    logs = tmp_path / "x.txt"
+    script = (
+        "cp /usr/bin/ls /usr/bin/cat && rm /usr/bin/tac && ln -sf echo /usr/bin/yes"
+        ' && mkdir -p /opt/new/deep && touch "/opt/new/deep/a"b\nc" /etc/ld.so.preload'
+        " && rm -rf /usr/share/doc && echo x >> /etc/profile && mkdir -p /app && touch /app/x"
+    )
+    with provider.open(request) as sandbox:
+        sandbox.exec(
+            ["sh", "-c", script],
+            user=ROOT_USER,
+            env={},
+            timeout=30,
+            stdout=logs,
+            stderr=logs,
+            workdir="/",
+        )
+        container = docker_client.containers.get(sandbox.container.id)
+        engine = {(c["Path"], c["Kind"]) for c in container.diff()}
+        kinds = {"modified": 0, "added": 1, "deleted": 2}
+        read = overlay_changes(container.attrs, native=True)
+        assert read is not None, "this machine's engine is local overlay2: read from its storage"
+        assert {(c.path, kinds[c.kind]) for c in read} == engine
+        assert {(c.path, kinds[c.kind]) for c in sandbox.changes()} == engine
+        assert ("/usr/bin/tac", 2) in engine and ("/usr/bin/cat", 0) in engine
 
 
 def test_the_task_key_is_read_and_an_unknown_hemra_key_refused(make_task: TaskMaker) -> None:
