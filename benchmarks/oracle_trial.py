@@ -86,11 +86,21 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--task", default="create-file")
+    parser.add_argument(
+        "--agent-user",
+        default="task",
+        choices=("task", "non-root"),
+        help="task: the image's user (root here: its sandbox is emptied whole and started"
+        " again); non-root: uid 1000, as the floor (its processes killed as its user)",
+    )
     args = parser.parse_args()
 
     task = load_task(bundled_dir("datasets") / "hemra-offline" / args.task)
     provider = DockerProvider()
     spec = RunSpec(harnesses=["oracle"], datasets=["hemra-offline"])
+    spec = spec.model_copy(
+        update={"sandbox": spec.sandbox.model_copy(update={"agent_user": args.agent_user})}
+    )
     oracle = Harness(
         "oracle",
         Path("oracle.toml"),
@@ -133,7 +143,10 @@ def main() -> None:
         floors, hemras, firsts = floors[1:], hemras[1:], firsts[1:]
 
     floor, hemra, first = (statistics.median(series) for series in (floors, hemras, firsts))
-    print(f"task hemra-offline/{task.name}, {args.rounds} rounds, cached image")
+    print(
+        f"task hemra-offline/{task.name}, {args.rounds} rounds, cached image, agent user"
+        f" {args.agent_user}"
+    )
     print(f"floor (plain docker SDK)      median {floor * 1000:7.1f} ms")
     print(f"hemra oracle trial            median {hemra * 1000:7.1f} ms")
     print(f"  first of its image in a run median {first * 1000:7.1f} ms")
