@@ -221,6 +221,17 @@ def write_diff(
     """Write the unified diff of `before` -> `after` to `path`, streamed, up to `cap` bytes;
     past it a last line says so and how many changed files were left out. Returns the bytes
     written."""
+    try:
+        return _write_diff(before, after, path, cap)
+    except OSError as error:  # a buffered write's error names no file: name it (a full disk)
+        if error.filename is None:
+            raise OSError(error.errno, error.strerror, str(path)) from error
+        raise
+
+
+def _write_diff(
+    before: Mapping[str, bytes], after: Mapping[str, bytes], path: Path, cap: int
+) -> int:
     names = changed_names(before, after)
     written = 0
     deadline = time.monotonic() + DIFF_SECS
