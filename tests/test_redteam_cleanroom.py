@@ -20,6 +20,7 @@ from pytest_hemra.execute.sandbox.docker import DockerProvider
 from pytest_hemra.resolve.datasets import load_task
 from pytest_hemra.resolve.overrides import Overrides
 from pytest_hemra.resolve.spec import load_run_spec
+from tests.redteam import run_harnesses
 
 pytestmark = pytest.mark.usefixtures("docker_test")
 
@@ -56,26 +57,10 @@ ATTACKS = {
 }
 
 
-def _rows(store: Path) -> dict[str, dict[str, Any]]:
-    connection = sqlite3.connect(store)
-    connection.row_factory = sqlite3.Row
-    rows = {r["harness"]: dict(r) for r in connection.execute("SELECT * FROM trials")}
-    connection.close()
-    return rows
-
-
 def _secret_task(make_task: TaskMaker, name: str = "secret", **options: Any) -> Path:
     folder = make_task(name, test=SLOW_TEST, solve=f"echo {SECRET} > /app/out.txt", **options)
     (folder / "tests" / "answer.txt").write_text(SECRET + "\n")
     return folder
-
-
-def _run(pytester: pytest.Pytester, tmp_path: Path, harnesses: list[str], extra: str = "") -> Any:
-    run_file = tmp_path / "run.toml"
-    names = ", ".join(f'"{h}"' for h in harnesses)
-    run_file.write_text(f'harnesses = [{names}]\ndatasets = ["ds"]\n{extra}')
-    pytester.runpytest("--hemra-run", str(run_file))
-    return _rows(pytester.path / ".hemra" / "hemra.db")
 
 
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
@@ -89,7 +74,7 @@ def test_a_process_left_behind_is_killed_before_the_tests_enter(
     _secret_task(make_task)
     write_harness("nop", NOP)
     write_harness("attacker", ATTACKS[attack])
-    rows = _run(pytester, tmp_path, ["nop", "attacker"])
+    rows = run_harnesses(pytester, tmp_path, ["nop", "attacker"])
     assert (rows["attacker"]["outcome"], rows["attacker"]["reward"]) == ("fail", 0.0)
     assert rows["attacker"]["reward"] == rows["nop"]["reward"]
 
@@ -103,7 +88,7 @@ def test_a_process_left_behind_by_an_agent_past_its_timeout_is_killed_too(
     _secret_task(make_task, task_toml="[agent]\ntimeout_sec = 2\n")
     daemon = ATTACKS["copies-the-tests-answers-into-app"].replace("exit 0", "sleep 30")
     write_harness("attacker", daemon)
-    rows = _run(pytester, tmp_path, ["attacker"])
+    rows = run_harnesses(pytester, tmp_path, ["attacker"])
     assert (rows["attacker"]["outcome"], rows["attacker"]["reward"]) == ("timeout", 0.0)
 
 
@@ -136,7 +121,7 @@ def test_a_reward_file_written_before_the_verifier_is_not_read(
         "/tests/test.sh" = "echo 1 > /logs/verifier/reward.txt"
         """,
     )
-    rows = _run(pytester, tmp_path, ["nop", "planter", "file-planter"])
+    rows = run_harnesses(pytester, tmp_path, ["nop", "planter", "file-planter"])
     assert (rows["planter"]["outcome"], rows["planter"]["reward"]) == ("fail", 0.0)
     assert rows["file-planter"]["outcome"] in ("fail", "harness_error")  # harness_error: refused
     assert rows["planter"]["reward"] == rows["file-planter"]["reward"] == rows["nop"]["reward"]
@@ -155,7 +140,7 @@ def test_the_tests_are_not_readable_in_the_sandbox_by_the_agents_user(
         "mv /tmp/p.txt /logs/verifier/p.txt; echo 1 > /logs/verifier/reward.txt",
     )
     write_harness("nop", NOP)
-    rows = _run(pytester, tmp_path, ["nop"])
+    rows = run_harnesses(pytester, tmp_path, ["nop"])
     probe = (Path(rows["nop"]["trial_dir"]) / "verifier" / "p.txt").read_text().splitlines()
     assert probe == ["root 700", "0"]
 
@@ -183,7 +168,7 @@ def test_a_later_steps_agent_never_sees_an_earlier_steps_tests(
         } >> /app/seen.txt 2>&1; cat /tests/answer.txt > /app/out.txt 2>/dev/null; true''']
         """,
     )
-    rows = _run(pytester, tmp_path, ["reader"])
+    rows = run_harnesses(pytester, tmp_path, ["reader"])
     seen = [
         line
         for line in (Path(rows["reader"]["trial_dir"]) / "diff.patch").read_text().splitlines()
@@ -221,7 +206,7 @@ def test_a_separate_verifier_room_ignores_a_tool_the_agent_replaced_outside_app(
     _secret_task(make_task, dockerfile=SLOPPY_IMAGE, task_toml=toml)
     write_harness("shadow", SHADOW)
     extra = '[verifier]\nenvironment_mode = "separate"\n' if where == "run" else ""
-    rows = _run(pytester, tmp_path, ["oracle", "shadow"], extra)
+    rows = run_harnesses(pytester, tmp_path, ["oracle", "shadow"], extra)
     assert rows["oracle"]["reward"] == 1.0
     assert rows["shadow"]["reward"] == 0.0
     assert rows["shadow"]["outcome"] == ("tampered" if where == "shared" else "fail")
@@ -319,7 +304,7 @@ def test_a_huge_sparse_app_is_copied_to_a_separate_room_only_up_to_its_cap(
         'kind = "program"\n'
         'command = ["bash", "-c", "truncate -s 100G /app/huge; echo no > /app/out.txt"]\n',
     )
-    rows = _run(pytester, tmp_path, ["bloat"])
+    rows = run_harnesses(pytester, tmp_path, ["bloat"])
     assert (rows["bloat"]["outcome"], rows["bloat"]["reward"]) == ("fail", 0.0)
     room = Path(rows["bloat"]["trial_dir"]) / "verifier" / "room.txt"
     assert "first entries only" in room.read_text()
@@ -345,7 +330,7 @@ def test_a_separate_room_receives_the_tasks_declared_artifacts(
         'kind = "program"\ncommand = ["bash", "-c", '
         '"mkdir /srv/out && echo hi > /srv/out/result.txt && echo x > /srv/other.txt"]\n',
     )
-    rows = _run(pytester, tmp_path, ["nop", "maker"])
+    rows = run_harnesses(pytester, tmp_path, ["nop", "maker"])
     assert (rows["maker"]["reward"], rows["nop"]["reward"]) == (1.0, 0.0)
     task = make_task("bad", task_toml='artifacts = ["../etc/passwd"]\n')
     with pytest.raises(SpecError, match=r"key 'artifacts': expected an absolute path"):

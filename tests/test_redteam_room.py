@@ -6,14 +6,13 @@ against a task whose answer is in the hidden tests alone, and scores what `nop` 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from conftest import BASE_IMAGE, TaskMaker
+from tests.redteam import run_harnesses
 
 pytestmark = pytest.mark.usefixtures("docker_test")
 
@@ -79,22 +78,6 @@ ROOMS = {
 }
 
 
-def _rows(store: Path) -> dict[str, dict[str, Any]]:
-    connection = sqlite3.connect(store)
-    connection.row_factory = sqlite3.Row
-    rows = {r["harness"]: dict(r) for r in connection.execute("SELECT * FROM trials")}
-    connection.close()
-    return rows
-
-
-def _run(pytester: pytest.Pytester, tmp_path: Path, harnesses: list[str], extra: str = "") -> Any:
-    run_file = tmp_path / "run.toml"
-    names = ", ".join(f'"{h}"' for h in harnesses)
-    run_file.write_text(f'harnesses = [{names}]\ndatasets = ["ds"]\n{extra}')
-    pytester.runpytest("--hemra-run", str(run_file))
-    return _rows(pytester.path / ".hemra" / "hemra.db")
-
-
 def _secret_task(make_task: TaskMaker, agent_timeout: int = 30, pids: int = 1024) -> Path:
     folder = make_task(
         "secret",
@@ -124,7 +107,7 @@ def test_a_process_a_listing_misreads_is_gone_before_the_tests_enter(
     write_harness("nop", NOP)
     for name, harness in CHEATS.items():
         write_harness(name, harness)
-    rows = _run(pytester, tmp_path, ["oracle", "nop", *CHEATS], ROOMS[room])
+    rows = run_harnesses(pytester, tmp_path, ["oracle", "nop", *CHEATS], ROOMS[room])
     assert (rows["oracle"]["outcome"], rows["oracle"]["reward"]) == ("pass", 1.0)
     assert (rows["nop"]["outcome"], rows["nop"]["reward"]) == ("fail", 0.0)
     for name in CHEATS:
@@ -147,7 +130,9 @@ def test_a_fork_bomb_filling_the_pids_limit_is_a_scored_trial_never_an_infra_err
     write_harness("nop", NOP)
     write_harness("bomb-stays", BOMB_STAYS)
     write_harness("bomb-left", BOMB_LEFT)
-    rows = _run(pytester, tmp_path, ["oracle", "nop", "bomb-stays", "bomb-left"], ROOMS[room])
+    rows = run_harnesses(
+        pytester, tmp_path, ["oracle", "nop", "bomb-stays", "bomb-left"], ROOMS[room]
+    )
     assert (rows["oracle"]["outcome"], rows["oracle"]["reward"]) == ("pass", 1.0)
     assert (rows["bomb-stays"]["outcome"], rows["bomb-stays"]["reward"]) == ("timeout", 0.0)
     assert (rows["bomb-left"]["outcome"], rows["bomb-left"]["reward"]) == ("fail", 0.0)
@@ -165,7 +150,7 @@ def test_a_reward_is_read_from_the_halted_room_past_a_log_over_the_file_cap(
         'if [ "$(cat /app/out.txt)" = hi ]; then echo 1; else echo 0; fi'
         " > /logs/verifier/reward.txt",
     )
-    rows = _run(pytester, tmp_path, ["oracle"])
+    rows = run_harnesses(pytester, tmp_path, ["oracle"])
     assert (rows["oracle"]["outcome"], rows["oracle"]["reward"]) == ("pass", 1.0)
     folder = Path(rows["oracle"]["trial_dir"]) / "verifier"
     assert (folder / "reward.txt").read_text().strip() == "1"
@@ -221,7 +206,7 @@ def test_nothing_the_agent_left_runs_when_the_tests_enter_whoever_it_ran_as(
     for name, harness in WATCHED.items():
         write_harness(name, harness)
     extra = '[sandbox]\nagent_user = "non-root"\n' if user == "non-root" else ""
-    rows = _run(pytester, tmp_path, list(WATCHED), extra)
+    rows = run_harnesses(pytester, tmp_path, list(WATCHED), extra)
     seen = {}
     for name, row in rows.items():
         folder = Path(row["trial_dir"]) / "verifier"
@@ -264,7 +249,7 @@ def test_a_root_agent_that_rewrites_the_entrypoint_run_again_after_its_turn_is_t
     write_harness(
         "rewriter", f'kind = "program"\ncommand = {json.dumps(["sh", "-c", REWRITE_ENTRY])}\n'
     )
-    rows = _run(pytester, tmp_path, ["oracle", "nop", "rewriter"])
+    rows = run_harnesses(pytester, tmp_path, ["oracle", "nop", "rewriter"])
     assert (rows["oracle"]["outcome"], rows["oracle"]["reward"]) == ("pass", 1.0)
     assert (rows["rewriter"]["outcome"], rows["rewriter"]["reward"]) == ("tampered", 0.0)
     evidence = json.loads((Path(rows["rewriter"]["trial_dir"]) / "tampered.json").read_text())
