@@ -113,7 +113,7 @@ EOF
 
 
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,  # a race: the writer usually wins it (1.0), but not always under load (CI)
     reason="open: the room is emptied ~100 ms after test.sh exits; a writer test.sh's run of the"
     " agent's program left behind replaces reward.txt in that gap (a fix: test.sh as the child"
     " of the room's PID 1, so the kernel kills its namespace the moment test.sh exits)",
