@@ -47,11 +47,11 @@ from pytest_hemra.resolve.harnesses import render, render_argv
 from pytest_hemra.resolve.spec import HarnessSpec
 from pytest_hemra.resolve.taskconfig import Healthcheck, render_env
 from pytest_hemra.score.verification import (
-    CLEAR_SECS,
     EMPTY_ROOM,
     cut_network,
     is_separate,
     provider_keys,
+    run_root,
     runner_env,
 )
 
@@ -266,18 +266,7 @@ def _clear_room(context: TrialContext, sandbox: Sandbox) -> bool:
     """EMPTY_ROOM and AGENT_LOGS_SAID as root in one command, once nothing of the agent's runs:
     whether /logs/agent holds anything."""
     log = context.trial_dir / "agent" / "room.txt"
-    result = sandbox.exec(
-        ["/bin/sh", "-c", EMPTY_ROOM + AGENT_LOGS_SAID],
-        user=ROOT_USER,
-        env={"HOME": "/root"},
-        timeout=CLEAR_SECS,
-        stdout=log,
-        stderr=log,
-        workdir="/",
-    )
-    said = log.read_text(errors="replace") if log.is_file() else ""
-    if result.timed_out or result.exit_code != 0:
-        raise VerifierError(f"sandbox: clearing the verifier's room failed ({said.strip()[-300:]})")
+    said = run_root(sandbox, EMPTY_ROOM + AGENT_LOGS_SAID, log, failure=VerifierError)
     log.unlink(missing_ok=True)
     return "+agent-logs" in said.splitlines()
 

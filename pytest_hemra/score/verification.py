@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
 from pytest_hemra.core.environment import snapshot
-from pytest_hemra.core.errors import InfraError, Tampered, VerifierError
+from pytest_hemra.core.errors import HemraError, InfraError, Tampered, VerifierError
 from pytest_hemra.core.reward import parse_reward
 from pytest_hemra.execute.context import Progress, TrialContext
 from pytest_hemra.execute.gateway.egress import proxy_env
@@ -73,7 +73,7 @@ def verify_step(
         )
     finally:
         sandbox.empty()  # halted to read its rewards: started again for the next step
-        _run_root(sandbox, EMPTY_ROOM, step_dir / "verifier" / "clear.txt")
+        run_root(sandbox, EMPTY_ROOM, step_dir / "verifier" / "clear.txt")
         sandbox.reconnect_network()
     check_rewards(logs, declared_kinds(tests, env.values()))
     return parse_reward(logs)
@@ -162,7 +162,7 @@ def _copy_into(context: TrialContext, sandbox: Sandbox, room: Sandbox) -> None:
     declared = context.task.config.artifact_paths
     if declared:  # their folders, made as root in the room
         parents = sorted({str(PurePosixPath(path).parent) for path in declared})
-        _run_root(room, 'mkdir -p "$@"', context.trial_dir / "verifier" / "room.txt", parents)
+        run_root(room, 'mkdir -p "$@"', context.trial_dir / "verifier" / "room.txt", parents)
     for path in dict.fromkeys(paths):
         copy = CappedStream(sandbox.export_tree(path), budget)
         chunks = iter(copy)
@@ -249,7 +249,15 @@ def _run_test_sh(
     return logs
 
 
-def _run_root(sandbox: Sandbox, script: str, log: Path, args: Sequence[str] = ()) -> None:
+def run_root(
+    sandbox: Sandbox,
+    script: str,
+    log: Path,
+    args: Sequence[str] = (),
+    failure: type[HemraError] = InfraError,
+) -> str:
+    """`script` run by /bin/sh as root within CLEAR_SECS, its output kept in `log` and
+    returned; one that fails or runs past it raises `failure`, naming the output's end."""
     result = sandbox.exec(
         ["/bin/sh", "-c", script, "sh", *args],
         user=ROOT_USER,
@@ -259,9 +267,10 @@ def _run_root(sandbox: Sandbox, script: str, log: Path, args: Sequence[str] = ()
         stderr=log,
         workdir="/",
     )
+    said = log.read_text(errors="replace") if log.is_file() else ""
     if result.timed_out or result.exit_code != 0:
-        detail = log.read_text(errors="replace").strip()[-300:] if log.is_file() else ""
-        raise InfraError(f"sandbox: clearing the verifier's room failed ({detail})")
+        raise failure(f"sandbox: clearing the verifier's room failed ({said.strip()[-300:]})")
+    return said
 
 
 def _tests_archive(folders: list[Path]) -> bytes:
