@@ -259,7 +259,7 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
         with ThreadPoolExecutor(1, thread_name_prefix="hemra-tamper") as engine:
             evidence = engine.submit(tampering, context, sandbox)
             with progress.phase("diff"):
-                after = sandbox.read_tree(context.workdir)
+                after = sandbox.read_tree(context.workdir, since=before)
                 write_diff(before, after, folder / "diff.patch")
                 keep_tree_notes(after, context.workdir, folder)
                 budget = FolderBudget(folder, context.spec.sandbox.folder_cap_mb << 20)

@@ -264,7 +264,10 @@ def empty_room(context: TrialContext, sandbox: Sandbox, identity: Identity) -> b
 
 def _clear_room(context: TrialContext, sandbox: Sandbox) -> bool:
     """EMPTY_ROOM and AGENT_LOGS_SAID as root in one command, once nothing of the agent's runs:
-    whether /logs/agent holds anything."""
+    whether /logs/agent holds anything. Not run where test.sh's own command clears the room
+    (`ENTER_TESTS`) and /logs/agent is read from the engine's storage (free when empty)."""
+    if sandbox.reads_storage and context.task.config.hemra.track == "reward":
+        return True
     log = context.trial_dir / "agent" / "room.txt"
     said = run_root(sandbox, EMPTY_ROOM + AGENT_LOGS_SAID, log, failure=VerifierError)
     log.unlink(missing_ok=True)

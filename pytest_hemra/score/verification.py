@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import itertools
 import os
+import secrets
 import tarfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -43,6 +44,18 @@ old=/logs/.verifier-old-$$
 if [ -e {VERIFIER_LOGS} ] || [ -L {VERIFIER_LOGS} ]; then mv {VERIFIER_LOGS} "$old"; fi
 mkdir -m 0755 {VERIFIER_LOGS}
 rm -rf "$old" 2>/dev/null || true
+"""
+
+
+# test.sh's own command: the tests, put in a folder of a name no one knows, moved to /tests
+# (where the agent may have left one) and /logs/verifier made new, then test.sh; one command,
+# where clearing the room first was a round trip of its own (~50 ms a trial)
+ENTER_TESTS = f"""set -e
+{EMPTY_ROOM.removeprefix("set -e")}
+mv "$1{TESTS_DIR}" {TESTS_DIR}
+rmdir "$1"
+set +e
+exec bash {TESTS_DIR}/test.sh
 """
 
 
@@ -212,20 +225,22 @@ def _run_test_sh(
     folder: Path,
     task_settings: TaskVerifier,
 ) -> dict[str, bytes]:
-    """The clean room, in this order: the agent's processes gone, /tests absent and
-    /logs/verifier empty (the turn's `empty_room` ran EMPTY_ROOM; a separate room starts so),
-    the verifier's network set, the tests in (root's, unreadable to others), then test.sh as
-    root; the sandbox then halted (killed whole by the kernel) and what test.sh wrote to
-    /logs/verifier returned (and kept in `folder`), read through the engine."""
+    """The clean room, in this order: the agent's processes gone (the turn's `empty_room`; a
+    separate room starts so), the verifier's network set, the tests in (root's, unreadable to
+    others) under a name no one knows, then as root one command: /tests (whatever the agent
+    left there) replaced by them, /logs/verifier made new, test.sh (ENTER_TESTS); the sandbox
+    then halted (killed whole by the kernel) and what test.sh wrote to /logs/verifier returned
+    (and kept in `folder`), read through the engine or its storage."""
     settings = context.spec.verifier
     proxied = cut_network(context, sandbox, task_settings)
-    sandbox.import_tree(iter([_tests_archive(tests)]), "/")
-    if is_separate(context):  # the shared room's was made new by EMPTY_ROOM, nothing run since
-        refuse_planted(sandbox.read_tree(VERIFIER_LOGS))  # a declared artifact copied in there
+    staging = f"/.hemra-tests-{secrets.token_hex(12)}"
+    sandbox.import_tree(iter([_tests_archive(tests, staging)]), "/")
+    if is_separate(context):  # a declared artifact copied in there
+        refuse_planted(sandbox.read_tree(VERIFIER_LOGS))
     runner = snapshot()
     with verifier_egress(context, task_settings, folder, proxied) as proxy:
         result = sandbox.exec(
-            ["bash", f"{TESTS_DIR}/test.sh"],
+            ["/bin/sh", "-c", ENTER_TESTS, "sh", staging],
             user=ROOT_USER,
             env={
                 "HOME": "/root",
@@ -273,18 +288,20 @@ def run_root(
     return said
 
 
-def _tests_archive(folders: list[Path]) -> bytes:
-    """The tests as one tar for /, later folders over earlier ones: /tests mode 0700 and
-    everything in it root's, so no other user can even list it."""
+def _tests_archive(folders: list[Path], staging: str) -> bytes:
+    """The tests as one tar for /, later folders over earlier ones, in `staging`/tests: both
+    mode 0700 and everything in them root's, so no other user can even list them."""
     buffer = io.BytesIO()
+    tests = f"{staging.strip('/')}{TESTS_DIR}"
     with tarfile.open(fileobj=buffer, mode="w") as archive:
-        top = tarfile.TarInfo(TESTS_DIR.strip("/"))
-        top.type, top.mode, top.mtime = tarfile.DIRTYPE, 0o700, int(time.time())
-        archive.addfile(top)
+        for name in (staging.strip("/"), tests):
+            top = tarfile.TarInfo(name)
+            top.type, top.mode, top.mtime = tarfile.DIRTYPE, 0o700, int(time.time())
+            archive.addfile(top)
         for folder in folders:
             for entry in sorted(folder.rglob("*")):
                 info = archive.gettarinfo(
-                    entry, arcname=f"{TESTS_DIR.strip('/')}/{entry.relative_to(folder).as_posix()}"
+                    entry, arcname=f"{tests}/{entry.relative_to(folder).as_posix()}"
                 )
                 info.uid = info.gid = 0
                 info.uname = info.gname = "root"

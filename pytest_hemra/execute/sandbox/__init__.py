@@ -88,6 +88,7 @@ class Tree(dict[str, bytes]):
         self.stopped: str | None = None
         self.size = 0
         self.is_file = False  # the path read was a regular file (held under its own name)
+        self.as_image = False  # read where the container had changed nothing: its image's files
 
     def notes(self) -> dict[str, Any] | None:
         """What the trial folder keeps of a bounded read (`tree-notes.json`), or None: the
@@ -125,6 +126,11 @@ class Sandbox(Protocol):
 
     # whether the image's entrypoint runs the task's own services (started again by `empty`)
     runs_services: bool
+
+    @property
+    def reads_storage(self) -> bool:
+        """Whether its files are read from the engine's storage on this host (`read_tree`
+        then costs the engine nothing)."""
 
     @property
     def image_user(self) -> str:
@@ -167,10 +173,12 @@ class Sandbox(Protocol):
 
     def put_file(self, content: bytes, target: str, owner: str | None = None) -> None: ...
 
-    def read_tree(self, path: str) -> Tree:
+    def read_tree(self, path: str, since: Tree | None = None) -> Tree:
         """Regular files under `path`, bounded: streamed, never the whole archive in memory; files
         over `MAX_TREE_FILE_BYTES` are never kept, totals capped (see `Tree`). A halted
-        sandbox is read through the engine alone."""
+        sandbox is read through the engine alone. `since`, the tree `read_start_tree` gave,
+        lets a sandbox answer with what changed since (the engine's storage, read where it is
+        local)."""
 
     def read_start_tree(self, path: str) -> Tree:
         """`read_tree(path)` before anything but HEMRA's own files (outside `WORKDIR`) was put in

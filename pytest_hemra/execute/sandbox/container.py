@@ -41,7 +41,12 @@ from pytest_hemra.execute.sandbox import (
     ExecResult,
     Tree,
 )
-from pytest_hemra.execute.sandbox.overlay import overlay_changes
+from pytest_hemra.execute.sandbox.overlay import (
+    overlay_changes,
+    overlay_readable,
+    overlay_tree,
+    overlay_untouched,
+)
 from pytest_hemra.execute.sandbox.snapshot import SNAPSHOTS
 
 DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
@@ -194,6 +199,10 @@ class DockerSandbox:
         self._halted = False  # killed and left stopped (`halt`): read through the engine alone
         self._restarted = False  # started again by `empty`: a PID 1 that then exits is the agent's
         self._entrypoint = entrypoint  # the image's ENTRYPOINT, run again by `empty`
+
+    @property
+    def reads_storage(self) -> bool:
+        return overlay_readable(self.container.attrs, _has_native_diff(self.client))
 
     @property
     def image_user(self) -> str:
@@ -437,16 +446,22 @@ class DockerSandbox:
             archive.addfile(info, io.BytesIO(content))
         self.container.put_archive("/", buffer.getvalue())
 
-    def read_tree(self, path: str) -> Tree:
+    def read_tree(self, path: str, since: Tree | None = None) -> Tree:
         """Regular files under `path` (relative names; a file `path` under its own name),
-        bounded. The engine's archive is streamed one member at a time, never held whole. At the
-        first member over the per-file cap the stream is closed, before its data, and the tree is
-        read again around every such file: their sizes listed inside the sandbox (`find`, as the
-        agent user), the folders holding one fetched child by child. A large file the listing
-        could not see (a folder the agent user cannot list) is gone around when met, up to
-        `MAX_UNLISTED` of them; the total caps stop the read. A halted sandbox, where nothing
-        runs to list it, is read in one stream, files over the cap read through and dropped;
-        past `MAX_TREE_BYTES` of those it is started again (`empty`) and read as above."""
+        bounded. Read from the engine's storage where this runner can (`overlay_tree`: the
+        tree `since` is as the container started, changed as its upper folder says), else
+        through the engine: its archive is streamed one member at a time, never held whole. At
+        the first member over the per-file cap the stream is closed, before its data, and the
+        tree is read again around every such file: their sizes listed inside the sandbox
+        (`find`, as the agent user), the folders holding one fetched child by child. A large
+        file the listing could not see (a folder the agent user cannot list) is gone around
+        when met, up to `MAX_UNLISTED` of them; the total caps stop the read. A halted
+        sandbox, where nothing runs to list it, is read in one stream, files over the cap read
+        through and dropped; past `MAX_TREE_BYTES` of those it is started again (`empty`) and
+        read as above."""
+        found = overlay_tree(self.container.attrs, _has_native_diff(self.client), path, since)
+        if found is not None:
+            return found
         tree = Tree()
         if self._halted:  # no command to list it: files over the cap are read through, unkept
             if self._stream_tree(path, "", tree, read_through=MAX_TREE_BYTES) is None:
@@ -497,7 +512,14 @@ class DockerSandbox:
         """`read_tree(path)` of the sandbox as it started, kept per image (see `snapshot.py`)."""
         if self.runs_services:  # its entrypoint may have changed it: read this sandbox's own
             return self.read_tree(path)
-        return SNAPSHOTS.tree(self.container.attrs["Image"], path, lambda: self.read_tree(path))
+
+        def read() -> Tree:  # what no command has changed yet is the image's (`read_tree`'s since)
+            tree = self.read_tree(path)
+            attrs = self.container.attrs
+            tree.as_image = overlay_untouched(attrs, _has_native_diff(self.client), path)
+            return tree
+
+        return SNAPSHOTS.tree(self.container.attrs["Image"], path, read)
 
     def _list_sizes(self, path: str) -> Listing:
         """Every entry under `path` with its size, as the agent user can list them; an image

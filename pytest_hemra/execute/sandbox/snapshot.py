@@ -59,6 +59,7 @@ def _copy(tree: Tree) -> Tree:
     copied.update(tree)
     copied.skipped = dict(tree.skipped)
     copied.stopped, copied.size, copied.is_file = tree.stopped, tree.size, tree.is_file
+    copied.as_image = tree.as_image
     return copied
 
 
