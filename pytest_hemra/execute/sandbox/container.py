@@ -202,6 +202,8 @@ class DockerSandbox:
 
     @property
     def reads_storage(self) -> bool:
+        if self.runs_services:  # its services may change what is read as it is read
+            return False
         return overlay_readable(self.container.attrs, _has_native_diff(self.client))
 
     @property
@@ -459,9 +461,11 @@ class DockerSandbox:
         sandbox, where nothing runs to list it, is read in one stream, files over the cap read
         through and dropped; past `MAX_TREE_BYTES` of those it is started again (`empty`) and
         read as above."""
-        found = overlay_tree(self.container.attrs, _has_native_diff(self.client), path, since)
-        if found is not None:
-            return found
+        if self._halted or not self.runs_services:  # nothing runs there but what HEMRA ran
+            native = _has_native_diff(self.client)
+            found = overlay_tree(self.container.attrs, native, path, since)
+            if found is not None:
+                return found
         tree = Tree()
         if self._halted:  # no command to list it: files over the cap are read through, unkept
             if self._stream_tree(path, "", tree, read_through=MAX_TREE_BYTES) is None:

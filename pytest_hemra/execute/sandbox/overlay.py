@@ -237,7 +237,11 @@ class _Files:
             return
         if self.size + info.st_size > MAX_TREE_BYTES:
             raise _NotHere
-        data = path.read_bytes()[:MAX_TREE_FILE_BYTES]
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(descriptor, "rb") as handle:  # the entry met, never a link made since
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise _NotHere
+            data = handle.read(MAX_TREE_FILE_BYTES)
         self.content[name] = data
         self.size += len(data)
 
