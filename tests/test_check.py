@@ -129,6 +129,37 @@ def test_an_unknown_dataset_is_refused_in_one_line_and_nothing_recorded(
     assert not (tmp_path / "s.db").exists()
 
 
+@pytest.mark.usefixtures("docker_test")
+def test_a_task_hemra_refuses_stops_no_run_or_check_that_excludes_it(
+    hemra: Callable[..., pytest.RunResult], tmp_path: Path, make_task: TaskMaker
+) -> None:
+    make_task("healthy")
+    make_task("needs-gpu", task_toml="[environment]\ngpus = 1\n")  # no provider offers GPUs
+    dataset, store_path = str(tmp_path / "datasets" / "ds"), str(tmp_path / "s.db")
+
+    refused = hemra("run", "-H", "oracle", "-d", dataset, "--store", store_path)
+    assert refused.ret == 4
+    (error,) = [line for line in refused.errlines if line.strip()]
+    assert f"{dataset}/needs-gpu/task.toml: key 'environment.gpus'" in error, error
+    assert "no sandbox provider of HEMRA offers GPUs" in error
+
+    ran = hemra("run", "-H", "oracle", "-d", dataset, "-x", "needs-*", "--store", store_path)
+    assert ran.ret == 0, ran.errlines[-20:]
+    checked = hemra("check", dataset, "-x", "needs-gpu", "--store", store_path)
+    assert checked.ret == 0, checked.errlines[-20:]
+    checked.stdout.fnmatch_lines(["1 task: 1 healthy"])
+    selected = hemra("check", dataset, "-t", "heal*", "--store", store_path)
+    assert selected.ret == 0, selected.errlines[-20:]
+    store = Store(Path(store_path))
+    runs = store.runs()
+    assert len(runs) == 3  # the refused run recorded nothing
+    assert {(t.task, t.harness) for run in runs for t in store.trials(run.id)} == {
+        ("healthy", "oracle"),
+        ("healthy", "nop"),
+    }
+    store.close()
+
+
 # the verdicts from recorded trials: a real store, no Docker
 
 

@@ -71,7 +71,10 @@ def test_the_oracle_reads_an_answer_only_a_service_knows_and_nop_does_not(
     shutil.copytree(BUNDLED, tmp_path / "datasets" / "ds" / "compose-service")
     monkeypatch.setenv("HEMRA_FEATURE_TOKEN", "only-the-api-knows-41")
     run_file = tmp_path / "run.toml"
-    run_file.write_text('harnesses = ["oracle", "nop"]\ndatasets = ["ds"]\n')
+    run_file.write_text(
+        'harnesses = ["oracle", "nop"]\ndatasets = ["ds"]\n'
+        '[sandbox]\npass_env = ["HEMRA_FEATURE_TOKEN"]\n'
+    )
     store = tmp_path / "hemra.db"
     result = pytester.runpytest("--hemra-run", str(run_file), "--hemra-store", str(store))
 

@@ -82,3 +82,18 @@ def test_task_timeouts_and_limits_are_read(tmp_path: Path, make_task: TaskMaker)
     assert (config.agent.timeout_sec, config.verifier.timeout_sec) == (12.5, 7.0)
     environment = config.environment
     assert (environment.build_timeout_sec, environment.cpus, environment.memory_mb) == (99, 2, 256)
+
+
+def test_tasks_are_selected_by_name_before_any_is_read(
+    tmp_path: Path, make_task: TaskMaker
+) -> None:
+    make_task("good")
+    make_task("needs-gpu", task_toml="[environment]\ngpus = 1\n")
+    (tmp_path / "datasets" / "ds" / "unreadable").mkdir()
+    (tmp_path / "datasets" / "ds" / "unreadable" / "task.toml").write_text("not = [toml")
+    with pytest.raises(SpecError, match=r"needs-gpu/task\.toml: key 'environment\.gpus'"):
+        resolve_dataset("ds", tmp_path, "run.toml", [], [])
+    kept = resolve_dataset("ds", tmp_path, "run.toml", [], ["needs-*", "unreadable"])
+    assert [t.name for t in kept.tasks] == ["good"]
+    assert kept.digest == tree_digest(tmp_path / "datasets" / "ds", [kept.tasks[0].path])
+    assert [t.name for t in resolve_dataset("ds", tmp_path, "x", ["go*"], []).tasks] == ["good"]

@@ -289,7 +289,10 @@ def test_a_verifiers_own_allowlist_reaches_its_hosts_through_the_proxy_and_nothi
         monkeypatch.setenv("HEMRA_PROBE_PORT", str(port))
         monkeypatch.setenv("HEMRA_PROBE_GATEWAY", gateway_host)
         run_file = tmp_path / "run.toml"
-        run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
+        run_file.write_text(
+            'harnesses = ["oracle"]\ndatasets = ["ds"]\n'
+            '[sandbox]\npass_env = ["HEMRA_PROBE_PORT", "HEMRA_PROBE_GATEWAY"]\n'
+        )
         pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(passed=1)
     probes = json.loads(next(pytester.path.rglob("verifier/probe.json")).read_text())
     assert probes["proxy_set"], probes

@@ -166,7 +166,9 @@ def _failure(kind: str, at: str) -> dict[str, str]:
         ({"verifier_result": {"rewards": {"reward": 0.25, "checks": 1.0}}}, "fail", 0.25),
         ({"verifier_result": {"rewards": {"score": 0.0}}}, "fail", 0.0),  # its only value
         ({"verifier_result": None}, "verifier_error", None),
-        ({"verifier_result": {"rewards": {"a": 1.0, "b": 0.0}}}, "verifier_error", None),
+        # several keys and none the headline: the lowest (a pass needs every key at 1)
+        ({"verifier_result": {"rewards": {"a": 1.0, "b": 0.0}}}, "fail", 0.0),
+        ({"verifier_result": {"rewards": {"a": 1.0, "b": 1.0}}}, "pass", 1.0),
         (
             {"exception_info": _failure("AgentTimeoutError", "2026-01-01T00:00:05Z")},
             "timeout",

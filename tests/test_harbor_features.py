@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from conftest import TaskMaker
+from pytest_hemra.resolve.datasets import bundled_dir
 
 
 def rows(store: Path) -> dict[str, dict[str, Any]]:
@@ -33,23 +34,32 @@ def test_oracle_passes_and_nop_fails_every_harbor_features_task(
 ) -> None:
     monkeypatch.setenv("HEMRA_FEATURE_GREETING", "hi from the runner")
     run_file = tmp_path / "run.toml"
-    run_file.write_text('harnesses = ["oracle", "nop"]\ndatasets = ["harbor-features"]\n')
+    run_file.write_text(
+        'harnesses = ["oracle", "nop"]\ndatasets = ["harbor-features"]\n'
+        '[sandbox]\npass_env = ["HEMRA_FEATURE_GREETING"]\n'
+    )
     store = tmp_path / "hemra.db"
     result = pytester.runpytest("--hemra-run", str(run_file), "--hemra-store", str(store))
 
     found = rows(store)
-    assert len(found) == 16
+    tasks = [path for path in bundled_dir("datasets").joinpath("harbor-features").iterdir()]
+    tasks = [path for path in tasks if (path / "task.toml").is_file()]
+    assert len(found) == 2 * len(tasks)
     for item, row in found.items():
         expected = ("pass", 1.0) if "[oracle-1]" in item else ("fail", 0.0)
         assert (row["outcome"], row["reward"]) == expected, (item, row["error"])
-    result.assert_outcomes(passed=8, failed=8)
+    result.assert_outcomes(passed=len(tasks), failed=len(tasks))
 
     def folder(task: str, harness: str) -> Path:
         return Path(found[f"harbor-features::{task}[{harness}-1]"]["trial_dir"])
 
-    # [environment] env, its template filled from the runner's environment
+    # [environment] env, its template filled from a runner variable the run passes
     assert (
         "+hi from the runner swordfish" in (folder("task-env", "oracle") / "diff.patch").read_text()
+    )
+    # the verifier as the image's USER (dev, uid 1500), the room handed to it
+    assert (folder("verifier-user", "oracle") / "verifier" / "user.txt").read_text() == (
+        "1500:1500 (image)\n"
     )
     # the workdir's diff
     assert "+++ b/where.txt" in (folder("workdir", "oracle") / "diff.patch").read_text()
@@ -63,14 +73,28 @@ def test_oracle_passes_and_nop_fails_every_harbor_features_task(
         ("/app/summary.json", 1),
     ]
     assert (folder("health-artifacts", "oracle") / "healthcheck.txt").exists()
-    # min_reward: nop falls short on the first step, the second is skipped and scores 0
+    # min_reward: nop falls short on the first step, the second is skipped: no reward, left
+    # out of the mean (Harbor's rule), so the trial's reward is the first step's
     nop_steps = found["harbor-features::gated-steps[nop-1]"]["steps"]
-    assert [(name, reward) for name, reward, _ in nop_steps] == [("fix", 0.0), ("extend", 0.0)]
+    assert [(name, reward) for name, reward, _ in nop_steps] == [("fix", 0.0), ("extend", None)]
     assert (nop_steps[1][2] or "").startswith("skipped: step fix scored below its min_reward")
     oracle_steps = found["harbor-features::gated-steps[oracle-1]"]["steps"]
     assert [(name, reward, error) for name, reward, error in oracle_steps] == [
         ("fix", 1.0, None),
         ("extend", 1.0, None),
+    ]
+    # several metrics and no `reward` key: every key kept, the trial's reward the lowest
+    for harness, value in (("oracle", 1.0), ("nop", 0.0)):
+        row = found[f"harbor-features::multi-metric[{harness}-1]"]
+        assert json.loads(row["rewards"]) == {"correctness": value, "performance": value}
+    # "final": the last step's keys are the trial's; for nop, the last that ran (the second
+    # was skipped)
+    final = {h: found[f"harbor-features::final-keys[{h}-1]"] for h in ("oracle", "nop")}
+    assert json.loads(final["oracle"]["rewards"]) == {"reward": 1.0, "sorted": 1.0}
+    assert json.loads(final["nop"]["rewards"]) == {"reward": 0.0, "words": 0.0}
+    assert [(name, reward) for name, reward, _ in final["nop"]["steps"]] == [
+        ("draft", 0.0),
+        ("polish", None),
     ]
 
 

@@ -27,6 +27,12 @@ from pytest_hemra.resolve.spec import ADDED_HARNESS_KEYS, HarnessSpec, load_harn
             (0.25, {"reward": 0.25, "checks": 4.0}),
         ),
         ({"reward.json": b'{"reward": 1}', "reward.txt": b"0"}, (1.0, {"reward": 1.0})),
+        ({"reward.json": b'{"score": 1}'}, (1.0, {"score": 1.0})),  # its only key
+        # several keys, none the headline: the lowest (tests/test_rewards.py)
+        (
+            {"reward.json": b'{"correctness": 1, "performance": 0.5}'},
+            (0.5, {"correctness": 1.0, "performance": 0.5}),
+        ),
     ],
 )
 def test_rewards_are_read(
@@ -49,7 +55,7 @@ def test_rewards_are_read(
         ({"reward.json": b'{"reward": {"a": 1}}'}, "expected a number"),
         ({"reward.json": b"[1]"}, "flat JSON object"),
         ({"reward.json": b"{"}, "not valid JSON"),
-        ({"reward.json": b'{"score": 1}'}, "key 'reward' is missing"),
+        ({"reward.json": b"{}"}, "expected a flat JSON object of numbers, got {}"),
     ],
 )
 def test_unusable_rewards_are_refused(files: dict[str, bytes], message: str) -> None:

@@ -153,6 +153,17 @@ CASES = {
         nothing,
         "key 'verifier.env': environment variable HEMRA_TEST_UNSET_VARIABLE is not set",
     ),
+    "pass-env-not-a-name": (
+        GOOD + '[sandbox]\npass_env = ["MY-TOKEN"]\n',
+        nothing,
+        "run.toml: key 'sandbox.pass_env': expected environment variable names, got 'MY-TOKEN'",
+    ),
+    "pass-env-names-a-provider-key": (
+        GOOD + '[sandbox]\npass_env = ["OPENAI_API_KEY"]\n',
+        nothing,
+        "run.toml: key 'sandbox.pass_env': OPENAI_API_KEY holds a model provider's key"
+        " (the key_env of provider 'openai'), which never enters a sandbox",
+    ),
     "verifier-network": (
         GOOD + '[verifier]\nnetwork = "host"\n',
         nothing,
@@ -245,6 +256,7 @@ def test_defaults_are_those_documented(tmp_path: Path) -> None:
     assert (spec.tasks, spec.exclude, spec.require, spec.judge) == ([], [], [], [])
     assert spec.sandbox.provider == "docker" and spec.sandbox.image == "debian:bookworm-slim"
     assert spec.verifier.network == "none" and spec.verifier.env == []
+    assert spec.sandbox.pass_env == []
 
 
 def test_flags_replace_some_keys_and_add_to_others(tmp_path: Path) -> None:
@@ -260,6 +272,7 @@ def test_flags_replace_some_keys_and_add_to_others(tmp_path: Path) -> None:
         env = ["ONE"]
         [sandbox]
         image = "img"
+        pass_env = ["P1"]
     """)
     )
     spec = load_run_spec(
@@ -275,6 +288,7 @@ def test_flags_replace_some_keys_and_add_to_others(tmp_path: Path) -> None:
             sandbox="other",
             require=["cpu_limit"],
             verifier_env=["TWO"],
+            pass_env=["P2"],
             judges=["style"],
         ),
     )
@@ -284,6 +298,7 @@ def test_flags_replace_some_keys_and_add_to_others(tmp_path: Path) -> None:
     assert spec.sandbox.provider == "other" and spec.sandbox.image == "img"
     assert spec.require == ["network_block", "cpu_limit"]
     assert spec.verifier.env == ["ONE", "TWO"]
+    assert spec.sandbox.pass_env == ["P1", "P2"]
     assert [j.name for j in spec.judge] == ["style"]
 
 

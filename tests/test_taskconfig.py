@@ -102,10 +102,10 @@ def test_schema_1_0_calls_it_version(make_task: TaskMaker) -> None:
             "key 'environment.allowed_hosts': 'https://pypi.org' is not a host",
         ),
         ('[agent]\nuser = "a b"\n', "key 'agent.user': expected a user name or uid"),
-        ('[verifier]\nuser = "tester"\n', "key 'verifier.user': a verifier user other than root"),
+        ('[verifier]\nuser = "a b"\n', "key 'verifier.user': expected a user name or uid"),
         (
-            "[verifier.environment]\ncpus = 2\n",
-            "key 'verifier.environment': a verifier environment",
+            '[verifier]\nenvironment_mode = "shared"\n[verifier.environment]\ncpus = 2\n',
+            "key 'verifier': environment_mode = 'shared' with a",
         ),
         ("[verifier.continuous]\nenabled = true\n", "key 'verifier.continuous.enabled'"),
         ('[[verifier.collect]]\ncommand = "x"\n', "key 'verifier.collect': collect hooks"),
@@ -226,8 +226,13 @@ def test_an_unknown_key_is_shown_and_the_run_goes_ahead(
             "key 'environment.env': ${ANTHROPIC_API_KEY} is a model provider's key",
         ),
         (
+            '[verifier]\nenv = { K = "${OPENAI_API_KEY:-none}" }\n',
+            "key 'verifier.env': ${OPENAI_API_KEY} is a model provider's key",
+        ),
+        (
             '[solution]\nenv = { K = "${HEMRA_SURELY_UNSET_VARIABLE}" }\n',
-            "key 'solution.env': environment variable HEMRA_SURELY_UNSET_VARIABLE is not set",
+            "key 'solution.env': ${HEMRA_SURELY_UNSET_VARIABLE} reads runner variable"
+            " HEMRA_SURELY_UNSET_VARIABLE, which the run does not pass to sandboxes: add it to",
         ),
     ],
 )

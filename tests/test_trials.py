@@ -142,8 +142,8 @@ def test_sandbox_is_locked_down_and_tests_are_hidden_from_the_agent(
         ("true", "verifier wrote no /logs/verifier/reward.txt or reward.json"),
         ("echo nan > /logs/verifier/reward.txt", "reward.txt: expected a finite number"),
         (
-            "echo '{\"score\": 1}' > /logs/verifier/reward.json",
-            "reward.json: key 'reward' is missing",
+            "echo '{}' > /logs/verifier/reward.json",
+            "reward.json: expected a flat JSON object of numbers, got {}",
         ),
     ],
 )

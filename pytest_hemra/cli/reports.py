@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_hemra.cli.arguments import (
     add_store_argument,
@@ -108,22 +108,23 @@ def show_command(args: argparse.Namespace) -> int:
         f"  status {trial.status}, outcome {trial.outcome or '-'}, reward {reward}"
         + (f", class {trial.error_class}" if trial.error_class else "")
         + (f", retries {trial.retries} (replaces {trial.replaces})" if trial.replaces else ""),
-        f"  rewards {json.dumps(trial.rewards, sort_keys=True)}",
+        f"  rewards {json.dumps(trial.rewards, sort_keys=True)}"
+        + _headline(
+            trial.rewards, store.run(trial.run_id).plan.reward_keys(trial.dataset, trial.task)
+        ),
         f"  tokens {trial.tokens} (input {detail.input_tokens}, output {detail.output_tokens},"
         f" cache read {detail.cache_read_tokens}, cache write {detail.cache_write_tokens});"
         f" {plural(detail.calls, 'call')}; cost {cost}",
         "  phases " + ", ".join(f"{k} {v:.2f}s" for k, v in detail.phases.items()),
         f"  worker {detail.worker or '-'}, job {detail.job_state or '-'}"
-        + (f", agent user {trial.agent_user}" if trial.agent_user else ""),
+        + (f", agent user {trial.agent_user}" if trial.agent_user else "")
+        + (", verified with the agent's processes running" if trial.kept_processes else ""),
     ]
     if trial.error:
         lines.append(f"  error: {printable(trial.error)}")
     lines += tampered_lines(trial.trial_dir)
     lines += trial_history(store, trial)
-    lines += [
-        f"  step {step['seq']} {step['name']}: reward {step['reward']}"
-        for step in store.steps(trial.id)
-    ]
+    lines += [_step_line(step) for step in store.steps(trial.id)]
     lines += [
         f"  judge {j['judge']}: score {j['score']}"
         + (f" ({printable(j['error'])})" if j["error"] else "")
@@ -143,6 +144,28 @@ def show_command(args: argparse.Namespace) -> int:
     lines.append(f"\nfolder {trial.trial_dir or '-'}")
     print(printable_lines("\n".join(lines)))  # an agent's words shown, never obeyed
     return 0
+
+
+def _headline(rewards: dict[str, float], named: tuple[str, ...]) -> str:
+    """Which key the reward is, where it is not `reward` itself (core/reward.py)."""
+    from pytest_hemra.core.reward import HEADLINE, has_no_headline, headline_key
+
+    if has_no_headline(rewards, named):
+        return " (no headline: the reward is the lowest key; [report] reward_key picks one)"
+    key = headline_key(rewards, named)
+    return "" if key in (None, HEADLINE) or len(rewards) == 1 else f" (headline {key})"
+
+
+def _step_line(step: dict[str, Any]) -> str:
+    """A step of a multi-step task: its reward and keys, or why it was skipped (left out of
+    the trial's reward, as Harbor leaves it out)."""
+    where = f"  step {step['seq']} {step['name']}:"
+    error = step["error"] or ""
+    if step["reward"] is None and error.startswith("skipped"):
+        return f"{where} {printable(error)} (left out of the trial's reward)"
+    rewards = step["rewards"] or {}
+    keys = f" {json.dumps(rewards, sort_keys=True)}" if set(rewards) - {"reward"} else ""
+    return f"{where} reward {step['reward']}{keys}"
 
 
 MAX_SHOWN_EVIDENCE = 20  # lines of a tampered trial's evidence `hemra show` prints

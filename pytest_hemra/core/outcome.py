@@ -68,3 +68,8 @@ Outcome.FAILED = frozenset(
 Outcome.SCORED = Outcome.FAILED | {Outcome.PASS}
 Outcome.ERROR = frozenset({Outcome.INFRA_ERROR})
 Outcome.UNFINISHED = frozenset({Outcome.VERIFIER_ERROR, Outcome.INFRA_ERROR, Outcome.CANCELLED})
+
+
+# a failed trial's reason, when the clean room killed processes the agent left listening on a
+# port (its task's tests may need them: `[hemra] keep_agent_processes`); `hemra check` reads it
+KILLED_LISTENERS = "the clean room killed the agent's processes listening on port"

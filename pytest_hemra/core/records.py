@@ -120,6 +120,7 @@ class TrialRecord:
     error_class: str | None = None  # the SWE track's class (success, partial, overfit...)
     engine: str | None = None  # the Docker engine of `[[sandbox.engines]]` it was placed on
     agent_user: str | None = None  # whose user its agent ran as ("0:0 (root, image)")
+    kept_processes: bool = False  # verified with the agent's processes running (processes.py)
     calls: int = 0  # model calls through the gateway
     usage_unknown: int = 0  # of them, calls whose usage could not be read (cost is then None)
     is_priced: bool = True  # False: a call whose usage was read used a model without a price

@@ -62,16 +62,19 @@ class StoredDataset:
     path: str | None = None
     tasks: tuple[str, ...] = ()
     build_secs: Mapping[str, float] = field(default_factory=dict)  # image builds at resolve
+    reward_keys: Mapping[str, str] = field(default_factory=dict)  # tasks' `[hemra] reward_key`
 
     @classmethod
     def read(cls, name: str, entry: Mapping[str, Any]) -> StoredDataset:
         builds = _mapping(entry.get("build_secs"))
+        keys = _mapping(entry.get("reward_keys"))
         return cls(
             name=name,
             digest=_text(entry.get("digest")),
             path=_text(entry.get("path")),
             tasks=tuple(str(t) for t in entry.get("tasks") or ()),
             build_secs={str(k): float(v) for k, v in builds.items() if isinstance(v, int | float)},
+            reward_keys={str(k): v for k, v in keys.items() if isinstance(v, str) and v},
         )
 
 
@@ -153,6 +156,18 @@ class StoredPlan:
         if self.baseline is None:
             return list(self.harness_names)
         return [self.baseline, *(h for h in self.harness_names if h != self.baseline)]
+
+    @property
+    def run_reward_key(self) -> str | None:
+        """The run file's `[report] reward_key`: the headline where `reward` is missing."""
+        return _text(_mapping(self.settings.get("report")).get("reward_key"))
+
+    def reward_keys(self, dataset: str, task: str) -> tuple[str, ...]:
+        """The keys named as a task's headline, the run's before the task's (as the trial
+        was scored: `core.reward.headline_key`)."""
+        entry = self.datasets.get(dataset)
+        named = (self.run_reward_key, entry.reward_keys.get(task) if entry else None)
+        return tuple(key for key in named if key is not None)
 
     @property
     def unmetered(self) -> frozenset[str]:

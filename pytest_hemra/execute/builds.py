@@ -19,6 +19,7 @@ from pytest_hemra.execute.kinds import kind_of
 from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.plan import Plan
+from pytest_hemra.resolve.verifier_environment import verifier_task
 
 
 def tasks_to_build(plan: Plan) -> list[Task]:
@@ -108,6 +109,9 @@ def _failure(provider: SandboxProvider, task: Task, default_image: str) -> tuple
     """Prepare one task's image: None when it is there, else (its path, the one-line error)."""
     try:
         provider.prepare(task, default_image)
+        room = verifier_task(task)
+        if room is not None:  # its [verifier.environment], built from its tests/ folder
+            provider.prepare(room, default_image)
     except HemraError as error:
         text = str(error)
     except Exception as error:  # the Docker SDK and requests raise many kinds

@@ -9,7 +9,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_hemra.core.environment import snapshot
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.execute.gateway.ledger import Budgets, TrialUsage
 from pytest_hemra.execute.gateway.server import Gateway
@@ -18,8 +17,9 @@ from pytest_hemra.execute.selfreport import SelfReport
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.harnesses import Harness
 from pytest_hemra.resolve.judges import Judge, Judgment
+from pytest_hemra.resolve.processes import keeps_agent_processes
 from pytest_hemra.resolve.spec import RunSpec
-from pytest_hemra.resolve.taskconfig import render_env
+from pytest_hemra.resolve.templates import render_sandbox_env
 
 RESULT_SCHEMA_VERSION = 1
 DEFAULT_TIMEOUT_SECS = 900.0
@@ -41,6 +41,12 @@ class TrialContext:
     pool: SandboxPool | None = None  # [[sandbox.engines]]: the trial is placed on one first
 
     step_timeout: float | None = None  # a multi-step task's step: its own [steps.agent]
+    dataset: str = ""  # the trial's dataset, by name
+
+    @property
+    def keeps_processes(self) -> bool:
+        """Whether the agent's processes outlive its turn into the verifier's (`processes.py`)."""
+        return keeps_agent_processes(self.spec, self.dataset, self.task)
 
     @property
     def agent_timeout(self) -> float:
@@ -57,6 +63,13 @@ class TrialContext:
         return min(timeout, sandbox.max_agent_timeout_sec)
 
     @property
+    def reward_keys(self) -> tuple[str, ...]:
+        """The reward keys named as the headline, the run file's before the task's
+        (`core.reward.headline_key`)."""
+        named = (self.spec.report.reward_key, self.task.config.hemra.reward_key)
+        return tuple(key for key in named if key is not None)
+
+    @property
     def workdir(self) -> str:
         """Where the agent's and the verifier's commands run and what the diff covers: the
         task's `[environment] workdir`, else /app."""
@@ -70,12 +83,17 @@ class TrialContext:
         return [self.gateway_host, *(sorted(compose.services) if compose else [])]
 
     def task_env(self) -> dict[str, str]:
-        """The task's `[environment] env` (its templates filled from the runner's environment):
-        what the agent, the verifier and the healthcheck all see; with a compose file's
-        `main` environment under it."""
+        """The task's `[environment] env` (its templates filled as `render`s): what the agent,
+        the verifier and the healthcheck all see; with a compose file's `main` environment
+        under it."""
         compose = self.task.compose
         env = {**(compose.main.environment if compose else {}), **self.task.config.environment.env}
-        return render_env(env, snapshot())
+        return self.render(env)
+
+    def render(self, env: dict[str, str]) -> dict[str, str]:
+        """A task's env table with its templates filled from the runner's variables the run
+        passes by name (`[sandbox] pass_env`), never from any other (resolve/templates.py)."""
+        return render_sandbox_env(env, self.spec.sandbox.pass_env)
 
 
 @dataclass
@@ -98,6 +116,7 @@ class TrialResult:
     steps: list[StepResult] = field(default_factory=list)
     engine: str | None = None  # the engine of [[sandbox.engines]] it ran on
     agent_user: str | None = None  # whose user the agent ran as (`identity.py`)
+    kept_processes: bool = False  # verified with the agent's processes running
     schema_version: int = RESULT_SCHEMA_VERSION
 
     @property
@@ -115,7 +134,8 @@ class StepResult:
     exit_code: int | None
     timed_out: bool
     duration: float
-    error: str | None = None
+    error: str | None = None  # a skipped step's: `skipped: ...`
+    skipped: bool = False  # not run: an earlier step fell short of its min_reward
 
 
 @dataclass
@@ -131,6 +151,9 @@ class Progress:
     judgments: list[Judgment] = field(default_factory=list)  # the open track's rubric judge
     engine: str | None = None  # where a pool placed the trial
     agent_logs: bool = True  # whether /logs/agent may hold something (`empty_room` looked)
+    # ports the agent's processes listened on when the clean room killed them (the trial's
+    # reason says so when it then fails: its tests may need them, `resolve/processes.py`)
+    killed_listeners: tuple[int, ...] = ()
     agent_user: str | None = None  # whose user the agent ran as ("0:0 (root, image)")
 
     @contextmanager

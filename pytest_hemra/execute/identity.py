@@ -1,4 +1,4 @@
-"""Whose user the agent runs as, and its home.
+"""Whose user the agent (and the verifier) runs as, and its home.
 
 `[sandbox] agent_user = "task"` (the default): as Harbor runs a task, its `[agent] user`, else
 the image's USER, else root. `"non-root"`: HEMRA's `agent` (uid 1000, home /home/agent),
@@ -53,6 +53,34 @@ def agent_identity(task: Task, mode: str, sandbox: Sandbox, log: Path) -> Identi
         return HEMRA_AGENT if mode == "non-root" else Identity(ROOT_USER, "/root", source)
     if wanted in (AGENT_USER, AGENT_USER.split(":")[0]):
         return Identity(AGENT_USER, AGENT_HOME, source)
+    found = lookup(task, wanted, sandbox, log, source, "agent's")
+    if found.is_root and mode == "non-root":
+        return HEMRA_AGENT
+    return found
+
+
+def verifier_identity(
+    task: Task, configured: str | int | None, sandbox: Sandbox, log: Path
+) -> Identity:
+    """The verifier's user, as Harbor runs it: `[verifier] user` (a step's, else the task's),
+    else the image's USER, else root."""
+    wanted, source = (
+        (str(configured), "task")
+        if configured is not None
+        else (sandbox.image_user or "root", "image")
+    )
+    if wanted in ROOT_NAMES:
+        return Identity(ROOT_USER, "/root", source)
+    if wanted in (AGENT_USER, AGENT_USER.split(":")[0]):  # HEMRA's agent user, no lookup
+        return Identity(AGENT_USER, AGENT_HOME, source)
+    return lookup(task, wanted, sandbox, log, source, "verifier's")
+
+
+def lookup(
+    task: Task, wanted: str, sandbox: Sandbox, log: Path, source: str, whose: str
+) -> Identity:
+    """`wanted` (a name or uid, with an optional ":gid") as "uid:gid" and home, looked up in
+    the sandbox as root; a uid the image does not name is taken as it is."""
     name = wanted.split(":")[0]
     result = sandbox.exec(
         ["sh", "-c", LOOKUP, "sh", name],
@@ -69,12 +97,10 @@ def agent_identity(task: Task, mode: str, sandbox: Sandbox, log: Path) -> Identi
         return Identity(f"{name}:{gid}", "/", source)
     if result.exit_code != 0 or not found or " " not in found[-1]:
         raise InfraError(
-            f"{task.path / 'task.toml'}: the agent's user {wanted!r} is not in the image"
+            f"{task.path / 'task.toml'}: the {whose} user {wanted!r} is not in the image"
         )
     ids, home = found[-1].split(" ", 1)
     uid, gid = ids.split(":")
     if ":" in wanted:
         gid = wanted.split(":")[1]
-    if uid == "0" and mode == "non-root":
-        return HEMRA_AGENT
     return Identity(f"{uid}:{gid}", home, source)

@@ -20,7 +20,7 @@ from pytest_hemra.core.words import plural
 from pytest_hemra.report.taskset import one_task_set
 
 # kinds said of a dataset's every trial, whichever table (one per model in a matrix) shows them
-WHOLE_DATASET = frozenset({"agent_user_differs", "agent_root"})
+WHOLE_DATASET = frozenset({"agent_user_differs", "agent_root", "no_headline", "processes_kept"})
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Flag:
     kind: str  # task_set, unfinished, other_models, self_report, unknown_price, stopped,
     #            too_few_tasks, timeouts, not_metered, not_isolated, upstream_refused,
     #            tampered, verifier_offline, agent_user_differs, agent_root, usage_unknown,
-    #            verifier_error
+    #            verifier_error, no_headline, processes_kept
     harness: str | None
     message: str
 
@@ -93,7 +93,20 @@ def dataset_flags(
         flags += _tampered(harness, mine)
         flags += _unscoreable(harness, mine)
         flags += _verifier_offline(harness, mine)
-    return flags + _agent_users(counted)
+    return flags + _agent_users(counted) + _kept(counted)
+
+
+def _kept(trials: Sequence[TrialRecord]) -> list[Flag]:
+    """Trials verified with the agent's processes running (`[hemra] keep_agent_processes`):
+    the clean room's first guarantee does not hold for them."""
+    kept = [t for t in trials if t.kept_processes]
+    if not kept:
+        return []
+    tasks = sorted({t.task for t in kept})
+    message = f"{plural(len(kept), 'trial')} verified with the agent's processes running"
+    message += f" ({', '.join(tasks[:3])}{', ...' if len(tasks) > 3 else ''}: keep_agent_processes)"
+    message += ": what the agent left running could act while its tests ran (docs/security.md)"
+    return [Flag("processes_kept", None, message)]
 
 
 def _agent_users(trials: Sequence[TrialRecord]) -> list[Flag]:

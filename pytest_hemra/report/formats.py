@@ -41,6 +41,7 @@ def render(report: RunReport, fmt: str) -> str:
 def headers(dataset: DatasetReport) -> list[str]:
     ks = range(1, dataset.attempts + 1) if dataset.attempts > 1 else ()
     judges = sorted({name for row in dataset.harnesses for name in row.judges})
+    keys = reward_keys(dataset)
     return [
         dataset.axis,
         "trials",
@@ -52,6 +53,7 @@ def headers(dataset: DatasetReport) -> list[str]:
         *(f"pass^{k}" for k in ks if k > 1),
         *(["pass@k tasks"] if ks else []),
         *(["attempts disagree"] if ks else []),
+        *(f"key {name} [95% CI]" for name in keys),
         *(f"judge {name}" for name in judges),
         "tokens",
         "tokens/trial",
@@ -67,6 +69,7 @@ def headers(dataset: DatasetReport) -> list[str]:
 def cells(dataset: DatasetReport, row: HarnessSummary) -> list[Any]:
     ks = range(1, dataset.attempts + 1) if dataset.attempts > 1 else ()
     judges = sorted({name for r in dataset.harnesses for name in r.judges})
+    keys = reward_keys(dataset)
     versus = row.versus
     return [
         row.harness + (" (baseline)" if row.is_baseline else ""),
@@ -79,6 +82,7 @@ def cells(dataset: DatasetReport, row: HarnessSummary) -> list[Any]:
         *(_number(row.pass_hat_k.get(k)) for k in ks if k > 1),
         *([_pass_k_tasks(row)] if ks else []),
         *([_share(row.disagree)] if ks else []),
+        *(_estimate(row.keys.get(name)) for name in keys),
         *(_estimate(row.judges.get(name)) for name in judges),
         int(row.tokens.total or 0),
         _number(row.tokens.median, digits=0),
@@ -89,6 +93,11 @@ def cells(dataset: DatasetReport, row: HarnessSummary) -> list[Any]:
         ", ".join(f"{name} {count}" for name, count in row.outcomes.items()),
         ", ".join(f"{name} {count}" for name, count in row.classes.items()),
     ]
+
+
+def reward_keys(dataset: DatasetReport) -> list[str]:
+    """The reward keys other than the headline that some row of the table has a value of."""
+    return sorted({name for row in dataset.harnesses for name in row.keys})
 
 
 def _pass_k_tasks(row: HarnessSummary) -> str:
@@ -195,7 +204,7 @@ def render_markdown(report: RunReport) -> str:
 def render_csv(report: RunReport) -> str:
     """One row per dataset and harness, plain numbers (empty where there is none)."""
     out = io.StringIO()
-    writer = csv.writer(out)
+    writer = csv.writer(out, lineterminator="\n")  # printable_lines would show a \r
     writer.writerow(
         [
             "run", "dataset", "view", "axis", "harness", "baseline", "planned", "finished",
@@ -204,6 +213,7 @@ def render_csv(report: RunReport) -> str:
             "diff_low", "diff_high", "p_value", "shared_tasks", "tokens_total",
             "tokens_median", "cost_total", "cost_median", "duration_median", "outcomes",
             "pass_at_k", "pass_hat_k", "pass_k_tasks", "pass_k_left_out", "attempts_disagree",
+            "reward_keys",
         ]
     )  # fmt: skip
     for dataset in report.datasets:
@@ -222,9 +232,20 @@ def render_csv(report: RunReport) -> str:
                     _field(row.duration, "median"), json.dumps(row.outcomes),
                     json.dumps(row.pass_at_k), json.dumps(row.pass_hat_k), row.pass_k_tasks,
                     row.pass_k_left_out, "" if row.disagree is None else f"{row.disagree:.6g}",
+                    _keys(row),
                 ]
             )  # fmt: skip
     return out.getvalue()
+
+
+def _keys(row: HarnessSummary) -> str:
+    """Each reward key other than the headline, for CSV: {key: {mean, low, high}} as JSON."""
+    found = {
+        key: {"mean": e.mean, "low": e.low, "high": e.high}
+        for key, e in row.keys.items()
+        if e is not None
+    }
+    return json.dumps(found, sort_keys=True) if found else ""
 
 
 def _field(source: Any, name: str) -> str:

@@ -8,11 +8,14 @@ the bundled `oracle` (the task's own solution) and `nop` (does nothing).
   and printed a network error (`NETWORK_ERRORS`).
 - `trivial`: nop passed in some attempt: the tests pass with nothing done.
 - `slow_build`: a trial's `image` phase took longer than the threshold.
+- `needs_processes`: broken as the run ran it, the clean room having killed the processes its
+  oracle left listening, and it passes when they are kept for its verifier (`hemra check` runs
+  its oracle again so): set `[hemra] keep_agent_processes = true` in its task.toml.
 - `healthy`: none of the above.
 
-`broken` and `unchecked` fail a check; the others are warnings (`strict` fails on `flaky`,
-`trivial` and `verifier_offline` too). Reads the store, the trial folders' verifier output and
-each task's task.toml (its own verifier network policy); never a sandbox.
+`broken`, `needs_processes` and `unchecked` fail a check; the others are warnings (`strict`
+fails on `flaky`, `trivial` and `verifier_offline` too). Reads the store, the trial folders'
+verifier output and each task's task.toml (its own verifier network policy); never a sandbox.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 
 from pytest_hemra.core.errors import StoreError
 from pytest_hemra.core.network import NETWORK_FIX, OUTPUT_TAIL_BYTES, network_error
-from pytest_hemra.core.outcome import Outcome
+from pytest_hemra.core.outcome import KILLED_LISTENERS, Outcome
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.core.reward import shown_reward
 from pytest_hemra.core.words import plural
@@ -43,10 +46,12 @@ class Verdict(StrEnum):
     VERIFIER_OFFLINE = "verifier_offline"
     TRIVIAL = "trivial"
     SLOW_BUILD = "slow_build"
+    NEEDS_PROCESSES = "needs_processes"
     HEALTHY = "healthy"
 
 
-FAILING = frozenset({Verdict.BROKEN, Verdict.UNCHECKED})
+FAILING = frozenset({Verdict.BROKEN, Verdict.UNCHECKED, Verdict.NEEDS_PROCESSES})
+KEEP_FIX = "set [hemra] keep_agent_processes = true in its task.toml"
 FAILING_STRICT = FAILING | {Verdict.FLAKY, Verdict.TRIVIAL, Verdict.VERIFIER_OFFLINE}
 
 
@@ -215,6 +220,34 @@ def task_health(
         notes=tuple(notes),
         trial=about[0] if about else None,
     )
+
+
+def left_listening(health: DatasetHealth) -> list[str]:
+    """Broken tasks whose oracle failed after the clean room killed what it left listening:
+    the ones to try again with their processes kept."""
+    return [
+        task.task
+        for task in health.tasks
+        if Verdict.BROKEN in task.verdicts and any(KILLED_LISTENERS in n for n in task.notes)
+    ]
+
+
+def with_processes_kept(health: DatasetHealth, passed: set[str]) -> DatasetHealth:
+    """`health` with the tasks whose oracle passed once its processes were kept (`passed`)
+    `needs_processes` rather than `broken`, their note saying which key to set."""
+    tasks = []
+    for task in health.tasks:
+        if task.task in passed and Verdict.BROKEN in task.verdicts:
+            verdicts = tuple(
+                Verdict.NEEDS_PROCESSES if v == Verdict.BROKEN else v for v in task.verdicts
+            )
+            note = (
+                "its oracle passes only when the processes it leaves running outlive its turn"
+                f" (run again with them kept): {KEEP_FIX}"
+            )
+            task = replace(task, verdicts=verdicts, notes=(note, *task.notes[1:]))
+        tasks.append(task)
+    return replace(health, tasks=tuple(tasks))
 
 
 def describe(evidence: Evidence) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,6 +27,14 @@ from pytest_hemra.report.fairness import (
     Flag,
     calibration_flags,
     dataset_flags,
+)
+from pytest_hemra.report.rewardkeys import (
+    Named,
+    extra_keys,
+    headline_less,
+    key_estimates,
+    key_trials,
+    no_headline_flag,
 )
 from pytest_hemra.report.stats import (
     Comparison,
@@ -68,6 +76,8 @@ class HarnessSummary:
     outcomes: dict[str, int]
     own_tokens: int | None  # what the harness itself reported, where it reports
     judges: dict[str, Estimate | None] = field(default_factory=dict)
+    # each reward key other than the headline: its mean and 95% CI (`rewardkeys.py`)
+    keys: dict[str, Estimate | None] = field(default_factory=dict)
     classes: dict[str, int] = field(default_factory=dict)  # the SWE track's error classes
     # of the tasks with two or more scored attempts, the share whose attempts disagree (some
     # passed, some did not): None with fewer than two attempts on every task
@@ -97,6 +107,8 @@ class DatasetReport:
     # every row, each with why ("harness outcome" of its trials without a score)
     counted_tasks: list[str] = field(default_factory=list)
     tasks_left_out: dict[str, list[str]] = field(default_factory=dict)
+    # a table of one reward key alone, over the tasks without a headline (`rewardkeys.py`)
+    reward_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -128,9 +140,11 @@ def summarize(
     attempts: int,
     baseline: dict[str, list[float]] | None,
     task_set: TaskSet | None = None,
+    extras: Mapping[str, Sequence[str]] | None = None,
 ) -> HarnessSummary:
     """A row's numbers over the table's task set (`taskset.py`; alone, its own); its counts
-    (trials, scored, passes, outcomes), tokens, cost and durations over all of its trials."""
+    (trials, scored, passes, outcomes), tokens, cost and durations over all of its trials;
+    `extras`: each task's reward keys other than its headline (`rewardkeys.extra_keys`)."""
     mine = [t for t in trials if t.status != "deselected"]  # the harness's own trials
     finished = [t for t in mine if t.status == "finished"]
     found = task_set or one_task_set({harness: mine}, [harness], attempts)
@@ -182,6 +196,7 @@ def summarize(
         outcomes=dict(sorted(outcomes.items())),
         own_tokens=sum(own) if own else None,
         judges={name: mean_ci(scores) for name, scores in sorted(judges.items())},
+        keys=key_estimates(counted, extras) if extras else {},
         classes=dict(sorted(Counter(t.error_class for t in finished if t.error_class).items())),
         disagree=disagree,
     )
@@ -214,10 +229,16 @@ def build_report(store: Store, run_id: str) -> RunReport:
     for name, entry in plan.datasets.items():
         mine = [t for t in trials if t.dataset == name]
         attempts = max((t.attempt for t in mine), default=1)
+
+        def named(task: str, dataset: str = name) -> tuple[str, ...]:
+            return plan.reward_keys(dataset, task)
+
+        views = _views(plan, mine)
         tables = [
-            _table(plan, name, entry.digest or "", len(entry.tasks), attempts, view)
-            for view in _views(plan, mine)
+            _table(plan, name, entry.digest or "", len(entry.tasks), attempts, view, named)
+            for view in views
         ]
+        tables += _key_tables(plan, name, entry.digest or "", attempts, views, named)
         for later in tables[1:]:  # what concerns the whole dataset is said once, under the first
             later.flags[:] = [flag for flag in later.flags if flag.kind not in WHOLE_DATASET]
         tables[0].flags.extend(judge_flags)
@@ -282,8 +303,37 @@ def _variance(plan: StoredPlan, trials: list[TrialRecord]) -> VarianceReport | N
     return decompose(observations, plan.baseline or "", baseline_model, VARIANCE_MIN_TASKS)
 
 
+def _key_tables(
+    plan: StoredPlan, name: str, digest: str, attempts: int, views: list[View], named: Named
+) -> list[DatasetReport]:
+    """For the tasks without a headline (`rewardkeys.py`), one table a key and view: the
+    harnesses compared on that key alone; the first table of the dataset gets the flag."""
+    tasks = headline_less((t for view in views for t in view.trials), named)
+    keys = sorted({key for names in tasks.values() for key in names})
+    tables = []
+    for view in views:
+        for key in keys:
+            trials = key_trials(view.trials, tasks, key)
+            title = f"{view.title}, key {key}" if view.title else f"key {key}"
+            keyed = replace(view, title=title, trials=trials)
+            table = _table(plan, name, digest, len(tasks), attempts, keyed, named)
+            flags = [f for f in table.flags if f.kind in KEY_TABLE_FLAGS]
+            tables.append(replace(table, flags=flags, reward_key=key))
+    return tables
+
+
+# what a key's table says under it: the rest is said under the dataset's own table
+KEY_TABLE_FLAGS = frozenset({"too_few_tasks", "task_set"})
+
+
 def _table(
-    plan: StoredPlan, name: str, digest: str, tasks: int, attempts: int, view: View
+    plan: StoredPlan,
+    name: str,
+    digest: str,
+    tasks: int,
+    attempts: int,
+    view: View,
+    named: Named = lambda task: (),
 ) -> DatasetReport:
     groups: dict[str, list[TrialRecord]] = defaultdict(list)
     for trial in view.trials:
@@ -291,8 +341,9 @@ def _table(
     baseline = view.rows[0] if view.rows else ""
     found = one_task_set(groups, view.rows, attempts)
     base_rewards = by_task([t for t in groups[baseline] if t.task in found.counted])
+    extras = extra_keys(view.trials, named)
     rows = [
-        summarize(groups[h], h, attempts, None if h == baseline else base_rewards, found)
+        summarize(groups[h], h, attempts, None if h == baseline else base_rewards, found, extras)
         for h in view.rows
     ]
     mine = [t for h in view.rows for t in groups[h]]
@@ -300,6 +351,9 @@ def _table(
     unisolated = plan.unisolated if view.axis == "harness" else frozenset()
     flags = dataset_flags(mine, view.rows, view.model, unmetered, unisolated)
     flags += [flag for row in rows if (flag := too_few_tasks(row)) is not None]
+    without = headline_less(view.trials, named)
+    if without:
+        flags.append(no_headline_flag(without, plan.run_reward_key))
     left_out = {task: list(why) for task, why in sorted(found.left_out.items())}
     return DatasetReport(
         name, digest, tasks, attempts, rows, flags, view.title, view.axis,

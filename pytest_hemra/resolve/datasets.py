@@ -4,6 +4,8 @@ A dataset is a folder of task folders, found by name (`datasets/` beside the run
 `HEMRA_DATASETS_PATH`, then the bundled datasets), by path, or as `name@version` in the registry
 (`registry.py`; its tasks fetched into the cache by `cache.py`). Its digest covers the sorted
 relative paths and file hashes of the selected tasks, so it is the same on every machine.
+Tasks are selected by folder name before any is parsed: a task a run leaves out is never read,
+so one HEMRA would refuse does not stop it.
 
 A task's files are read, hashed, sent to models and copied into sandboxes, so a link in a task
 folder that leads out of it (to a host file) is refused when the task is loaded; a link that
@@ -130,10 +132,12 @@ def resolve_dataset(
         name = path.name
     if not is_valid_name(name):
         raise SpecError(f"{path}: {name!r} is not a valid dataset name")
-    tasks = [load_task(task_dir) for task_dir in task_dirs(path)]
-    if not tasks:
+    found = task_dirs(path)
+    if not found:
         raise SpecError(f"{path}: no tasks (expected folders holding task.toml)")
-    selected = tuple(select_tasks(tasks, patterns, exclude))
+    # selection by folder name comes first: a task left out is never parsed, so one HEMRA
+    # would refuse cannot stop a run that excludes it
+    selected = tuple(load_task(task_dir) for task_dir in select_tasks(found, patterns, exclude))
     digest = tree_digest(path, [t.path for t in selected])
     if pin and not digest.startswith(pin.group("digest")):
         raise SpecError(
@@ -200,15 +204,18 @@ def load_task(path: Path) -> Task:
 
 
 def select_tasks(
-    tasks: Iterable[Task], patterns: Sequence[str], exclude: Sequence[str]
-) -> list[Task]:
+    task_folders: Iterable[Path], patterns: Sequence[str], exclude: Sequence[str]
+) -> list[Path]:
+    """The task folders whose name (the task's name) matches a pattern (any, when none is
+    given) and no exclusion: what a run or check selects, before any task is read."""
+
     def matches(name: str, globs: Sequence[str]) -> bool:
         return any(fnmatch.fnmatchcase(name, glob) for glob in globs)
 
     return [
-        task
-        for task in tasks
-        if (not patterns or matches(task.name, patterns)) and not matches(task.name, exclude)
+        folder
+        for folder in task_folders
+        if (not patterns or matches(folder.name, patterns)) and not matches(folder.name, exclude)
     ]
 
 

@@ -27,6 +27,8 @@ class Overrides:
     sandbox: str | None = None
     require: list[str] = field(default_factory=list)
     verifier_env: list[str] = field(default_factory=list)
+    pass_env: list[str] = field(default_factory=list)
+    keep_agent_processes: list[str] = field(default_factory=list)
     judges: list[str] = field(default_factory=list)
 
     def apply(self, data: dict[str, Any]) -> dict[str, Any]:
@@ -58,6 +60,17 @@ class Overrides:
         if self.verifier_env:
             verifier = _table(merged.get("verifier"))
             verifier["env"] = [*_list(verifier.get("env")), *self.verifier_env]
+            merged["verifier"] = verifier
+        if self.pass_env:
+            table = _table(merged.get("sandbox"))
+            table["pass_env"] = [*_list(table.get("pass_env")), *self.pass_env]
+            merged["sandbox"] = table
+        if self.keep_agent_processes:
+            verifier = _table(merged.get("verifier"))
+            kept = verifier.get("keep_agent_processes")
+            if kept is not True:  # `true` keeps every task's already
+                kept = _list(kept) if isinstance(kept, list) else []
+                verifier["keep_agent_processes"] = [*kept, *self.keep_agent_processes]
             merged["verifier"] = verifier
         if self.judges:
             merged["judge"] = [*_list(merged.get("judge")), *({"name": j} for j in self.judges)]
@@ -178,6 +191,21 @@ OVERRIDE_FLAGS = (
         ("--verifier-env",),
         "NAME",
         "environment variable passed to verifiers (adds to verifier.env)",
+    ),
+    OverrideFlag(
+        "pass_env",
+        "--hemra-pass-env",
+        ("--pass-env",),
+        "NAME",
+        "runner variable a task's env templates may read (adds to sandbox.pass_env)",
+    ),
+    OverrideFlag(
+        "keep_agent_processes",
+        "--hemra-keep-agent-processes",
+        ("--keep-agent-processes",),
+        "NAME",
+        "dataset or dataset::task whose verifier finds the agent's processes running (adds to"
+        " verifier.keep_agent_processes)",
     ),
     OverrideFlag(
         "judges",

@@ -24,8 +24,9 @@ from pytest_hemra.resolve.datasets import Dataset, Task, load_task, resolve_data
 from pytest_hemra.resolve.harnesses import Harness, is_isolated, resolve_harness
 from pytest_hemra.resolve.judges import Judge, resolve_judges
 from pytest_hemra.resolve.limits import check_limits
+from pytest_hemra.resolve.processes import check_kept, unknown_entries
 from pytest_hemra.resolve.spec import HarnessSpec, Overrides, RunSpec, load_run_spec
-from pytest_hemra.resolve.taskconfig import template_names
+from pytest_hemra.resolve.templates import check_pass_env, check_task_templates, provider_keys
 from pytest_hemra.resolve.upstreams import (
     SCRIPTED,
     SCRIPTED_MODEL,
@@ -33,6 +34,7 @@ from pytest_hemra.resolve.upstreams import (
     configured_upstreams,
     key_variables,
 )
+from pytest_hemra.resolve.verifier_environment import check_verifier_environment, verifier_task
 from pytest_hemra.store import Store
 
 PLAN_SCHEMA_VERSION = 1
@@ -120,6 +122,12 @@ class Plan:
                     "path": str(d.path),
                     "digest": d.digest,
                     "tasks": [t.name for t in d.tasks],
+                    # each task's headline key, for reports (core/reward.py)
+                    "reward_keys": {
+                        t.name: t.config.hemra.reward_key
+                        for t in d.tasks
+                        if t.config.hemra.reward_key is not None
+                    },
                     "build_secs": {
                         t.name: self.build_secs[f"{d.name}/{t.name}"]
                         for t in d.tasks
@@ -158,15 +166,24 @@ def resolve_plan(run_file: Path | None, overrides: Overrides, cwd: Path) -> Plan
                 f"environment variable {missing[0]} (the provider's key), which is not set"
             )
     _check_no_keys_in_sandboxes(harnesses, known_providers)
+    keys = provider_keys(harnesses, known_providers)
+    check_pass_env(spec.sandbox.pass_env, keys, source)
     for name in spec.verifier.env:
         if name not in os.environ:
             raise SpecError(f"{source}: key 'verifier.env': environment variable {name} is not set")
     datasets = _datasets(spec, base_dir, source)
-    check_limits(spec, (task for dataset in datasets for task in dataset.tasks), source)
-    keys = key_variables(known_providers) | {h.spec.key_env for h in harnesses if h.spec.key_env}
+    tasks = [task for dataset in datasets for task in dataset.tasks]
+    rooms = [room for task in tasks if (room := verifier_task(task)) is not None]
+    check_limits(spec, [*tasks, *rooms], source)
     for dataset in datasets:
         for task in dataset.tasks:
-            _check_task_env(task, keys)
+            check_task_templates(task, spec.sandbox.pass_env, keys, source)
+            check_kept(spec, dataset.name, task, source)
+            check_verifier_environment(task)
+    selected = {d.name for d in datasets} | {
+        f"{d.name}::{t.name}" for d in datasets for t in d.tasks
+    }
+    unknown_entries(spec, selected, source)
     for harness in harnesses:
         if harness.spec.uses_solution:
             for dataset in datasets:
@@ -241,36 +258,6 @@ def takes_mcp_servers(spec: HarnessSpec) -> bool:
         return True  # (no model, or the solution: an MCP server is nothing to it)
     texts = [*spec.command, *spec.environment.values(), *spec.files.keys(), *spec.files.values()]
     return any("{mcp_servers_" in text for text in texts)
-
-
-def _check_task_env(task: Task, keys: set[str]) -> None:
-    """A task's `env` tables read the runner's variables by `${NAME}`: each one without a
-    default must be set, and only `[verifier] env` may read a model provider's key (the agent's
-    sandbox never holds one; a verifier may call a model)."""
-    config, toml = task.config, task.path / "task.toml"
-    tables = [
-        (f"{toml}: key 'environment.env'", config.environment.env, False),
-        (f"{toml}: key 'solution.env'", config.solution.env, False),
-        (f"{toml}: key 'verifier.env'", config.verifier.env, True),
-        *(
-            (f"{toml}: key 'steps[{i}].verifier.env'", s.verifier.env, True)
-            for i, s in enumerate(config.steps)
-        ),
-    ]
-    if task.compose is not None:  # services are reached by the agent: no keys in them either
-        tables += [
-            (f"{task.compose.path}: service {name!r}: key 'environment'", env, False)
-            for name, env in task.compose.variables().items()
-        ]
-    for where, env, may_hold_keys in tables:
-        for name, has_default in template_names(env).items():
-            if name in keys and not may_hold_keys:
-                raise SpecError(
-                    f"{where}: ${{{name}}} is a model provider's key, which never enters the"
-                    " agent's sandbox (only [verifier] env may read it)"
-                )
-            if not has_default and name not in os.environ:
-                raise SpecError(f"{where}: environment variable {name} is not set")
 
 
 def _check_provider(harness: Harness, known: Mapping[str, ModelApi]) -> None:

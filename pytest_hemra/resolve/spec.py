@@ -163,6 +163,11 @@ class SandboxSettings(Strict):
     max_pids: int = Field(default=4096, gt=0)
     max_agent_timeout_sec: float = Field(default=6 * 3600.0, gt=0, allow_inf_nan=False)
     max_verifier_timeout_sec: float = Field(default=6 * 3600.0, gt=0, allow_inf_nan=False)
+    # the runner's variables a task's env templates (`${VAR}`) may read; no other fills one
+    # (resolve/templates.py, docs/run-files.md#what-a-sandbox-sees-of-the-runners-environment)
+    pass_env: list[str] = Field(default_factory=list)
+
+    _pass_env = field_validator("pass_env")(_check_env_names)
 
     @field_validator(
         "max_cpus", "max_memory_mb", "max_pids", "max_agent_timeout_sec", "max_verifier_timeout_sec"
@@ -193,6 +198,10 @@ class VerifierSettings(Strict):
     env: list[str] = Field(default_factory=list)
     # "separate" runs every task's verifier in a fresh sandbox; a task may ask for it alone
     environment_mode: Literal["shared", "separate"] = "shared"
+    # the agent's processes left running for the verifier: true (every task), false (none,
+    # whatever a task asks), dataset names or "dataset::task"s (those, and the tasks that ask
+    # for it with `[hemra] keep_agent_processes`); unset: as each task asks
+    keep_agent_processes: bool | list[str] | None = None
 
     _env = field_validator("env")(_check_env_names)
 
@@ -211,6 +220,14 @@ class GatewaySettings(Strict):
     other_models: Literal["flag", "refuse"] = "flag"
     trial_max_tokens: int | None = Field(default=None, gt=0)
     trial_max_cost_usd: float | None = Field(default=None, gt=0)
+
+
+class ReportSettings(Strict):
+    """`[report]`: how the run's trials are reported (docs/run-files.md)."""
+
+    # the reward.json key that is the headline where a trial's rewards have no `reward` key
+    # (before the task's `[hemra] reward_key`): core/reward.py
+    reward_key: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class JudgeSpec(Strict):
@@ -243,6 +260,7 @@ class RunSpec(Strict):
     judge: list[JudgeSpec] = Field(default_factory=list)
     providers: dict[str, ProviderSettings] = Field(default_factory=dict)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    report: ReportSettings = Field(default_factory=ReportSettings)
     budget_usd: float | None = Field(default=None, gt=0)
     cell_budget_usd: float | None = Field(default=None, gt=0)  # each harness (x model) cell's
     # harnesses the run trusts to run outside HEMRA's sandbox (a harbor harness): docs/security.md

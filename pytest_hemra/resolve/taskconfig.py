@@ -83,6 +83,16 @@ def render_env(env: dict[str, str], source: dict[str, str]) -> dict[str, str]:
     return {name: TEMPLATE.sub(fill, value) for name, value in env.items()}
 
 
+def _check_user(value: str | int | None) -> str | int | None:
+    """A user as `[agent] user` / `[verifier] user` take it: a name or uid, with an optional
+    ":gid"."""
+    if isinstance(value, str) and not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(:\d+)?$", value):
+        raise ValueError(f"expected a user name or uid, got {value!r}")
+    if isinstance(value, int) and value < 0:
+        raise ValueError(f"expected a user name or uid, got {value!r}")
+    return value
+
+
 class Healthcheck(Harbor):
     """Docker HEALTHCHECK semantics: `command` (sh -c) until it passes, before the agent."""
 
@@ -100,14 +110,7 @@ class TaskAgent(Harbor):
     network_mode: NetworkMode | None = None
     allowed_hosts: list[str] | None = None
 
-    @field_validator("user")
-    @classmethod
-    def _agent_user(cls, value: str | int | None) -> str | int | None:
-        if isinstance(value, str) and not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(:\d+)?$", value):
-            raise ValueError(f"expected a user name or uid, got {value!r}")
-        if isinstance(value, int) and value < 0:
-            raise ValueError(f"expected a user name or uid, got {value!r}")
-        return value
+    _user = field_validator("user")(_check_user)
 
     _hosts = field_validator("allowed_hosts")(_check_hosts)
     _implied = model_validator(mode="before")(_implied_allowlist)
@@ -131,30 +134,30 @@ class TaskVerifier(Harbor):
     user: str | int | None = None
     network_mode: NetworkMode | None = None
     allowed_hosts: list[str] | None = None
-    # "separate": the verifier runs in a fresh sandbox with the agent's /app copied in
-    environment_mode: Literal["shared", "separate"] = "shared"
-    environment: dict[str, Any] | None = None
+    # "separate": the verifier runs in a fresh sandbox with the agent's /app copied in; unset:
+    # "separate" with an `[verifier.environment]`, else "shared" (Harbor's rule)
+    environment_mode: Literal["shared", "separate"] | None = None
+    # the separate room's own environment (the schema of `[environment]`), built from tests/
+    environment: TaskEnvironment | None = None
     continuous: Continuous = Field(default_factory=Continuous)
     collect: list[dict[str, Any]] = Field(default_factory=list)
 
     _env = field_validator("env")(_check_env)
 
-    @field_validator("user")
-    @classmethod
-    def _root(cls, value: str | int | None) -> str | int | None:
-        if value not in (None, "root", 0):
-            raise ValueError(f"a verifier user other than root: {NOT_YET}")
-        return value
+    _user = field_validator("user")(_check_user)
 
-    @field_validator("environment")
+    @model_validator(mode="before")
     @classmethod
-    def _no_environment(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None:
-            raise ValueError(
-                f"a verifier environment of its own: {NOT_YET} (environment_mode = 'separate'"
-                " runs the verifier in a fresh sandbox of the task's image)"
-            )
-        return value
+    def _room(cls, data: Any) -> Any:
+        """An `[verifier.environment]` implies the separate room; with 'shared' it is refused."""
+        if isinstance(data, dict) and data.get("environment") is not None:
+            if data.get("environment_mode") == "shared":
+                raise ValueError(
+                    "environment_mode = 'shared' with a [verifier.environment]: expected"
+                    " 'separate' (or no environment_mode), as Harbor"
+                )
+            data = {**data, "environment_mode": "separate"}
+        return data
 
     @field_validator("collect")
     @classmethod
@@ -382,6 +385,12 @@ class HemraTask(BaseModel):
     # the agent may change the system's programs and libraries (a task about them): its
     # trials are not marked `tampered` for it (docs/datasets.md, docs/security.md)
     agent_may_change_system: bool = False
+    # the agent's processes left running for the verifier (a worker or server its tests check):
+    # the room is not emptied after the turn (docs/security.md); the run file may say otherwise
+    keep_agent_processes: bool = False
+    # the reward.json key that is the headline where the verifier writes no `reward` key; a
+    # run file's `[report] reward_key` wins over it (core/reward.py, docs/reports.md)
+    reward_key: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class TaskConfig(Harbor):

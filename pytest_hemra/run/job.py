@@ -272,6 +272,7 @@ class Runner:
             judges=run.judges,
             trial_dir=trial_dir,
             pool=self.provider if isinstance(self.provider, EnginePool) else None,
+            dataset=trial.dataset,
         )
 
     def _durably(self, write: Callable[[], T], trial: TrialRecord) -> T:

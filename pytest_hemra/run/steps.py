@@ -4,11 +4,14 @@ and verifier in one sandbox, later steps skipped below a `min_reward`, the rewar
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from pytest_hemra.core.errors import VerifierError
+from pytest_hemra.core.reward import trial_reward
 from pytest_hemra.execute.artifacts import collect as collect_artifacts
 from pytest_hemra.execute.context import (
     Progress,
@@ -48,15 +51,16 @@ def run_steps(
     `setup.sh` run as root), its healthcheck, its instruction and agent turn in the same
     sandbox, then its verifier (the task's tests/ with the step's over them, the step's
     `[steps.verifier]` settings) and its artifacts. A step whose rewards miss its `min_reward`
-    ends the task: the later steps are skipped, recorded as such, and score 0. The reward rolls
-    up by the task's `multi_step_reward_strategy`: the mean of the steps, or the last one's."""
+    ends the task: the later steps are skipped, recorded as such (no reward), and left out of
+    the roll-up, as Harbor leaves them out. The rewards roll up by the task's
+    `multi_step_reward_strategy` (`rolled_up`)."""
     task, folder, workdir = context.task, context.trial_dir, context.workdir
     before_all = sandbox.read_start_tree(workdir)
     gate: str | None = None
     for index, step in enumerate(task.config.steps):
         step_dir = folder / "steps" / f"{index + 1:02d}-{step.name}"
         if gate is not None:
-            progress.steps.append(StepResult(step.name, 0.0, {}, None, False, 0.0, gate))
+            progress.steps.append(StepResult(step.name, None, {}, None, False, 0.0, gate, True))
             continue
         started = time.monotonic()
         step_path = task.path / "steps" / step.name
@@ -111,15 +115,26 @@ def run_steps(
         if progress.exit_code in (None, 0):
             progress.exit_code = turn.exit_code
     (folder / "diff.patch").write_text(tree_diff(before_all, sandbox.read_tree(workdir)))
-    failed = [s for s in progress.steps if s.reward is None]
+    failed = [s for s in progress.steps if s.reward is None and not s.skipped]
     if failed:
         raise VerifierError(f"step {failed[0].name}: {failed[0].error}")
-    scores = [s.reward or 0.0 for s in progress.steps]
-    if task.config.multi_step_reward_strategy == "final":
-        reward = scores[-1]
+    return rolled_up(progress.steps, task.config.multi_step_reward_strategy, context.reward_keys)
+
+
+def rolled_up(
+    steps: Sequence[StepResult], strategy: str, named: Sequence[str] = ()
+) -> tuple[float, dict[str, float]]:
+    """The trial's (reward, rewards) from its steps, as Harbor rolls them up: a skipped step
+    has no result and is left out. "mean": each key's mean over the steps that ran (a key a
+    step lacks counts 0 for it); "final": the last step that ran, every key as it gave them.
+    The reward is the headline of those rewards (`core.reward.trial_reward`)."""
+    ran = [s for s in steps if not s.skipped]
+    if strategy == "final":
+        rewards = dict(ran[-1].rewards)
     else:
-        reward = sum(scores) / len(scores)
-    return reward, {"reward": reward, **{f"step:{s.name}": s.reward or 0.0 for s in progress.steps}}
+        keys = dict.fromkeys(key for s in ran for key in s.rewards)
+        rewards = {key: math.fsum(s.rewards.get(key, 0.0) for s in ran) / len(ran) for key in keys}
+    return trial_reward(rewards, named), rewards
 
 
 def _prepare_step(context: TrialContext, sandbox: Sandbox, step_path: Path, step_dir: Path) -> None:

@@ -26,7 +26,7 @@ from pytest_hemra.core.errors import (
     outcome_of,
 )
 from pytest_hemra.core.network import OUTPUT_TAIL_BYTES, network_error
-from pytest_hemra.core.outcome import Outcome
+from pytest_hemra.core.outcome import KILLED_LISTENERS, Outcome
 from pytest_hemra.core.reward import is_pass
 from pytest_hemra.execute.artifacts import collect as collect_artifacts
 from pytest_hemra.execute.context import (
@@ -127,7 +127,10 @@ def run_trial(context: TrialContext) -> TrialResult:
         steps=progress.steps,
         engine=progress.engine,
         agent_user=progress.agent_user,
+        kept_processes=context.keeps_processes,
     )
+    if progress.killed_listeners and outcome in (Outcome.FAIL, Outcome.VERIFIER_ERROR):
+        result.error = killed_listeners_note(progress.killed_listeners, error)
     result.judgments = list(progress.judgments)
     if context.judges and result.is_scored:
         with progress.phase("judges"):
@@ -136,6 +139,17 @@ def run_trial(context: TrialContext) -> TrialResult:
         result.duration = round(time.monotonic() - clock, 4)
     write_durably(context.trial_dir / "result.json", json.dumps(asdict(result), indent=2) + "\n")
     return result
+
+
+def killed_listeners_note(ports: tuple[int, ...], error: str | None) -> str:
+    """A failed trial's reason when the clean room killed the agent's listening processes."""
+    listed = ", ".join(str(port) for port in ports)
+    note = (
+        f"{KILLED_LISTENERS} {listed} before the verifier ran; if the task's tests need them"
+        " running, set [hemra] keep_agent_processes = true in its task.toml (or [verifier]"
+        " keep_agent_processes in the run file)"
+    )
+    return f"{error}; {note}" if error else note
 
 
 def _keep_evidence(folder: Path, failure: Tampered) -> None:
@@ -231,6 +245,7 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
         gateway_port=gateway_port(context),
         proxy_port=proxy_port(context) if task.config.uses_proxy else None,
         output_cap=context.spec.sandbox.output_cap_mb << 20,
+        pass_env=tuple(context.spec.sandbox.pass_env),
     )
     sandboxes = ExitStack()
     with progress.phase("start"):

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pytest_hemra.core.environment import snapshot
 from pytest_hemra.core.errors import InfraError, VerifierError
 from pytest_hemra.execute.context import (
     Progress,
@@ -45,7 +44,7 @@ from pytest_hemra.execute.trajectory import build_trajectory
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.harnesses import render, render_argv
 from pytest_hemra.resolve.spec import HarnessSpec
-from pytest_hemra.resolve.taskconfig import Healthcheck, render_env
+from pytest_hemra.resolve.taskconfig import Healthcheck
 from pytest_hemra.score.verification import (
     EMPTY_ROOM,
     cut_network,
@@ -210,7 +209,7 @@ def run_agent(
     spec = context.harness.spec
     task_env = context.task_env()
     if spec.uses_solution:  # the oracle runs the solution: it sees [solution] env too
-        task_env |= render_env(context.task.config.solution.env, snapshot())
+        task_env |= context.render(context.task.config.solution.env)
     env = {
         **task_env,
         "HOME": identity.home,
@@ -225,10 +224,18 @@ def run_agent(
         **{name: runner_env(name) for name in spec.env},
         **{render(name, values): render(value, values) for name, value in spec.environment.items()},
     }
+    kept = context.keeps_processes
+    listening = None if kept else sandbox.listening_ports()
     try:
         _take_turn(context, sandbox, progress, values, env, deadline, identity)
     finally:  # exit, timeout or error: nothing the agent started outlives its turn
-        progress.agent_logs = empty_room(context, sandbox, identity)
+        if kept:  # unless its task's tests need it running (`resolve/processes.py`)
+            progress.agent_logs = _clear_room(context, sandbox)
+        else:
+            after = sandbox.listening_ports() if listening is not None else None
+            if listening is not None and after:
+                progress.killed_listeners = tuple(sorted(after - listening))
+            progress.agent_logs = empty_room(context, sandbox, identity)
 
 
 def empty_room(context: TrialContext, sandbox: Sandbox, identity: Identity) -> bool:

@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from pytest_hemra.core.errors import HemraError, Tampered
-from pytest_hemra.core.reward import parse_reward
+from pytest_hemra.core.reward import HEADLINE, parse_rewards
 
 VERIFIER_LOGS = "/logs/verifier"
 REWARD_KINDS = ("reward.json", "reward.txt")  # the files Harbor reads a reward from, in order
@@ -99,7 +99,6 @@ def _disagreement(files: Mapping[str, bytes]) -> str | None:
 
 def _reward_of(files: Mapping[str, bytes], kind: str) -> float | None:
     try:
-        reward, _ = parse_reward({kind: files[kind]})
+        return parse_rewards({kind: files[kind]}).get(HEADLINE)
     except HemraError:
         return None
-    return reward

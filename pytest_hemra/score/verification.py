@@ -16,15 +16,17 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
-from pytest_hemra.core.environment import snapshot
 from pytest_hemra.core.errors import HemraError, InfraError, Tampered, VerifierError
 from pytest_hemra.core.reward import parse_reward
 from pytest_hemra.execute.context import Progress, TrialContext
 from pytest_hemra.execute.gateway.egress import proxy_env
 from pytest_hemra.execute.gateway.ledger import TrialUsage
+from pytest_hemra.execute.identity import verifier_identity
 from pytest_hemra.execute.sandbox import ROOT_USER, Sandbox, SandboxRequest
 from pytest_hemra.resolve.judges import Judgment
-from pytest_hemra.resolve.taskconfig import TaskVerifier, render_env
+from pytest_hemra.resolve.limits import task_limits
+from pytest_hemra.resolve.taskconfig import TaskVerifier
+from pytest_hemra.resolve.verifier_environment import verifier_task
 from pytest_hemra.score import openended, swe
 from pytest_hemra.score.judges import JudgeCall, ask_model, with_usage
 from pytest_hemra.score.provenance import check_rewards, declared_kinds, refuse_planted
@@ -50,12 +52,17 @@ rm -rf "$old" 2>/dev/null || true
 # test.sh's own command: the tests, put in a folder of a name no one knows, moved to /tests
 # (where the agent may have left one) and /logs/verifier made new, then test.sh; one command,
 # where clearing the room first was a round trip of its own (~50 ms a trial)
-ENTER_TESTS = f"""set -e
-{EMPTY_ROOM.removeprefix("set -e")}
+STAGED_TESTS = f"""{EMPTY_ROOM}
 mv "$1{TESTS_DIR}" {TESTS_DIR}
 rmdir "$1"
+"""
+ENTER_TESTS = f"""{STAGED_TESTS}
 set +e
 exec bash {TESTS_DIR}/test.sh
+"""
+# a verifier that is not root: the room made as above, the tests and /logs/verifier its own
+HAND_OVER = f"""{STAGED_TESTS}
+chown -R "$2" {TESTS_DIR} {VERIFIER_LOGS}
 """
 
 
@@ -64,7 +71,7 @@ def verify_reward(context: TrialContext, sandbox: Sandbox) -> tuple[float, dict[
     tests, settings = [context.task.path / "tests"], context.task.config.verifier
     logs = _run_test_sh(context, sandbox, tests, folder, settings)
     check_rewards(logs, declared_kinds(tests, settings.env.values()))
-    return parse_reward(logs)
+    return parse_reward(logs, context.reward_keys)
 
 
 def verify_step(
@@ -80,16 +87,21 @@ def verify_step(
     never sees them."""
     tests = [path / "tests" for path in (task_path, step_path) if (path / "tests").is_dir()]
     env = {**context.task.config.verifier.env, **settings.env}
+    user = settings.user if settings.user is not None else context.task.config.verifier.user
     try:
         logs = _run_test_sh(
-            context, sandbox, tests, step_dir / "verifier", settings.model_copy(update={"env": env})
+            context,
+            sandbox,
+            tests,
+            step_dir / "verifier",
+            settings.model_copy(update={"env": env, "user": user}),
         )
     finally:
         sandbox.empty()  # halted to read its rewards: started again for the next step
         run_root(sandbox, EMPTY_ROOM, step_dir / "verifier" / "clear.txt")
         sandbox.reconnect_network()
     check_rewards(logs, declared_kinds(tests, env.values()))
-    return parse_reward(logs)
+    return parse_reward(logs, context.reward_keys)
 
 
 def verifier_network(context: TrialContext, settings: TaskVerifier) -> str:
@@ -154,6 +166,16 @@ def verifier_room(
     if not is_separate(context):
         yield sandbox
         return
+    own = verifier_task(context.task)
+    if own is not None:  # its [verifier.environment]: its image (built at resolve), its limits
+        limits = task_limits(context.spec.sandbox, own)
+        request = replace(
+            request,
+            image=context.provider.prepare(own, context.spec.sandbox.image),
+            limits=replace(
+                request.limits, cpus=limits.cpus, memory_mb=limits.memory_mb, pids=limits.pids
+            ),
+        )
     room_request = replace(
         request,
         network=request.network
@@ -237,16 +259,22 @@ def _run_test_sh(
     sandbox.import_tree(iter([_tests_archive(tests, staging)]), "/")
     if is_separate(context):  # a declared artifact copied in there
         refuse_planted(sandbox.read_tree(VERIFIER_LOGS))
-    runner = snapshot()
+    identity = verifier_identity(context.task, task_settings.user, sandbox, folder / "user.txt")
+    argv = ["/bin/sh", "-c", ENTER_TESTS, "sh", staging]
+    if not identity.is_root:  # the room made as root first, then test.sh as its user
+        run_root(sandbox, HAND_OVER, folder / "room.txt", [staging, identity.user], VerifierError)
+        (folder / "room.txt").unlink(missing_ok=True)
+        argv = ["bash", f"{TESTS_DIR}/test.sh"]
+    (folder / "user.txt").write_text(identity.describe() + "\n")
     with verifier_egress(context, task_settings, folder, proxied) as proxy:
         result = sandbox.exec(
-            ["/bin/sh", "-c", ENTER_TESTS, "sh", staging],
-            user=ROOT_USER,
+            argv,
+            user=identity.user,
             env={
-                "HOME": "/root",
+                "HOME": identity.home,
                 **{name: runner_env(name) for name in settings.env},
-                **context.task_env(),
-                **render_env(task_settings.env, runner),
+                **_room_env(context),
+                **context.render(task_settings.env),
                 **proxy,
             },
             timeout=task_settings.timeout_sec,
@@ -262,6 +290,15 @@ def _run_test_sh(
     if result.timed_out:
         raise VerifierError(f"verifier ran past its {task_settings.timeout_sec:g}s timeout")
     return logs
+
+
+def _room_env(context: TrialContext) -> dict[str, str]:
+    """The environment's variables the verifier sees: its own `[verifier.environment] env` in
+    a room of its own, else the task's `[environment] env`."""
+    own = verifier_task(context.task) if is_separate(context) else None
+    if own is None:
+        return context.task_env()
+    return context.render(own.config.environment.env)
 
 
 def run_root(

@@ -149,7 +149,8 @@ class ResultStore(StoreBase):
                 " trial_dir = ?, calls = ?, input_tokens = ?, output_tokens = ?,"
                 " cache_read_tokens = ?, cache_write_tokens = ?, cost = ?, cost_known = ?,"
                 " usage_unknown = ?, models = ?, other_model_tokens = ?, stopped_by = ?,"
-                " own_report = ?, judges = ?, error_class = ?, agent_user = ?"
+                " own_report = ?, judges = ?, error_class = ?, agent_user = ?,"
+                " kept_processes = ?"
                 " WHERE id = ? AND status != 'replaced'",
                 [
                     status,
@@ -177,6 +178,7 @@ class ResultStore(StoreBase):
                     json.dumps({j["judge"]: j["score"] for j in result.get("judgments") or []}),
                     result.get("error_class"),
                     result.get("agent_user"),
+                    int(bool(result.get("kept_processes"))),
                     trial,
                 ],
             ).rowcount

@@ -13,7 +13,7 @@ from pytest_hemra.core.records import (
     TrialRecord,
 )
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 OLDEST_MIGRATED = 2  # stores from schema 2 on are brought forward when opened
 EMPTY_USAGE: dict[str, Any] = {
     "calls": 0,
@@ -82,6 +82,7 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
             "engine": str,
             "agent_user": str,
             "model": str,  # a matrix run's cell model (NULL: the run's one model)
+            "kept_processes": int,  # 1: verified with the agent's processes running
         },
         "id",
     ),
@@ -230,7 +231,8 @@ TRIAL_COLUMNS = (
     " CASE WHEN cost_known = 0 OR usage_unknown > 0 THEN NULL ELSE coalesce(cost, 0) END,"
     " models, coalesce(other_model_tokens, 0), stopped_by, own_report, replaces,"
     " coalesce(retries, 0), exit_code, judges, error_class, engine, agent_user,"
-    " coalesce(calls, 0), coalesce(usage_unknown, 0), coalesce(cost_known, 1), model"
+    " coalesce(calls, 0), coalesce(usage_unknown, 0), coalesce(cost_known, 1), model,"
+    " coalesce(kept_processes, 0)"
 )
 
 
@@ -292,6 +294,7 @@ def trial_record(row: Sequence[Any]) -> TrialRecord:
         usage_unknown=row[29],
         is_priced=bool(row[30]),
         model=row[31],
+        kept_processes=bool(row[32]),
     )
 
 

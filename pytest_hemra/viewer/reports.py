@@ -59,7 +59,7 @@ def matrix(report: RunReport) -> list[dict[str, Any]]:
     with its 95% interval (from the table of its model); [] for a one-model run."""
     grids: dict[str, dict[str, Any]] = {}
     for dataset in report.datasets:
-        if dataset.axis != "harness" or not dataset.view.startswith("model "):
+        if dataset.axis != "harness" or not dataset.view.startswith("model ") or dataset.reward_key:
             continue
         model = dataset.view.removeprefix("model ")
         grid = grids.setdefault(dataset.name, {"dataset": dataset.name, "harnesses": [],

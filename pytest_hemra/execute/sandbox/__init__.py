@@ -75,6 +75,9 @@ class SandboxRequest:
     services_network: str | None = None
     proxy_port: int | None = None  # the gateway's egress proxy (an allowlist task): let in too
     output_cap: int = DEFAULT_OUTPUT_CAP  # bytes kept of each file an exec's output goes to
+    # the runner variables a task's env templates may read (the run's `[sandbox] pass_env`):
+    # its compose services' `${VAR}`s are filled from these alone
+    pass_env: tuple[str, ...] = ()
 
 
 class Tree(dict[str, bytes]):
@@ -209,6 +212,10 @@ class Sandbox(Protocol):
         seen gone in the engine's own listing (numbers, never names); False when that cannot
         be done (the pids limit full, the image's shell changed): `empty` the sandbox then. For
         a non-root agent, which can neither change user nor signal anyone else's process."""
+
+    def listening_ports(self) -> frozenset[int] | None:
+        """The TCP ports something in the sandbox listens on, read from outside it (its network
+        namespace as the engine's host sees it); None where that cannot be read here."""
 
     def halt(self) -> None:
         """Killed whole, as `empty`, and left stopped: files can still be read (`read_tree`,

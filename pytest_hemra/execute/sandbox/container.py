@@ -199,6 +199,7 @@ class DockerSandbox:
         self._halted = False  # killed and left stopped (`halt`): read through the engine alone
         self._restarted = False  # started again by `empty`: a PID 1 that then exits is the agent's
         self._entrypoint = entrypoint  # the image's ENTRYPOINT, run again by `empty`
+        self._pid: int | None = None  # PID 1's on the engine's host (`listening_ports`)
 
     @property
     def reads_storage(self) -> bool:
@@ -336,11 +337,39 @@ class DockerSandbox:
             except DOCKER_ERRORS:
                 return False
 
+    def listening_ports(self) -> frozenset[int] | None:
+        """Read from /proc/<PID 1>/net/tcp{,6} on the engine's host (a local engine, a runner
+        that may read it): the sockets in LISTEN state (0A), by port."""
+        if self._pid is None:  # PID 1's, as long as it runs (`halt` forgets it)
+            try:
+                self.container.reload()
+                self._pid = int(self.container.attrs["State"]["Pid"] or 0)
+            except DOCKER_ERRORS:
+                return None
+        pid = self._pid
+        try:  # the engine's PID is this machine's (not a runner in a namespace of its own)
+            if pid <= 0 or self.container.id not in Path(f"/proc/{pid}/cgroup").read_text():
+                return None
+        except OSError:
+            return None
+        ports: set[int] = set()
+        for table in ("tcp", "tcp6"):
+            try:
+                lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+            except OSError:
+                return None
+            for line in lines:
+                fields = line.split()
+                if len(fields) > 3 and fields[3] == "0A" and ":" in fields[1]:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+        return frozenset(ports)
+
     def halt(self) -> None:
         """SIGKILL to PID 1 (the kernel kills its whole PID namespace: every process, whatever
         its name, thread state, user or session), then wait until the engine has it stopped."""
         if self._halted:
             return
+        self._pid = None
         try:
             self.container.kill()
         except docker.errors.APIError as error:

@@ -39,6 +39,7 @@ from pytest_hemra.execute.sandbox import (
     ROOT_USER,
     WORKDIR,
     SandboxRequest,
+    buildkit,
     firewall,
     leftovers,
 )
@@ -128,6 +129,7 @@ class DockerProvider:
         self._networks: dict[str, Any] = {}  # HEMRA's networks as this process last found them
         self._network_lock = threading.Lock()  # one of the process's threads looks one up
         self._admitted: set[tuple[str, str, int]] = set()  # (bridge, host, port) let in
+        self._engine: buildkit.Engine | None = None  # what builds here, asked once
 
     @property
     def client(self) -> docker.DockerClient:
@@ -227,7 +229,7 @@ class DockerProvider:
                     dockerfile = (task.environment_dir / "Dockerfile").read_text(errors="replace")
                     for base in base_images(dockerfile):
                         self._copy_if_missing(base)
-                    self._build(task, tag=tag, path=str(task.environment_dir))
+                    self.build_dockerfile(task, tag=tag, context=task.environment_dir)
         return str(self.client.images.get(tag).id)
 
     def _copy_if_missing(self, reference: str) -> None:
@@ -268,6 +270,43 @@ class DockerProvider:
         except docker.errors.ImageNotFound:
             return False
         return True
+
+    def build_dockerfile(
+        self,
+        task: Task,
+        *,
+        tag: str,
+        context: Path,
+        dockerfile: str = "Dockerfile",
+        buildargs: Mapping[str, str] | None = None,
+    ) -> None:
+        """Build `context/dockerfile` as `tag`: by the classic builder, or by the engine's
+        BuildKit when a line needs it (`buildkit.py`); a line this engine cannot build refuses
+        the build in one line naming the file, the line and what would build it."""
+        found = buildkit.buildkit_lines((context / dockerfile).read_text(errors="replace"))
+        options: dict[str, Any] = {} if dockerfile == "Dockerfile" else {"dockerfile": dockerfile}
+        if buildargs is not None:
+            options["buildargs"] = dict(buildargs)
+        if not found:
+            self._build(task, tag=tag, path=str(context), **options)
+            return
+        if self._engine is None:
+            self._engine = buildkit.engine_builder(self.client.version())
+        reason = buildkit.refusal(context / dockerfile, found, self._engine)
+        if reason is not None:
+            raise InfraError(reason)
+        try:
+            buildkit.build(
+                self.client,
+                context,
+                tag=tag,
+                dockerfile=dockerfile,
+                labels={"hemra.task": task.name},
+                buildargs=buildargs,
+                timeout=task.config.environment.build_timeout_sec,
+            )
+        except InfraError as error:
+            raise InfraError(f"{task.path}: {error}") from error
 
     def _build(self, task: Task, *, tag: str, **source: Any) -> None:
         try:

@@ -26,7 +26,6 @@ from typing import Any
 
 import docker.errors
 
-from pytest_hemra.core.environment import snapshot
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.execute.sandbox import SandboxRequest, firewall
 from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS, remove_container
@@ -44,7 +43,7 @@ from pytest_hemra.execute.sandbox.docker import (
 from pytest_hemra.execute.sandbox.images import base_images, engine_lock
 from pytest_hemra.resolve.compose import Build, Compose, Dependency, Service
 from pytest_hemra.resolve.datasets import Task, tree_digest
-from pytest_hemra.resolve.taskconfig import render_env
+from pytest_hemra.resolve.templates import render_sandbox_env
 
 SERVICE_REPOSITORY = "hemra-service"
 SERVICE_LABEL = "hemra.service"
@@ -112,12 +111,12 @@ def prepare_images(provider: DockerProvider, task: Task) -> None:
             for base in base_images(dockerfile):
                 provider._copy_if_missing(base)
             try:
-                provider._build(
+                provider.build_dockerfile(
                     task,
                     tag=reference,
-                    path=str(context),
+                    context=context,
                     dockerfile=build.dockerfile,
-                    buildargs=dict(build.args),
+                    buildargs=build.args,
                 )
             except InfraError as error:
                 raise InfraError(f"{where}: {error}".replace(f"{task.path}: ", "", 1)) from error
@@ -187,7 +186,7 @@ def _start(
     assert task.compose is not None
     options: dict[str, Any] = {
         "labels": {**labels, SERVICE_LABEL: name},
-        "environment": render_env(service.environment, snapshot()),
+        "environment": render_sandbox_env(service.environment, request.pass_env),
         # the sandbox root's set (files, switching users, as entrypoints of databases do)
         "cap_drop": ["ALL"],
         "cap_add": list(ROOT_CAPABILITIES),

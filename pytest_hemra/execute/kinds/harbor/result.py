@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.core.outcome import Outcome
-from pytest_hemra.core.reward import is_pass
+from pytest_hemra.core.reward import is_pass, trial_reward
 from pytest_hemra.execute.selfreport import SelfReport
 
 AGENT_EXCEPTIONS = frozenset({"NonZeroAgentExitCodeError"})
@@ -154,13 +155,13 @@ def read_harbor_result(path: Path) -> HarborTrialResult | None:
 
 
 def classify(
-    result: HarborTrialResult,
+    result: HarborTrialResult, named: Sequence[str] = ()
 ) -> tuple[Outcome, float | None, dict[str, float], str | None]:
-    """(outcome, reward, rewards, error) for one Harbor trial."""
+    """(outcome, reward, rewards, error) for one Harbor trial; its reward is the headline of
+    its rewards as HEMRA's own trials' (`core.reward.trial_reward`, `named` the keys the run
+    and the task name)."""
     rewards = dict(result.verifier_result.rewards or {}) if result.verifier_result else {}
-    reward = rewards.get("reward")
-    if reward is None and len(rewards) == 1:
-        reward = next(iter(rewards.values()))
+    reward = trial_reward(rewards, named) if rewards else None
     if reward is not None and not math.isfinite(reward):  # malformed, as reward.txt's NaN is
         return Outcome.VERIFIER_ERROR, None, rewards, f"Harbor's verifier gave reward {reward!r}"
     failure = result.exception_info
@@ -178,12 +179,11 @@ def classify(
         if reward is None or not _after_verifier(result, failure):
             return Outcome.INFRA_ERROR, None, rewards, error
     if reward is None:
-        reason = "its rewards have no 'reward' key" if rewards else "it recorded no reward"
         return (
             Outcome.VERIFIER_ERROR,
             None,
             rewards,
-            error or f"Harbor's verifier gave no score: {reason}",
+            error or "Harbor's verifier gave no score: it recorded no reward",
         )
     return (Outcome.PASS if is_pass(reward) else Outcome.FAIL), reward, rewards, error
 

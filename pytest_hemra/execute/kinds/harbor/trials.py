@@ -136,7 +136,7 @@ def _import(
     if job_link.is_symlink():
         job_link.unlink()
     job_link.symlink_to(os.path.relpath(source.parent, folder))
-    outcome, reward, rewards, error = classify(found)
+    outcome, reward, rewards, error = classify(found, waiting.context.reward_keys)
     phases = {"harbor_wait": round(waited, 4), **found.phases()}
     return TrialResult(
         outcome=outcome,

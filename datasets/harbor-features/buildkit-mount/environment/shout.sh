@@ -1,0 +1,2 @@
+#!/bin/sh
+cat /etc/shout-greeting

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+shout > /app/out.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+printf 'pear\napple\nfig\n' > /app/words.txt

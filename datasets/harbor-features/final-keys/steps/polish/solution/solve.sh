@@ -1,0 +1,2 @@
+#!/bin/bash
+sort -o /app/words.txt /app/words.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo final > /app/notes.txt

@@ -1,0 +1,107 @@
+"""Reward keys beyond the headline: a reward.json of several metrics, reported key by key.
+
+Every key a task's verifier wrote other than its headline (`core.reward.headline_key`) is an
+extra column of its table: each harness's mean of it, with its own 95% interval, over the same
+task set as the rest of the row. A scored trial without a key its task's other trials have
+(a verifier_error, a tampered trial) counts 0 for it, as Harbor counts a missing key.
+
+A task whose trials have several keys and none is the headline has no headline: its trials'
+reward is their lowest key (a pass needs every key at the threshold), the table says so in a
+flag naming the keys and the run-file key that picks one, and one table a key compares the
+harnesses on that key alone, over those tasks (`key_trials`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+
+from pytest_hemra.core.outcome import Outcome
+from pytest_hemra.core.records import TrialRecord
+from pytest_hemra.core.reward import HEADLINE, has_no_headline, headline_key, is_pass
+from pytest_hemra.core.words import plural
+from pytest_hemra.report.fairness import Flag
+from pytest_hemra.report.stats import Estimate, mean_ci
+
+# the keys named as a task's headline (`StoredPlan.reward_keys` of its dataset)
+Named = Callable[[str], tuple[str, ...]]
+
+
+def extra_keys(trials: Iterable[TrialRecord], named: Named) -> dict[str, list[str]]:
+    """Each task's keys that are no trial's headline (nor `reward`), in the order first seen."""
+    seen: dict[str, dict[str, None]] = defaultdict(dict)
+    headlines: dict[str, set[str]] = defaultdict(set)
+    for trial in trials:
+        if trial.outcome not in Outcome.SCORED:
+            continue
+        seen[trial.task].update(dict.fromkeys(trial.rewards))
+        key = headline_key(trial.rewards, named(trial.task))
+        if key is not None:
+            headlines[trial.task].add(key)
+    found = {
+        task: [k for k in keys if k != HEADLINE and k not in headlines[task]]
+        for task, keys in seen.items()
+    }
+    return {task: keys for task, keys in found.items() if keys}
+
+
+def key_estimates(
+    trials: Iterable[TrialRecord], extras: Mapping[str, Sequence[str]]
+) -> dict[str, Estimate | None]:
+    """A row's mean of each extra key with its 95% interval, clustered by task (`mean_ci`),
+    over its scored trials of the tasks that have the key (a missing key counts 0)."""
+    by_key: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for trial in trials:
+        if trial.outcome not in Outcome.SCORED:
+            continue
+        for key in extras.get(trial.task, ()):
+            by_key[key][trial.task].append(trial.rewards.get(key, 0.0))
+    names = sorted({key for keys in extras.values() for key in keys})
+    return {key: mean_ci(by_key[key]) if by_key.get(key) else None for key in names}
+
+
+def headline_less(trials: Iterable[TrialRecord], named: Named) -> dict[str, list[str]]:
+    """The tasks with a trial of several keys and no headline, each with its keys (sorted)."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for trial in trials:
+        if trial.outcome in Outcome.SCORED and has_no_headline(trial.rewards, named(trial.task)):
+            found[trial.task].update(trial.rewards)
+    return {task: sorted(keys) for task, keys in sorted(found.items())}
+
+
+def key_trials(trials: Sequence[TrialRecord], tasks: Iterable[str], key: str) -> list[TrialRecord]:
+    """The trials of `tasks` scored on `key` alone: its value is their reward (missing: 0), and
+    a pass or fail is whether it reaches the pass threshold; other outcomes stay."""
+    wanted = set(tasks)
+    found = []
+    for trial in trials:
+        if trial.task not in wanted:
+            continue
+        if trial.outcome not in Outcome.SCORED:
+            found.append(replace(trial, rewards={}))
+            continue
+        value = trial.rewards.get(key, 0.0)
+        outcome = trial.outcome
+        if outcome in (Outcome.PASS, Outcome.FAIL):
+            outcome = Outcome.PASS if is_pass(value) else Outcome.FAIL
+        found.append(replace(trial, reward=value, rewards={key: value}, outcome=outcome))
+    return found
+
+
+def no_headline_flag(tasks: Mapping[str, Sequence[str]], run_key: str | None) -> Flag:
+    """What the table says of its tasks without a headline: their keys, how their reward was
+    made, where each key is compared, and the run-file key that picks one."""
+    keys = sorted({key for names in tasks.values() for key in names})
+    shown = "; ".join(f"{task}: {', '.join(names)}" for task, names in tasks.items())
+    picked = (
+        f" ([report] reward_key = {run_key!r} names none of them)" if run_key is not None else ""
+    )
+    return Flag(
+        "no_headline",
+        None,
+        f"{plural(len(tasks), 'task')} wrote several reward keys and none is the headline"
+        f" ({shown}){picked}: each trial's reward is its lowest key (a pass needs every key at"
+        f" the threshold), and the tables {', '.join(f'key {k!r}' for k in keys)} compare each"
+        f' key alone; to pick one, set [report] reward_key = "{keys[0]}" in the run file',
+    )
