@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import socket
-import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -265,7 +264,27 @@ def test_a_harness_env_naming_a_provider_key_is_refused_at_resolve_and_nothing_r
         assert not (pytester.path / ".hemra").exists()
 
 
-def test_a_verifier_env_may_name_a_provider_key_and_only_the_verifier_gets_it(
+# the verifier asks the gateway for a model by hand (bash's /dev/tcp: the image has no curl) and
+# scores 1 only when the scripted reply comes back and no key is in its environment
+ASKS_A_MODEL = r"""
+url="${HEMRA_BASE_URL#http://}"; hostport="${url%%/*}"; path="/${url#*/}"
+body='{"model":"hemra/scripted","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}'
+reply=""
+if exec 3<>"/dev/tcp/${hostport%:*}/${hostport##*:}"; then
+    head='POST %s/v1/messages HTTP/1.1\r\nHost: %s\r\nx-api-key: %s\r\n'
+    head+='anthropic-version: 2023-06-01\r\ncontent-type: application/json\r\n'
+    head+='content-length: %d\r\nconnection: close\r\n\r\n%s'
+    printf "$head" "$path" "$hostport" "$HEMRA_API_KEY" "${#body}" "$body" >&3
+    reply="$(timeout 20 cat <&3)"
+fi
+echo "$reply" | tail -c 400
+case "$reply" in *"a scripted reply to the verifier"*) ok=1 ;; *) ok=0 ;; esac
+[ "$(env | grep -c sk-sentinel)" = 0 ] || ok=0
+echo $ok > /logs/verifier/reward.txt
+"""
+
+
+def test_a_provider_key_never_reaches_a_verifier_which_gets_the_gateway_as_judges_do(
     pytester: pytest.Pytester,
     tmp_path: Path,
     make_task: TaskMaker,
@@ -273,29 +292,35 @@ def test_a_verifier_env_may_name_a_provider_key_and_only_the_verifier_gets_it(
     monkeypatch: pytest.MonkeyPatch,
     docker_test: None,
 ) -> None:
+    """A run's `[verifier] env` naming a provider's key is refused at resolve (the verifier runs
+    code the agent left: a key there is the agent's); `[verifier] model_access = true` gives the
+    verifier the gateway's URL and a token of the trial's instead, its calls recorded apart."""
     monkeypatch.setenv("ANTHROPIC_API_KEY", SENTINEL)
-    make_task(
-        "judged",
-        test=f'[ "$ANTHROPIC_API_KEY" = {SENTINEL} ] && [ "$(cat /app/seen.txt)" = 0 ] '
-        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt",
-    )
-    write_harness(
-        "peek",
-        """\
-        kind = "program"
-        command = ["bash", "-c", 'env | grep -c sk-sentinel > /app/seen.txt; true']
-        """,
-    )
+    make_task("judged", test=ASKS_A_MODEL)
+    write_harness("nothing", 'kind = "program"\ncommand = ["true"]\n')
     run_file = tmp_path / "run.toml"
     run_file.write_text(
-        'harnesses = ["peek"]\ndatasets = ["ds"]\n[verifier]\nenv = ["ANTHROPIC_API_KEY"]\n'
+        'harnesses = ["nothing"]\ndatasets = ["ds"]\n[verifier]\nenv = ["ANTHROPIC_API_KEY"]\n'
+    )
+    refused = pytester.runpytest("--hemra-run", str(run_file))
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in refused.errlines if line.startswith("ERROR:")]
+    assert "key 'verifier.env': ANTHROPIC_API_KEY holds a model provider's key" in errors[0]
+    assert "[verifier] model_access = true" in errors[0]
+    assert not (pytester.path / ".hemra").exists()
+
+    run_file.write_text(
+        'harnesses = ["nothing"]\ndatasets = ["ds"]\nmodel = "hemra/scripted"\n'
+        "[verifier]\nmodel_access = true\n"
     )
     pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(passed=1)
-    database = pytester.path / ".hemra" / "hemra.db"
-    connection = sqlite3.connect(database)
-    (spec,) = connection.execute("SELECT spec FROM runs").fetchone()
-    connection.close()
-    assert "ANTHROPIC_API_KEY" in spec and SENTINEL not in spec
+    store = Store(pytester.path / ".hemra" / "hemra.db")
+    (run,) = store.runs()
+    (trial,) = store.trials(run.id)
+    folder = Path(trial.trial_dir or "")
+    usage = json.loads((folder / "verifier" / "usage.json").read_text())
+    assert usage["calls"] == 1
+    assert SENTINEL not in (folder / "verifier" / "stdout.txt").read_text()
 
 
 def test_call_bodies_past_the_trials_cap_are_not_kept_and_the_cut_is_noted(

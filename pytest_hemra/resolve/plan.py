@@ -168,6 +168,7 @@ def resolve_plan(run_file: Path | None, overrides: Overrides, cwd: Path) -> Plan
     _check_no_keys_in_sandboxes(harnesses, known_providers)
     keys = provider_keys(harnesses, known_providers)
     check_pass_env(spec.sandbox.pass_env, keys, source)
+    check_pass_env(spec.verifier.env, keys, source, "verifier.env")
     for name in spec.verifier.env:
         if name not in os.environ:
             raise SpecError(f"{source}: key 'verifier.env': environment variable {name} is not set")

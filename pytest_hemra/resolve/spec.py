@@ -202,6 +202,9 @@ class VerifierSettings(Strict):
     # whatever a task asks), dataset names or "dataset::task"s (those, and the tasks that ask
     # for it with `[hemra] keep_agent_processes`); unset: as each task asks
     keep_agent_processes: bool | list[str] | None = None
+    # a model for the verifier, as judges get one: the gateway's URL and a token of the trial's
+    # (HEMRA_BASE_URL, HEMRA_API_KEY), its network only HEMRA's gateway network; never a key
+    model_access: bool = False
 
     _env = field_validator("env")(_check_env_names)
 

@@ -45,14 +45,24 @@ def provider_keys(
     return keys
 
 
-def check_pass_env(pass_env: Iterable[str], keys: Mapping[str, str], source: str) -> None:
-    """`[sandbox] pass_env` names no provider's key."""
+def check_pass_env(
+    pass_env: Iterable[str], keys: Mapping[str, str], source: str, key: str = "sandbox.pass_env"
+) -> None:
+    """`[sandbox] pass_env` (or the run's `[verifier] env`) names no provider's key."""
     for name in pass_env:
         if name in keys:
             raise SpecError(
-                f"{source}: key 'sandbox.pass_env': {name} holds a model provider's key"
+                f"{source}: key '{key}': {name} holds a model provider's key"
                 f" ({keys[name]}), {NEVER_A_KEY}"
+                + (VERIFIER_MODEL if key == "verifier.env" else "")
             )
+
+
+# what a verifier that calls a model gets instead of a key
+VERIFIER_MODEL = (
+    "; a verifier that calls a model gets what judges get instead: [verifier] model_access ="
+    " true (HEMRA_BASE_URL and HEMRA_API_KEY, a gateway token of the trial's)"
+)
 
 
 def template_tables(task: Task) -> list[tuple[str, dict[str, str]]]:

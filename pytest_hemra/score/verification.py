@@ -29,6 +29,7 @@ from pytest_hemra.resolve.taskconfig import TaskVerifier
 from pytest_hemra.resolve.verifier_environment import verifier_task
 from pytest_hemra.score import openended, swe
 from pytest_hemra.score.judges import JudgeCall, ask_model, with_usage
+from pytest_hemra.score.model_access import verifier_model
 from pytest_hemra.score.provenance import check_rewards, declared_kinds, refuse_planted
 
 TESTS_DIR = "/tests"
@@ -179,7 +180,10 @@ def verifier_room(
     room_request = replace(
         request,
         network=request.network
-        and verifier_network(context, context.task.config.verifier) != "none",
+        and (
+            verifier_network(context, context.task.config.verifier) != "none"
+            or context.spec.verifier.model_access  # the gateway's network, for its model
+        ),
         name=f"{request.name}-verifier" if request.name else None,
         labels={**request.labels, "hemra.verifier": "separate"},
         mounts=(),
@@ -266,7 +270,16 @@ def _run_test_sh(
         (folder / "room.txt").unlink(missing_ok=True)
         argv = ["bash", f"{TESTS_DIR}/test.sh"]
     (folder / "user.txt").write_text(identity.describe() + "\n")
-    with verifier_egress(context, task_settings, folder, proxied) as proxy:
+    with (
+        verifier_egress(context, task_settings, folder, proxied) as proxy,
+        verifier_model(
+            context,
+            sandbox,
+            folder,
+            provider_keys(context),
+            public=verifier_network(context, task_settings) == "bridge",
+        ) as model,
+    ):
         result = sandbox.exec(
             argv,
             user=identity.user,
@@ -276,6 +289,7 @@ def _run_test_sh(
                 **_room_env(context),
                 **context.render(task_settings.env),
                 **proxy,
+                **model,
             },
             timeout=task_settings.timeout_sec,
             stdout=folder / "stdout.txt",

@@ -544,8 +544,8 @@ class DockerProvider:
                 lock = engine_lock(self.engine, f"connect {name}", NETWORK_LOCK_SECS, shared=True)
             network = self._network(name, internal=False, labels={"hemra.run": run_id})
         admits = [(network, request.gateway_port), (network, request.proxy_port)]
-        if network is not gateway:  # a verifier's allowlist moves it to hemra-gateway
-            admits.append((gateway, request.proxy_port))
+        if network is not gateway:  # a verifier's allowlist or model moves it to hemra-gateway
+            admits += [(gateway, request.proxy_port), (gateway, request.gateway_port)]
         for on, port in admits:
             admitted = (_bridge_of(on), host or "", port or 0)
             if port is not None and host and admitted not in self._admitted:
