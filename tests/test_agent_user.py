@@ -109,8 +109,10 @@ def test_the_images_entrypoint_runs_and_its_user_is_the_agents(
         '&& [ -z "$(find /proc -maxdepth 1 -user 1234 -name "[0-9]*")" ] '
         '&& [ "$(sed -n 2p /app/answer.txt)" = 1234 ] && echo 1 > /logs/verifier/reward.txt '
         "|| echo 0 > /logs/verifier/reward.txt",
+        # the verifier as root (the image's USER would be Harbor's choice): it looks for
+        # processes of the agent's uid, which a verifier of that uid would itself be
         task_toml="[environment.healthcheck]\ncommand = 'test -s /srv/state/token'\n"
-        "interval_sec = 0.2\n",
+        'interval_sec = 0.2\n[verifier]\nuser = "root"\n',
     )
     run_file = tmp_path / "run.toml"
     run_file.write_text(

@@ -132,12 +132,15 @@ def test_a_reward_file_written_before_the_verifier_is_not_read(
 def test_the_tests_are_not_readable_in_the_sandbox_by_the_agents_user(
     pytester: pytest.Pytester, tmp_path: Path, make_task: TaskMaker, write_harness: Any
 ) -> None:
-    """The verifier itself looks: /tests is root's, mode 0700 (the sandbox's root has no
-    capabilities, so it cannot even try another user); /logs/verifier starts empty."""
+    """The verifier itself looks: /tests is its own, mode 0700 (a root verifier's: root's, and the
+    sandbox's root has no capabilities, so it cannot even try another user); /logs/verifier
+    starts empty. The image's USER is uid 1000: the verifier is root because the task says so
+    (`[verifier] user`), as Harbor would run it."""
     make_task(
         "probe",
         test="{ stat -c '%U %a' /tests; ls -A /logs/verifier | wc -l; } > /tmp/p.txt; "
         "mv /tmp/p.txt /logs/verifier/p.txt; echo 1 > /logs/verifier/reward.txt",
+        task_toml='[agent]\ntimeout_sec = 30\n[verifier]\ntimeout_sec = 30\nuser = "root"\n',
     )
     write_harness("nop", NOP)
     rows = run_harnesses(pytester, tmp_path, ["nop"])

@@ -266,8 +266,9 @@ def _run_test_sh(
     identity = verifier_identity(context.task, task_settings.user, sandbox, folder / "user.txt")
     argv = ["/bin/sh", "-c", ENTER_TESTS, "sh", staging]
     if not identity.is_root:  # the room made as root first, then test.sh as its user
-        run_root(sandbox, HAND_OVER, folder / "room.txt", [staging, identity.user], VerifierError)
-        (folder / "room.txt").unlink(missing_ok=True)
+        log = folder / "hand-over.txt"
+        run_root(sandbox, HAND_OVER, log, [staging, identity.user], VerifierError)
+        log.unlink(missing_ok=True)
         argv = ["bash", f"{TESTS_DIR}/test.sh"]
     (folder / "user.txt").write_text(identity.describe() + "\n")
     with (
