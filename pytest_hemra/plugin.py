@@ -22,6 +22,7 @@ import pytest
 from pytest_hemra.core import registry
 from pytest_hemra.core.errors import HemraError, InputWarning, StoreUnavailable
 from pytest_hemra.core.ids import unknown_run
+from pytest_hemra.core.lifecycle import TrialStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import PlannedTrial, TrialRecord
 from pytest_hemra.core.reward import shown_reward
@@ -417,7 +418,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     store, run_id = runner.store, runner.run.id
     if exitstatus == pytest.ExitCode.INTERRUPTED:
         # Ctrl-C: what did not finish is cancelled (never failed), its sandboxes removed
-        left = [t.id for t in store.trials(run_id) if t.status in ("planned", "running")]
+        left = [t.id for t in store.trials(run_id) if t.status in TrialStatus.UNFINISHED]
         store.cancel_trials(left, "interrupted (Ctrl-C)")
         with contextlib.suppress(HemraError):  # its engine down: removed when a runner is back
             runner.provider.remove_sandboxes({"hemra.run": run_id})

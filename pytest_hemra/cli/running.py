@@ -19,6 +19,7 @@ from pytest_hemra.cli.arguments import (
 )
 from pytest_hemra.cli.exits import Exit, exit_codes_text
 from pytest_hemra.core.errors import HemraError
+from pytest_hemra.core.lifecycle import RUN_WAITING, JobState, RunStatus, TrialStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.store_location import STORE_HELP, store_location
 from pytest_hemra.core.words import plural
@@ -28,6 +29,10 @@ if TYPE_CHECKING:
     from pytest_hemra.cli.arguments import Commands
     from pytest_hemra.core.records import RunRecord
     from pytest_hemra.store import Store
+
+# `hemra runs`' counts, its table's columns and its JSON's keys: trials `done` (with an outcome),
+# jobs `running` (held by a runner) and `queued`, trials `cancelled`
+DONE, RUNNING, QUEUED, CANCELLED = "done", "running", "queued", "cancelled"  # not a lifecycle state
 
 
 def add_commands(commands: Commands) -> None:
@@ -182,7 +187,7 @@ def detach_command(args: argparse.Namespace) -> int:
     plan = resolve_plan(run_file, overrides, Path.cwd())
     provision(plan, found, note=lambda line: print(line, file=sys.stderr))
     store = Store(store_location(args.store).address)
-    run_id = record_plan(plan, store, status="queued")
+    run_id = record_plan(plan, store, status=RunStatus.QUEUED)
     print(run_id)
     print(
         f"queued {plural(len(plan.trials), 'trial')} in {store.name}; `hemra worker` (or"
@@ -261,16 +266,16 @@ def runs_command(args: argparse.Namespace) -> int:
             run["id"],
             run["name"],
             _status(run),
-            f"{run['done']}/{run['trials']}",
-            run["running"],
-            run["queued"],
-            run["cancelled"],
+            f"{run[DONE]}/{run['trials']}",
+            run[RUNNING],
+            run[QUEUED],
+            run[CANCELLED],
             ", ".join(run["harnesses"]),
             ", ".join(run["datasets"]),
         ]
         for run in listed
     ]
-    headers = ["run", "name", "status", "done", "running", "queued", "cancelled"]
+    headers = ["run", "name", "status", DONE, RUNNING, QUEUED, CANCELLED]
     print(tabulate(rows, headers=[*headers, "harnesses", "datasets"]))
     return 0
 
@@ -285,20 +290,20 @@ def run_summary(store: Store, run: RunRecord) -> dict[str, Any]:
     jobs `running` and `queued` now, the trials `cancelled`, its harnesses and datasets; a
     running run some of whose trials wait for their engine is `waiting` (`waiting` says for
     which engine, since when and how many trials)."""
-    counted = [t for t in store.trials(run.id) if t.status != "deselected"]
+    counted = [t for t in store.trials(run.id) if t.status != TrialStatus.DESELECTED]
     states = store.job_counts(run.id)
-    waits = store.engine_waits(run.id).get(run.id, []) if run.status == "running" else []
+    waits = store.engine_waits(run.id).get(run.id, []) if run.status == RunStatus.RUNNING else []
     return {
         "id": run.id,
         "name": run.name,
-        "status": "waiting" if waits else run.status,
+        "status": RUN_WAITING if waits else run.status,
         "waiting": [asdict(wait) for wait in waits],
         "created_at": run.created_at,
-        "done": sum(1 for t in counted if t.is_finished),
+        DONE: sum(1 for t in counted if t.is_finished),
         "trials": len(counted),
-        "running": states.get("leased", 0) + states.get("cancelling", 0),
-        "queued": states.get("queued", 0),
-        "cancelled": sum(1 for t in counted if t.outcome == Outcome.CANCELLED),
+        RUNNING: sum(states.get(state, 0) for state in JobState.LIVE),
+        QUEUED: states.get(JobState.QUEUED, 0),
+        CANCELLED: sum(1 for t in counted if t.outcome == Outcome.CANCELLED),
         "harnesses": list(run.plan.harness_names),
         "datasets": list(run.plan.datasets),
     }

@@ -26,6 +26,11 @@ ENGINE_GONE = "engine_gone"
 STORE_WAIT = "store_wait"
 RERUN = "rerun"
 RETRY = "retry"
+# written by the store itself
+RECORDED = "recorded"  # a run's plan recorded
+FINISHED = "finished"  # a trial's result stored
+CANCEL = "cancel"  # `hemra cancel` asked a run to stop
+RESUME = "resume"  # a trial run again under a new row, resumed
 ENGINE_WAIT_ENDS = (ENGINE_BACK, ENGINE_GONE)
 
 

@@ -6,15 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_hemra.core.lifecycle import TrialStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.stored import StoredPlan
 from pytest_hemra.core.usage import TOKEN_FIELDS, Usage
 
 DEFAULT_STORE = Path(".hemra") / "hemra.db"  # in the current folder (core/store_location.py)
-FINISHED = "finished"
-CANCELLED = "cancelled"
-# what a trial shows while it has no outcome yet (a filter on outcome names these statuses too)
-STATUSES_WITHOUT_OUTCOME = ("planned", "running", "deselected")
 
 
 @dataclass(frozen=True)
@@ -134,7 +131,7 @@ class TrialRecord:
     @property
     def is_finished(self) -> bool:
         """It has an outcome: a result, or cancelled."""
-        return self.status in (FINISHED, CANCELLED)
+        return self.status in TrialStatus.OVER
 
 
 # how a scored trial's `error` starts when the real upstream answered some of its model calls

@@ -21,6 +21,7 @@ import fcntl
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,6 +42,10 @@ GLIBC = frozenset(
     {"libc", "libm", "libpthread", "libdl", "librt", "libutil", "libresolv", "ld-linux-x86-64"}
 )
 INSTALL_TIMEOUT_SECS = 900
+# how long an install waits for another process's install of the same package (each of
+# whose commands has INSTALL_TIMEOUT_SECS; Harbor's runner image, its download and build)
+INSTALL_LOCK_SECS = 2 * INSTALL_TIMEOUT_SECS
+LOCK_POLL_SECS = 0.2
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -80,7 +85,7 @@ def ensure_package(harness: Harness) -> Installed | None:
     kind, _, spec = package.partition(":")
     directory = install_dir(harness)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    with locked(directory.with_suffix(".lock")):
+    with locked(directory.with_suffix(".lock"), package):
         if not (directory / MARKER).is_file():
             shutil.rmtree(directory, ignore_errors=True)
             directory.mkdir(parents=True)
@@ -190,10 +195,21 @@ def _installed(kind: str, directory: Path) -> Installed:
 
 
 @contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive file lock, held across processes (one install at a time)."""
+def locked(path: Path, what: str, timeout: float = INSTALL_LOCK_SECS) -> Iterator[None]:
+    """An exclusive file lock, held across processes (one install at a time), waited for up
+    to `timeout` seconds; `what` is installed under it (for the error when it is not had)."""
+    deadline = time.monotonic() + timeout
     with path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise InfraError(
+                        f"{path}: waited {timeout:g}s for another process installing {what}"
+                    ) from None
+                time.sleep(LOCK_POLL_SECS)
         try:
             yield
         finally:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_hemra.core.lifecycle import TrialStatus
 from pytest_hemra.core.network import NETWORK_FIX
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import UPSTREAM_REFUSED, TrialRecord
@@ -47,7 +48,7 @@ def dataset_flags(
     `harnesses` are the table's rows, the baseline first; `unmetered` names the harnesses whose
     tokens the gateway cannot count, `unisolated` those whose agents ran outside HEMRA's sandbox
     (`StoredPlan`). What several rows share (a cancel leaves every row short) is one line."""
-    counted = [t for t in trials if t.status != "deselected"]
+    counted = [t for t in trials if t.status != TrialStatus.DESELECTED]
     by_harness: dict[str, list[TrialRecord]] = defaultdict(list)
     for trial in counted:
         by_harness[trial.harness].append(trial)
@@ -67,7 +68,7 @@ def dataset_flags(
             message += " by the run's trust_unisolated)"
             flags.append(Flag("not_isolated", harness, message))
         flags += _usage_unknown(harness, mine)
-        if any(t.status == "finished" and not t.is_priced for t in mine):
+        if any(t.status == TrialStatus.FINISHED and not t.is_priced for t in mine):
             models = sorted({m for t in mine if not t.is_priced for m in t.models})
             flags.append(
                 Flag(

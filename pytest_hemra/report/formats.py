@@ -207,7 +207,8 @@ def render_csv(report: RunReport) -> str:
     writer = csv.writer(out, lineterminator="\n")  # printable_lines would show a \r
     writer.writerow(
         [
-            "run", "dataset", "view", "axis", "harness", "baseline", "planned", "finished",
+            "run", "dataset", "view", "axis", "harness", "baseline",
+            "planned", "finished",  # not a lifecycle state: the count columns
             "scored", "passes", "tasks", "mean_reward", "reward_low", "reward_high", "pass_rate",
             "diff",
             "diff_low", "diff_high", "p_value", "shared_tasks", "tokens_total",

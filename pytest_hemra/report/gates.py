@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_hemra.core.errors import SpecError
+from pytest_hemra.core.lifecycle import TrialStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.core.words import plural
@@ -56,7 +57,7 @@ def tripped(
     comparison: RunComparison | None = None,
 ) -> list[str]:
     """Why the run fails its gates: one line per tripped gate, empty when it passes."""
-    counted = [t for t in trials if t.status != "deselected"]
+    counted = [t for t in trials if t.status != TrialStatus.DESELECTED]
     reasons: list[str] = []
     for gate in gates:
         if gate.kind == "regression":

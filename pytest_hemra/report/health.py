@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_hemra.core.errors import StoreError
+from pytest_hemra.core.lifecycle import TrialStatus
 from pytest_hemra.core.network import NETWORK_FIX, OUTPUT_TAIL_BYTES, network_error
 from pytest_hemra.core.outcome import KILLED_LISTENERS, Outcome
 from pytest_hemra.core.records import TrialRecord
@@ -134,7 +135,11 @@ def check_health(
             f"{store.name}: run {run_id} is not a check of {dataset!r}"
             f" (it ran {', '.join(plan.harness_names)} on {', '.join(plan.datasets)})"
         )
-    trials = [t for t in store.trials(run_id) if t.dataset == dataset and t.status != "deselected"]
+    trials = [
+        t
+        for t in store.trials(run_id)
+        if t.dataset == dataset and t.status != TrialStatus.DESELECTED
+    ]
     verifier = plan.settings.get("verifier")
     run_network = str(verifier.get("network", "none")) if isinstance(verifier, dict) else "none"
     tasks = []

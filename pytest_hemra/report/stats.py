@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from scipy.special import stdtr, stdtrit
 
 Floats = npt.NDArray[np.float64]
 
@@ -336,6 +335,8 @@ def _paired_t(diffs: Floats, confidence: float, widest: float) -> tuple[float, f
     sd = float(diffs.std(ddof=1))
     standard_error = sd / math.sqrt(n)
     t = mean / standard_error
+    from scipy.special import stdtr, stdtrit  # a tenth of a second, for this test alone
+
     p_value = float(2 * stdtr(n - 1, -abs(t)))
     margin = float(stdtrit(n - 1, 0.5 + confidence / 2)) * standard_error
     return max(mean - margin, -widest), min(mean + margin, widest), p_value, sd

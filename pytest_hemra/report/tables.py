@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_hemra.core.errors import StoreError
+from pytest_hemra.core.lifecycle import TrialStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.core.stored import StoredPlan
@@ -145,8 +146,8 @@ def summarize(
     """A row's numbers over the table's task set (`taskset.py`; alone, its own); its counts
     (trials, scored, passes, outcomes), tokens, cost and durations over all of its trials;
     `extras`: each task's reward keys other than its headline (`rewardkeys.extra_keys`)."""
-    mine = [t for t in trials if t.status != "deselected"]  # the harness's own trials
-    finished = [t for t in mine if t.status == "finished"]
+    mine = [t for t in trials if t.status != TrialStatus.DESELECTED]  # the harness's own trials
+    finished = [t for t in mine if t.status == TrialStatus.FINISHED]
     found = task_set or one_task_set({harness: mine}, [harness], attempts)
     counted = [t for t in mine if t.task in found.counted]
     rewards = by_task(counted)

@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from pytest_hemra.core.lifecycle import TrialStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
 
@@ -39,7 +40,7 @@ def one_task_set(
     scored: dict[tuple[str, str], int] = defaultdict(int)  # (row, task) -> scored trials
     for name in names:
         for trial in rows.get(name, []):
-            if trial.status == "deselected":
+            if trial.status == TrialStatus.DESELECTED:
                 continue
             ran[trial.task].add(name)
             if trial.outcome in Outcome.SCORED:

@@ -17,7 +17,8 @@ the trials themselves, so 150,000 trials fit in seconds:
   number of attempts in every cell this is exactly the REML fit of the model with a random
   intercept per task and per cell on every trial.
 
-statsmodels is imported inside the fitting functions: it costs seconds to import.
+statsmodels and scipy are imported inside the functions that use them: statsmodels costs seconds
+to import, scipy a tenth of one, and every process that reads a report imports this module.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy.special import expit, stdtr, stdtrit
 
 from pytest_hemra.core.words import plural
 
@@ -370,6 +370,7 @@ def _fit_linear(cells: _Cells) -> _Fit:
 
 def _fit_binomial(cells: _Cells) -> _Fit:
     import scipy.sparse
+    from scipy.special import expit
 
     exog = _fixed_design(cells, cells.harness, cells.model)
     n_cells, k = exog.shape
@@ -429,6 +430,7 @@ def _binomial_counts_model() -> Any:
     lower bound (the variational objective) in a hundredth of the rows. Only the bound and its
     gradient change, by the factor `trials`; the fit (`fit_vb`) is statsmodels'.
     """
+    from scipy.special import expit
     from statsmodels.genmod.bayes_mixed_glm import BinomialBayesMixedGLM
 
     class BinomialCountsMixedGLM(BinomialBayesMixedGLM):  # type: ignore[misc]
@@ -503,6 +505,8 @@ def _coefficients(cells: _Cells, fit: _Fit) -> tuple[Coefficient, ...]:
                 row = grid[a, b] - grid[a, 0] - grid[0, b] + grid[0, 0]
                 term = f"harness[{cells.harnesses[a]}]:model[{cells.models[b]}]"
                 contrasts.append((term, row))
+    from scipy.special import stdtr, stdtrit
+
     quantile = float(stdtrit(fit.df, 0.5 + CONFIDENCE / 2))
     coefficients = []
     for term, row in contrasts:

@@ -359,7 +359,7 @@ def _check_cycles(compose: Compose) -> None:
                 )
             if needed not in state:
                 visit(needed)
-        state[name] = "done"
+        state[name] = "done"  # not a lifecycle state: a service visited
 
     for name in sorted(compose.services):
         if name not in state:

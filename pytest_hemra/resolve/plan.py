@@ -17,6 +17,7 @@ from typing import Any
 
 from pytest_hemra.core import registry
 from pytest_hemra.core.errors import SpecError, StoreError
+from pytest_hemra.core.lifecycle import RunStatus
 from pytest_hemra.core.records import PlannedTrial, TrialRecord
 from pytest_hemra.core.store_location import TRIALS_DIR_VARIABLE
 from pytest_hemra.core.words import plural
@@ -377,7 +378,7 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
-def record_plan(plan: Plan, store: Store, status: str = "recorded") -> str:
+def record_plan(plan: Plan, store: Store, status: RunStatus = RunStatus.RECORDED) -> str:
     """Phase 2: the run, its spec and every trial and job in one transaction; the run's id."""
     run_id = new_run_id()
     trials_dir = trials_folder(plan, store) / run_id

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 from pytest_hemra.core.errors import InfraError
+from pytest_hemra.core.lifecycle import JobState, TrialStatus
 from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.execute.sandbox.health import is_engine_fault
 from pytest_hemra.store import Store
@@ -38,12 +39,12 @@ def cancel_run(store: Store, run_id: str, provider: SandboxProvider, wait: float
     except InfraError as error:
         sandbox_error, engine_down = str(error), is_engine_fault(error)
     deadline = time.monotonic() + wait
-    while store.job_counts(run_id).get("cancelling") and time.monotonic() < deadline:
+    while store.job_counts(run_id).get(JobState.CANCELLING) and time.monotonic() < deadline:
         time.sleep(0.2)
     stuck = [
         t.id
         for t in store.trials(run_id)
-        if t.status == "running" and store.job_state(t.id) == "cancelling"
+        if t.status == TrialStatus.RUNNING and store.job_state(t.id) == JobState.CANCELLING
     ]
     cancelled += store.cancel_trials(stuck, "cancelled by hemra cancel (runner did not answer)")
     done = cancelled + asked - len(stuck)

@@ -38,6 +38,7 @@ from pytest_hemra.core.errors import (
     HemraError,
     StoreUnavailable,
 )
+from pytest_hemra.core.lifecycle import TAKEN, JobState, RunStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import UPSTREAM_REFUSED, TrialRecord
 from pytest_hemra.execute.context import TrialContext, TrialResult
@@ -162,11 +163,11 @@ class Runner:
                 f"variable {missing[0]}, which this runner's environment lacks"
             )
         state = self._durably(lambda: self.store.claim(trial.id, self.worker, LEASE_SECS), trial)
-        if state == "leased":
+        if state == JobState.LEASED:
             self._run(trial)
-        elif state in ("taken", "cancelling"):
+        elif state in (TAKEN, JobState.CANCELLING):
             return f"hemra: {trial.id} is running in another runner"
-        elif state in ("replaced", "deselected"):
+        elif state in (JobState.REPLACED, JobState.DESELECTED):
             return f"hemra: {trial.id} was {state} by another runner"
         return None
 
@@ -199,7 +200,7 @@ class Runner:
             finally:
                 with self._once:
                     self._beats.pop(trial.id, None)
-        if beat.cancelled.is_set() or store.job_state(trial.id) == "cancelling":
+        if beat.cancelled.is_set() or store.job_state(trial.id) == JobState.CANCELLING:
             result = replace(result, outcome=Outcome.CANCELLED, reward=None, error=beat.reason)
         elif result.is_scored:
             result = self._with_upstream_refusals(trial, result)
@@ -332,7 +333,7 @@ class Runner:
         if cause is None and record.retries >= self.run.spec.max_infra_retries:
             return None
         try:
-            if self.store.run(self.run.id).status == "cancelled":
+            if self.store.run(self.run.id).status == RunStatus.CANCELLED:
                 return None
             return self._durably(
                 lambda: self.store.replace_trial(record.id, retry=True, cause=cause), record

@@ -29,11 +29,16 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
+from pytest_hemra.core.errors import InfraError
+from pytest_hemra.core.lifecycle import JobState
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.run.job import Runner
 from pytest_hemra.store.owner import is_alive
 
 POLL_SECS = 0.25  # how often an item whose trial another process runs reads the store
+# how long an item waits for its trial once a lane has started it (the trial's own limits, the
+# agent's and the verifier's, end it long before; this catches a lane that never returns)
+LANE_WAIT_SECS = 24 * 3600.0
 
 
 @dataclass
@@ -43,6 +48,7 @@ class Lanes:
     runner: Runner
     size: int
     futures: dict[str, Future[str | None]] = field(default_factory=dict)
+    started: dict[str, float] = field(default_factory=dict)  # when a lane took each trial
     stopping: str | None = None  # why the lanes were stopped
     pool: ThreadPoolExecutor = field(init=False)
 
@@ -57,6 +63,7 @@ class Lanes:
         return self
 
     def _work(self, trial: TrialRecord) -> str | None:
+        self.started[trial.id] = time.monotonic()
         if self.stopping is not None:
             return f"hemra: {trial.id} not started: {self.stopping}"
         return self.runner.work(trial)
@@ -74,7 +81,20 @@ class Lanes:
             return self._work(trial)
         if future.cancelled():
             return f"hemra: {trial.id} not started: {self.stopping}"
-        return future.result()
+        return self._result(trial.id, future)
+
+    def _result(self, trial_id: str, future: Future[str | None]) -> str | None:
+        """The lane's answer for a trial: waited for while the trial is queued behind others
+        (each with its own deadline), and for LANE_WAIT_SECS once a lane has started it."""
+        while True:
+            try:
+                return future.result(timeout=POLL_SECS)
+            except TimeoutError:
+                started = self.started.get(trial_id)
+                if started is not None and time.monotonic() - started > LANE_WAIT_SECS:
+                    raise InfraError(
+                        f"hemra: {trial_id}: its lane did not finish it in {LANE_WAIT_SECS:g}s"
+                    ) from None
 
     def _take_over_all(self) -> bool:
         """Every trial of the run a gone runner held, taken over and queued on the lanes;
@@ -127,17 +147,17 @@ def settle(
         if detail.trial.is_finished:
             return detail.trial
         state = detail.job_state
-        if state == "replaced":
+        if state == JobState.REPLACED:
             following = store.replacement(current.id)
             if following is None:
                 return note or f"hemra: {current.id} was replaced, and its new row is gone"
             current = following
             note = None
-        elif state == "queued":
+        elif state == JobState.QUEUED:
             before, note = note, run(current)
             if note is not None and note == before:
                 return note  # left queued, or not started: this runner will not run it
-        elif state in ("leased", "cancelling"):
+        elif state in JobState.LIVE:
             if (on_stale is not None and on_stale()) or runner.take_over(current.id):
                 continue  # its runner is gone: the new row is followed
             if not wait:

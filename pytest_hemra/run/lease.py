@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from pytest_hemra.core.errors import HemraError, StoreUnavailable
+from pytest_hemra.core.lifecycle import JobState
 from pytest_hemra.store import Store
 from pytest_hemra.store.owner import is_alive, owner_name
 
@@ -115,7 +116,7 @@ class Beats:
                 except StoreUnavailable:
                     continue  # its disk full, its lock held, its server away: beat again later
                 for trial, state in states.items():
-                    if state == "cancelling":
+                    if state == JobState.CANCELLING:
                         leases[trial]._cancel("cancelled by hemra cancel")
                     elif state is None and trial in self.leases:
                         leases[trial]._cancel(LEASE_LOST)

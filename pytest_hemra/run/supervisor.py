@@ -34,6 +34,7 @@ from pathlib import Path
 from types import FrameType
 
 from pytest_hemra.core.errors import HemraError
+from pytest_hemra.core.lifecycle import JobState
 from pytest_hemra.core.store_location import STORE_VARIABLE
 from pytest_hemra.execute.sandbox.docker import DockerProvider
 from pytest_hemra.resolve.plan import load_recorded, missing_variables
@@ -189,7 +190,7 @@ class Worker:
                 time.sleep(0.2)
         code = self.child.returncode
         after = self.store.job_counts(run_id)
-        held = after.get("leased", 0) + after.get("cancelling", 0)  # by other workers
+        held = sum(after.get(state, 0) for state in JobState.LIVE)  # by other workers
         if code in USAGE_EXITS or (after == before and not held):
             self.given_up.add(run_id)
             print(f"{self.name}: run {run_id} made no progress (exit {code}); see {log_path}")

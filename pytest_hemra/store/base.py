@@ -17,6 +17,7 @@ from typing import Any
 
 from pytest_hemra.core.backoff import seconds
 from pytest_hemra.core.errors import StoreError, StoreUnavailable
+from pytest_hemra.core.lifecycle import RunStatus, TrialStatus, sql_list
 from pytest_hemra.core.store_location import is_server_address, store_address
 from pytest_hemra.store.dialect import (
     Connection,
@@ -182,9 +183,10 @@ class StoreBase:
         unfinished, and neither close the run."""
         self.dialect.lock_row(tx, "runs", run_id)
         tx.execute(
-            "UPDATE runs SET status = 'finished' WHERE id = ? AND status != 'cancelled'"
+            f"UPDATE runs SET status = '{RunStatus.FINISHED}' WHERE id = ?"
+            f" AND status != '{RunStatus.CANCELLED}'"
             f" AND NOT EXISTS (SELECT 1 FROM trials WHERE run_id = ? AND {CURRENT}"
-            " AND status IN ('planned', 'running'))",
+            f" AND status IN {sql_list(TrialStatus.UNFINISHED)})",
             [run_id, run_id],
         )
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import sys
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -22,13 +23,31 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import sqlite_utils
-
 from pytest_hemra.core.errors import StoreError, StoreUnavailable
 from pytest_hemra.core.store_location import redacted
 
 if TYPE_CHECKING:
     import psycopg
+
+
+@contextmanager
+def _hidden(*modules: str) -> Iterator[None]:
+    """Imports of `modules` fail inside the block, unless they are already loaded."""
+    hidden = [name for name in modules if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # what makes `import` fail
+    try:
+        yield
+    finally:
+        for name in hidden:
+            del sys.modules[name]
+
+
+# sqlite_utils imports pandas and numpy whenever they are installed, to map their types to
+# columns. statsmodels installs pandas, which would then load (a third of a second) in every
+# process that opens the store; the store never writes pandas' or numpy's types.
+with _hidden("pandas", "numpy"):
+    import sqlite_utils
 
 Columns = dict[str, type]
 # what SQLite says when a write cannot be made for now (not a fault of the store itself)

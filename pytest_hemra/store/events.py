@@ -13,10 +13,9 @@ from pytest_hemra.core.events import (
     EngineWait,
     EventRecord,
 )
+from pytest_hemra.core.lifecycle import JobState, sql_list
 from pytest_hemra.store.base import StoreBase
 from pytest_hemra.store.owner import is_alive
-
-LIVE_JOBS = ("leased", "cancelling")
 
 
 class EventStore(StoreBase):
@@ -41,7 +40,7 @@ class EventStore(StoreBase):
         rows = self.db.execute(
             "SELECT e.run_id, e.at, e.data, j.lease_owner, j.lease_expires FROM events e"
             " JOIN jobs j ON j.id = e.trial_id"
-            f" WHERE e.kind = ? AND j.state IN {LIVE_JOBS}"
+            f" WHERE e.kind = ? AND j.state IN {sql_list(JobState.LIVE)}"
             " AND (CAST(? AS TEXT) IS NULL OR e.run_id = ?)"
             " AND NOT EXISTS (SELECT 1 FROM events l WHERE l.trial_id = e.trial_id"
             "  AND l.kind IN (SELECT value FROM json_each(?)) AND l.id > e.id)"

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_hemra.core.errors import StoreError
-from pytest_hemra.core.events import RERUN, RETRY
+from pytest_hemra.core.events import CANCEL, RECORDED, RERUN, RESUME, RETRY
+from pytest_hemra.core.lifecycle import TAKEN, JobState, RunStatus, TrialStatus, sql_list
+from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import (
     EngineSlot,
     PlannedTrial,
@@ -33,7 +35,7 @@ class QueueStore(ResultStore):
         spec: dict[str, Any],
         trials_dir: Path,
         trials: Sequence[PlannedTrial],
-        status: str = "recorded",
+        status: RunStatus = RunStatus.RECORDED,
     ) -> None:
         """Write the run, its resolved spec, every trial and its job, all or nothing.
 
@@ -55,7 +57,8 @@ class QueueStore(ResultStore):
             )
             tx.executemany(
                 "INSERT INTO trials (id, run_id, seq, plan_seq, item_id, dataset, task, harness,"
-                " attempt, model, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'planned')",
+                " attempt, model, status)"
+                f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '{TrialStatus.PLANNED}')",
                 [
                     (
                         trial_id(run_id, seq),
@@ -74,13 +77,13 @@ class QueueStore(ResultStore):
             )
             tx.executemany(
                 "INSERT INTO jobs (id, run_id, trial_id, state, created_at)"
-                " VALUES (?, ?, ?, 'queued', ?)",
+                f" VALUES (?, ?, ?, '{JobState.QUEUED}', ?)",
                 [
                     (trial_id(run_id, seq), run_id, trial_id(run_id, seq), now)
                     for seq in range(len(trials))
                 ],
             )
-            self._event(tx, run_id, None, "recorded", {"trials": len(trials)})
+            self._event(tx, run_id, None, RECORDED, {"trials": len(trials)})
 
     def claim(self, trial: str, worker: str, lease_secs: float) -> str:
         """Lease a trial's job to `worker` if it is queued; return the job's state after.
@@ -91,25 +94,27 @@ class QueueStore(ResultStore):
         now = time.time()
         with self._transaction() as tx:
             late = tx.execute(
-                "UPDATE jobs SET state = 'cancelled' WHERE id = ? AND state = 'queued'"
-                " AND run_id IN (SELECT id FROM runs WHERE status = 'cancelled')",
+                f"UPDATE jobs SET state = '{JobState.CANCELLED}' WHERE id = ?"
+                f" AND state = '{JobState.QUEUED}'"
+                f" AND run_id IN (SELECT id FROM runs WHERE status = '{RunStatus.CANCELLED}')",
                 [trial],
             ).rowcount
             if late:
                 tx.execute(
-                    "UPDATE trials SET status = 'cancelled', outcome = 'cancelled',"
+                    f"UPDATE trials SET status = '{TrialStatus.CANCELLED}',"
+                    f" outcome = '{Outcome.CANCELLED}',"
                     " error = 'cancelled by hemra cancel', finished_at = ?"
-                    " WHERE id = ? AND status = 'planned'",
+                    f" WHERE id = ? AND status = '{TrialStatus.PLANNED}'",
                     [now, trial],
                 )
             if self._lease(tx, trial, worker, lease_secs, now):
-                return "leased"
+                return JobState.LEASED
             found = tx.execute(
                 "SELECT state, lease_owner FROM jobs WHERE id = ?", [trial]
             ).fetchone()
         if found is None:
             raise StoreError(f"{self.name}: no job for trial {trial!r}")
-        return "taken" if found[0] == "leased" else str(found[0])
+        return TAKEN if found[0] == JobState.LEASED else str(found[0])
 
     def claim_next(self, worker: str, lease_secs: float, run_id: str | None = None) -> str | None:
         """Lease the next queued job to `worker` (of `run_id`, else of any run still open,
@@ -122,7 +127,8 @@ class QueueStore(ResultStore):
         with self._transaction() as tx:
             found = tx.execute(
                 "SELECT jobs.id FROM jobs JOIN runs ON runs.id = jobs.run_id"
-                " WHERE jobs.state = 'queued' AND runs.status NOT IN ('cancelled', 'finished')"
+                f" WHERE jobs.state = '{JobState.QUEUED}'"
+                f" AND runs.status NOT IN {sql_list(RunStatus.CLOSED)}"
                 " AND (CAST(? AS TEXT) IS NULL OR jobs.run_id = ?)"
                 " ORDER BY runs.created_at, jobs.id LIMIT 1" + self.dialect.skip_locked,
                 [run_id, run_id],
@@ -138,19 +144,21 @@ class QueueStore(ResultStore):
         """Lease a queued job (the job, then its trial, then its run: the order every write
         of the queue takes rows in, so that none waits on another in a cycle)."""
         claimed = tx.execute(
-            "UPDATE jobs SET state = 'leased', lease_owner = ?, lease_expires = ?,"
-            " heartbeat_at = ? WHERE id = ? AND state = 'queued'",
+            f"UPDATE jobs SET state = '{JobState.LEASED}', lease_owner = ?, lease_expires = ?,"
+            f" heartbeat_at = ? WHERE id = ? AND state = '{JobState.QUEUED}'",
             [worker, now + lease_secs, now, trial],
         ).rowcount
         if not claimed:
             return False
         tx.execute(
-            "UPDATE trials SET status = 'running', started_at = ?, worker = ? WHERE id = ?",
+            f"UPDATE trials SET status = '{TrialStatus.RUNNING}', started_at = ?, worker = ?"
+            " WHERE id = ?",
             [now, worker, trial],
         )
         tx.execute(  # not when already running: each claim would wait on the run's row
-            "UPDATE runs SET status = 'running' WHERE id ="
-            " (SELECT run_id FROM trials WHERE id = ?) AND status NOT IN ('cancelled', 'running')",
+            f"UPDATE runs SET status = '{RunStatus.RUNNING}' WHERE id ="
+            " (SELECT run_id FROM trials WHERE id = ?)"
+            f" AND status NOT IN {sql_list((RunStatus.CANCELLED, RunStatus.RUNNING))}",
             [trial],
         )
         return True
@@ -171,7 +179,7 @@ class QueueStore(ResultStore):
             for trial in trials:
                 tx.execute(
                     "UPDATE jobs SET lease_expires = ?, heartbeat_at = ?"
-                    " WHERE id = ? AND lease_owner = ? AND state IN ('leased', 'cancelling')",
+                    f" WHERE id = ? AND lease_owner = ? AND state IN {sql_list(JobState.LIVE)}",
                     [now + lease_secs, now, trial, worker],
                 )
                 found = tx.execute(
@@ -187,13 +195,14 @@ class QueueStore(ResultStore):
         with self._transaction() as tx:
             for trial in trials:  # the job first, then the trial, as `claim` takes them
                 tx.execute(
-                    "UPDATE jobs SET state = 'cancelled', lease_owner = NULL"
-                    " WHERE id = ? AND state IN ('queued', 'leased', 'cancelling')",
+                    f"UPDATE jobs SET state = '{JobState.CANCELLED}', lease_owner = NULL"
+                    f" WHERE id = ? AND state IN {sql_list(JobState.OPEN)}",
                     [trial],
                 )
                 cancelled += tx.execute(
-                    "UPDATE trials SET status = 'cancelled', outcome = 'cancelled', error = ?,"
-                    " finished_at = ? WHERE id = ? AND status IN ('planned', 'running')",
+                    f"UPDATE trials SET status = '{TrialStatus.CANCELLED}',"
+                    f" outcome = '{Outcome.CANCELLED}', error = ?, finished_at = ?"
+                    f" WHERE id = ? AND status IN {sql_list(TrialStatus.UNFINISHED)}",
                     [reason, now, trial],
                 ).rowcount
             for (run_id,) in tx.execute(
@@ -210,22 +219,24 @@ class QueueStore(ResultStore):
         self.run(run_id)
         now = time.time()
         with self._transaction() as tx:
-            tx.execute("UPDATE runs SET status = 'cancelled' WHERE id = ?", [run_id])
+            tx.execute(f"UPDATE runs SET status = '{RunStatus.CANCELLED}' WHERE id = ?", [run_id])
             leased = tx.execute(
                 "SELECT id, lease_owner, lease_expires FROM jobs WHERE run_id = ?"
-                " AND state IN ('leased', 'cancelling')",
+                f" AND state IN {sql_list(JobState.LIVE)}",
                 [run_id],
             ).fetchall()
             live = [job for job, owner, expires in leased if is_alive(owner) and expires > now]
             tx.executemany(
-                "UPDATE jobs SET state = 'cancelling' WHERE id = ?", [(job,) for job in live]
+                f"UPDATE jobs SET state = '{JobState.CANCELLING}' WHERE id = ?",
+                [(job,) for job in live],
             )
-            self._event(tx, run_id, None, "cancel", {"running": len(live)})
+            asked = {"running": len(live)}  # not a lifecycle state: the event's count
+            self._event(tx, run_id, None, CANCEL, asked)
         dead = [job for job, *_ in leased if job not in live]
         queued = [
             r[0]
             for r in self.db.execute(
-                "SELECT id FROM jobs WHERE run_id = ? AND state = 'queued'", [run_id]
+                f"SELECT id FROM jobs WHERE run_id = ? AND state = '{JobState.QUEUED}'", [run_id]
             )
         ]
         return self.cancel_trials(queued + dead, "cancelled by hemra cancel"), len(live)
@@ -263,7 +274,7 @@ class QueueStore(ResultStore):
         found = db.execute(
             "SELECT state, lease_owner, lease_expires FROM jobs WHERE id = ?", [trial]
         ).fetchone()
-        if found is None or found[0] not in ("leased", "cancelling"):
+        if found is None or found[0] not in JobState.LIVE:
             return False
         _, owner, expires = found
         return (expires or 0) < time.time() or not is_alive(owner)
@@ -295,12 +306,15 @@ class QueueStore(ResultStore):
             return str(done[0])
         seq = tx.execute("SELECT max(seq) + 1 FROM trials WHERE run_id = ?", [run_id])
         new_id = trial_id(run_id, seq.fetchone()[0])
-        tx.execute("UPDATE trials SET status = 'replaced' WHERE id = ?", [trial])
-        tx.execute("UPDATE jobs SET state = 'replaced', lease_owner = NULL WHERE id = ?", [trial])
+        tx.execute(f"UPDATE trials SET status = '{TrialStatus.REPLACED}' WHERE id = ?", [trial])
+        tx.execute(
+            f"UPDATE jobs SET state = '{JobState.REPLACED}', lease_owner = NULL WHERE id = ?",
+            [trial],
+        )
         tx.execute(
             "INSERT INTO trials (id, run_id, seq, plan_seq, item_id, dataset, task, harness,"
             " attempt, replaces, retries, status)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'planned')",
+            f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '{TrialStatus.PLANNED}')",
             [
                 new_id,
                 run_id,
@@ -313,17 +327,18 @@ class QueueStore(ResultStore):
         )
         tx.execute(
             "INSERT INTO jobs (id, run_id, trial_id, state, created_at)"
-            " VALUES (?, ?, ?, 'queued', ?)",
+            f" VALUES (?, ?, ?, '{JobState.QUEUED}', ?)",
             [new_id, run_id, new_id, time.time()],
         )
         tx.execute(
-            "UPDATE runs SET status = 'running' WHERE id = ? AND status = 'finished'",
+            f"UPDATE runs SET status = '{RunStatus.RUNNING}' WHERE id = ?"
+            f" AND status = '{RunStatus.FINISHED}'",
             [run_id],
         )
         if cause is not None:
             self._event(tx, run_id, new_id, RERUN, {"replaces": trial, "cause": cause})
         else:
-            self._event(tx, run_id, new_id, RETRY if retry else "resume", {"replaces": trial})
+            self._event(tx, run_id, new_id, RETRY if retry else RESUME, {"replaces": trial})
         return new_id
 
     def claim_engine(
@@ -351,9 +366,7 @@ class QueueStore(ResultStore):
             gone = [
                 (placed,)
                 for placed, holder, state, expires in held
-                if state not in ("leased", "cancelling")
-                or (expires or 0) < now
-                or not is_alive(holder)
+                if state not in JobState.LIVE or (expires or 0) < now or not is_alive(holder)
             ]
             tx.executemany("DELETE FROM placements WHERE trial_id = ?", gone)
             load = {
@@ -401,7 +414,7 @@ class QueueStore(ResultStore):
         now = time.time()
         rows = self.db.execute(
             "SELECT id, lease_owner, lease_expires FROM jobs WHERE run_id = ?"
-            " AND state IN ('leased', 'cancelling')",
+            f" AND state IN {sql_list(JobState.LIVE)}",
             [run_id],
         ).fetchall()
         return [job for job, owner, expires in rows if (expires or 0) < now or not is_alive(owner)]
@@ -411,7 +424,7 @@ class QueueStore(ResultStore):
         ids = [
             r[0]
             for r in self.db.execute(
-                "SELECT id FROM runs WHERE status NOT IN ('cancelled', 'finished')"
+                f"SELECT id FROM runs WHERE status NOT IN {sql_list(RunStatus.CLOSED)}"
                 " ORDER BY created_at"
             )
         ]
@@ -419,7 +432,8 @@ class QueueStore(ResultStore):
             run_id
             for run_id in ids
             if self.db.execute(
-                "SELECT 1 FROM jobs WHERE run_id = ? AND state = 'queued' LIMIT 1", [run_id]
+                f"SELECT 1 FROM jobs WHERE run_id = ? AND state = '{JobState.QUEUED}' LIMIT 1",
+                [run_id],
             ).fetchone()
             or self.stale_trials(run_id, is_alive)
         ]
@@ -434,7 +448,7 @@ class QueueStore(ResultStore):
         if found is None:
             return False
         state, owner = found
-        return state not in ("leased", "cancelling") or not is_alive(owner)
+        return state not in JobState.LIVE or not is_alive(owner)
 
     def job_state(self, trial: str) -> str | None:
         found = self.db.execute("SELECT state FROM jobs WHERE id = ?", [trial]).fetchone()
@@ -444,7 +458,8 @@ class QueueStore(ResultStore):
         """A cancelled run asked to finish after all (`--hemra-resume-cancelled`)."""
         with self._transaction() as tx:
             tx.execute(
-                "UPDATE runs SET status = 'running' WHERE id = ? AND status = 'cancelled'",
+                f"UPDATE runs SET status = '{RunStatus.RUNNING}' WHERE id = ?"
+                f" AND status = '{RunStatus.CANCELLED}'",
                 [run_id],
             )
 
@@ -458,14 +473,14 @@ class QueueStore(ResultStore):
         """Trials left out by pytest's -k or -m: never run in this session, never scored."""
         with self._transaction() as tx:
             tx.executemany(
-                "UPDATE trials SET status = 'deselected' WHERE run_id = ? AND item_id = ?"
-                " AND status = 'planned'",
+                f"UPDATE trials SET status = '{TrialStatus.DESELECTED}' WHERE run_id = ?"
+                f" AND item_id = ? AND status = '{TrialStatus.PLANNED}'",
                 [(run_id, item) for item in item_ids],
             )
             tx.executemany(
-                "UPDATE jobs SET state = 'deselected' WHERE trial_id IN"
+                f"UPDATE jobs SET state = '{JobState.DESELECTED}' WHERE trial_id IN"
                 " (SELECT id FROM trials WHERE run_id = ? AND item_id = ?"
-                " AND status = 'deselected')"
-                " AND state = 'queued'",
+                f" AND status = '{TrialStatus.DESELECTED}')"
+                f" AND state = '{JobState.QUEUED}'",
                 [(run_id, item) for item in item_ids],
             )

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from pytest_hemra.core.errors import StoreError
+from pytest_hemra.core.events import FINISHED
+from pytest_hemra.core.lifecycle import JobState, TrialStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import (
     CALL_COLUMNS,
-    CANCELLED,
-    FINISHED,
     CallRow,
     RunRecord,
     TrialCounts,
@@ -100,7 +100,7 @@ class ResultStore(StoreBase):
         where, args = ("run_id = ? AND", [run_id]) if run_id is not None else ("", [])
         rows = self.db.execute(
             "SELECT run_id, status, outcome, count(*) FROM trials"
-            f" WHERE {where} status != 'replaced' GROUP BY run_id, status, outcome",
+            f" WHERE {where} {CURRENT} GROUP BY run_id, status, outcome",
             args,
         )
         statuses: dict[str, dict[str, int]] = {}
@@ -141,7 +141,8 @@ class ResultStore(StoreBase):
         lease, and the trial taken over) is left as it is: the trial has one result, the new
         row's."""
         usage = result.get("usage") or EMPTY_USAGE
-        status = CANCELLED if result["outcome"] == Outcome.CANCELLED else FINISHED
+        cancelled = result["outcome"] == Outcome.CANCELLED
+        status = TrialStatus.CANCELLED if cancelled else TrialStatus.FINISHED
         with self._transaction() as tx:
             written = tx.execute(
                 "UPDATE trials SET status = ?, outcome = ?, reward = ?, rewards = ?,"
@@ -151,7 +152,7 @@ class ResultStore(StoreBase):
                 " usage_unknown = ?, models = ?, other_model_tokens = ?, stopped_by = ?,"
                 " own_report = ?, judges = ?, error_class = ?, agent_user = ?,"
                 " kept_processes = ?"
-                " WHERE id = ? AND status != 'replaced'",
+                f" WHERE id = ? AND {CURRENT}",
                 [
                     status,
                     result["outcome"],
@@ -228,9 +229,9 @@ class ResultStore(StoreBase):
             )
             tx.execute(
                 "UPDATE jobs SET state = ?, lease_owner = NULL WHERE id = ?",
-                ["cancelled" if status == "cancelled" else "done", trial],
+                [JobState.CANCELLED if cancelled else JobState.DONE, trial],
             )
-            self._event(tx, run_id, trial, "finished", {"outcome": result["outcome"]})
+            self._event(tx, run_id, trial, FINISHED, {"outcome": result["outcome"]})
             self._close_run(tx, run_id)
 
     def steps(self, trial: str) -> list[dict[str, Any]]:

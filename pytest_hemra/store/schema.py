@@ -6,9 +6,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from pytest_hemra.core.lifecycle import TrialStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import (
-    STATUSES_WITHOUT_OUTCOME,
     TrialFilter,
     TrialRecord,
 )
@@ -221,8 +221,7 @@ INDEXES = (
     ("events", ["kind", "trial_id"]),  # trials waiting for an engine, read on every viewer poll
 )
 # A trial row's status. `replaced`: a retry or a resume ran it again under a new row (`replaces`).
-CURRENT = "status != 'replaced'"
-UNFINISHED = ("planned", "running")
+CURRENT = f"status != '{TrialStatus.REPLACED}'"
 TRIAL_COLUMNS = (
     "id, run_id, seq, item_id, dataset, task, harness, attempt, status, outcome,"
     " reward, rewards, error, duration, trial_dir,"
@@ -243,7 +242,7 @@ def filter_clauses(run_id: str, where: TrialFilter) -> tuple[list[str], list[Any
         if value is not None:
             clauses.append(f"{column} = ?")
             args.append(value)
-    if where.outcome in STATUSES_WITHOUT_OUTCOME:
+    if where.outcome in TrialStatus.WITHOUT_OUTCOME:
         clauses.append("status = ? AND outcome IS NULL")
         args.append(where.outcome)
     elif where.outcome is not None:

@@ -12,9 +12,9 @@ from typing import Any
 from aiohttp import web
 
 from pytest_hemra.core.events import EngineWait
+from pytest_hemra.core.lifecycle import RUN_WAITING, JobState, RunStatus, TrialStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import (
-    STATUSES_WITHOUT_OUTCOME,
     RunRecord,
     TrialCounts,
     TrialFilter,
@@ -28,9 +28,15 @@ from pytest_hemra.viewer.context import viewer
 from pytest_hemra.viewer.pairing import Side, pair_sides
 from pytest_hemra.viewer.params import BadRequest, integer, required, text
 
+# a trial's statuses the progress counts (beside `queued`, its planned ones)
+PROGRESS = (
+    TrialStatus.RUNNING,
+    TrialStatus.FINISHED,
+    TrialStatus.CANCELLED,
+    TrialStatus.DESELECTED,
+)
 # a trial's state: its outcome, or while it has none its status (what `?outcome=` may name)
-STATES = (*(str(o) for o in Outcome), *STATUSES_WITHOUT_OUTCOME)
-ACTIVE = frozenset({"recorded", "queued", "running"})
+STATES = (*(str(o) for o in Outcome), *(str(s) for s in TrialStatus.WITHOUT_OUTCOME))
 DEFAULT_PAGE, MAX_PAGE = 200, 1000
 MAX_CANCEL_WAIT = 60
 
@@ -46,14 +52,14 @@ def run_json(
     is `waiting`, and `waiting` says for which engine, since when and how many trials."""
     plan = run.plan
     statuses = counts.statuses if counts else {}
-    waiting = bool(waits) and run.status == "running"
+    waiting = bool(waits) and run.status == RunStatus.RUNNING
     return {
         "id": run.id,
         "name": run.name,
         "created_at": run.created_at,
-        "status": "waiting" if waiting else run.status,
+        "status": RUN_WAITING if waiting else run.status,
         "waiting": [asdict(wait) for wait in waits] if waiting else [],
-        "is_active": run.status in ACTIVE,
+        "is_active": run.status in RunStatus.OPEN,
         "harnesses": list(plan.harness_names),
         "baseline": plan.baseline,
         "model": plan.model,
@@ -68,11 +74,8 @@ def run_json(
             for dataset in plan.datasets.values()
         ],
         "progress": {
-            "queued": statuses.get("planned", 0),
-            "running": statuses.get("running", 0),
-            "finished": statuses.get("finished", 0),
-            "cancelled": statuses.get("cancelled", 0),
-            "deselected": statuses.get("deselected", 0),
+            JobState.QUEUED: statuses.get(TrialStatus.PLANNED, 0),  # a planned trial's job
+            **{status: statuses.get(status, 0) for status in PROGRESS},
             "total": counts.total if counts else 0,
         },
         "outcomes": dict(sorted(counts.outcomes.items())) if counts else {},

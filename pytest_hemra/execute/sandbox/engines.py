@@ -49,7 +49,8 @@ def engine_statuses(engines: Sequence[EngineSettings], store: Store | None) -> l
             try:
                 client = pool.provider(engine).client
                 running = client.containers.list(
-                    filters={"label": "hemra=1", "status": "running"}, ignore_removed=True
+                    filters={"label": "hemra=1", "status": "running"},  # not a lifecycle state
+                    ignore_removed=True,
                 )
                 images = {
                     image.id
@@ -94,7 +95,8 @@ def render_engines(statuses: Sequence[EngineStatus]) -> str:
         ]
         for status in statuses
     ]
-    headers = ["engine", "address", "health", "capacity", "running", "placed", "images", "gateway"]
+    headers = ["engine", "address", "health", "capacity", "running"]  # not a lifecycle state
+    headers += ["placed", "images", "gateway"]
     total = sum(status.capacity for status in statuses if status.answers)
     return (
         tabulate(rows, headers=headers)

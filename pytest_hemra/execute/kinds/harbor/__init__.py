@@ -92,7 +92,7 @@ class HarborKind:
         version = harbor_version(harness)
         directory = install_dir(harness)
         directory.parent.mkdir(parents=True, exist_ok=True)
-        with locked(directory.with_suffix(".lock")):
+        with locked(directory.with_suffix(".lock"), f"Harbor {version}"):
             if not ((directory / MARKER).is_file() and has_runner_image(version)):
                 directory.mkdir(exist_ok=True)
                 try:

@@ -157,7 +157,8 @@ def is_running(client: docker.DockerClient, job: HarborJob) -> bool:
         return False
     except DOCKER_ERRORS as error:
         raise InfraError(f"docker: cannot inspect the runner of {job.name} ({error})") from error
-    return str(container.status) in ("created", "running", "restarting")
+    alive = ("created", "running", "restarting")  # not a lifecycle state: Docker's statuses
+    return str(container.status) in alive
 
 
 def end_job(client: docker.DockerClient, root: Path, job: HarborJob) -> None:

@@ -29,6 +29,8 @@ from pathlib import Path
 import docker
 
 from pytest_hemra.core.errors import HemraError, InfraError, outcome_of
+from pytest_hemra.core.lifecycle import JobState, TrialStatus
+from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.execute.context import TrialContext, TrialResult
 from pytest_hemra.execute.kinds.harbor.job import (
@@ -96,7 +98,7 @@ def run_harbor_trial(
         key, found = _await_result(waiting)
         result = _import(waiting, key, found, started_at, time.monotonic() - clock)
     except Cancelled as cancelled:
-        result = _unfinished(waiting, "cancelled", str(cancelled), started_at, clock)
+        result = _unfinished(waiting, Outcome.CANCELLED, str(cancelled), started_at, clock)
     except HemraError as failure:
         result = _unfinished(waiting, outcome_of(failure)[0], str(failure), started_at, clock)
     except Exception as failure:  # anything unexpected under a trial is infrastructure
@@ -165,8 +167,8 @@ def _await_result(waiting: Waiting) -> tuple[str, HarborTrialResult]:
             claimed = _poll(client, waiting, since)
             if claimed is not None:
                 return claimed
-            if waiting.store.job_state(waiting.trial.id) == "cancelling":
-                _stop_all(client, waiting, "cancelled")
+            if waiting.store.job_state(waiting.trial.id) == JobState.CANCELLING:
+                _stop_all(client, waiting, Outcome.CANCELLED)
                 raise Cancelled("cancelled by hemra cancel")
             time.sleep(POLL_SECS)
     except KeyboardInterrupt:
@@ -288,7 +290,7 @@ def _start_jobs(
         row
         for row in waiting.store.trials(waiting.run.id)
         if (row.harness, row.dataset) == (waiting.trial.harness, waiting.trial.dataset)
-        and row.status in ("planned", "running")
+        and row.status in TrialStatus.UNFINISHED
     ]
     unclaimed = Counter(
         result.task for job in mine for key, result in results[job.name] if key not in board.claims

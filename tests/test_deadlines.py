@@ -1,0 +1,65 @@
+"""Every wait has a deadline: the install lock and an item's wait on its lane give up naming
+what they waited for; and what the plugin imports leaves the heavy statistics out."""
+
+from __future__ import annotations
+
+import fcntl
+import subprocess
+import sys
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from pytest_hemra.core.errors import InfraError
+from pytest_hemra.execute.installs import locked
+from pytest_hemra.run import lanes
+from pytest_hemra.run.lanes import Lanes
+
+
+def test_an_install_lock_held_elsewhere_is_given_up_at_its_deadline_naming_the_install(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "pkg.lock"
+    with path.open("w") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        started = time.monotonic()
+        waited = r"waited 0.3s for another process installing npm:x"
+        with pytest.raises(InfraError, match=waited), locked(path, "npm:x", timeout=0.3):
+            pass
+        assert time.monotonic() - started < 5
+    with locked(path, "npm:x", timeout=0.3):
+        pass  # free again: had at once
+
+
+def test_an_item_whose_lane_never_returns_fails_at_the_lane_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lanes, "LANE_WAIT_SECS", 0.5)
+    lane = Lanes(runner=cast(Any, None), size=1)
+    try:
+        never: Future[str | None] = Future()
+        lane.started["t1"] = time.monotonic()
+        with pytest.raises(InfraError, match=r"t1: its lane did not finish it in 0.5s"):
+            lane._result("t1", never)
+        finished: Future[str | None] = Future()
+        finished.set_result("done")
+        assert lane._result("t2", finished) == "done"  # not started: no deadline yet, answered
+    finally:
+        lane.pool.shutdown()
+
+
+def test_the_plugin_loads_neither_pandas_nor_scipy_nor_statsmodels() -> None:
+    """statsmodels (and pandas, which sqlite_utils imports when it is installed) and scipy load
+    where the statistics need them, not in every process that opens the store."""
+    heavy = ["pandas", "scipy", "statsmodels"]
+    probe = (
+        "import sys, pytest_hemra.plugin, pytest_hemra.report.tables;"
+        f" print([name for name in {heavy!r} if name in sys.modules])"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert loaded.strip() == "[]"
