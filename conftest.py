@@ -12,11 +12,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 # pytester's in-process runs drop the modules each run imported, and numpy cannot be imported
-# twice in one process: the pytest face, which the `pytest11` entry point loads only when a run
-# is asked for, is imported once here, before any run.
+# twice in one process: numpy, scipy and statsmodels (with its pandas), which HEMRA imports only
+# where a report needs them, and the pytest face, which the `pytest11` entry point loads only when
+# a run is asked for, are imported once here, before any run.
+import numpy  # noqa: F401
+import pytest
+import scipy.special  # noqa: F401
+import statsmodels.api  # noqa: F401
+
 import pytest_hemra.plugin  # noqa: F401
 
 pytest_plugins = ["pytester"]

@@ -225,7 +225,10 @@ def run_agent(
         **{render(name, values): render(value, values) for name, value in spec.environment.items()},
     }
     kept = context.keeps_processes
-    listening = None if kept else sandbox.listening_ports()
+    # what listens before the turn: only the image's services can (else PID 1 alone runs)
+    listening = (
+        None if kept else (sandbox.listening_ports() if sandbox.runs_services else frozenset())
+    )
     try:
         _take_turn(context, sandbox, progress, values, env, deadline, identity)
     finally:  # exit, timeout or error: nothing the agent started outlives its turn
@@ -259,6 +262,8 @@ def empty_room(context: TrialContext, sandbox: Sandbox, identity: Identity) -> b
         if is_separate(context):
             return True  # /logs/agent read through the engine, whether it holds anything or not
         cut_network(context, sandbox, context.task.config.verifier)
+        if _starts_with_the_tests(context, sandbox):
+            return True  # its files read from storage; the tests go in before it starts again
     sandbox.empty()
     if sandbox.runs_services:  # the entrypoint ran again: its services come back fresh
         try:
@@ -267,6 +272,14 @@ def empty_room(context: TrialContext, sandbox: Sandbox, identity: Identity) -> b
         except InfraError as error:
             raise VerifierError(f"after the agent's turn: {error}") from error
     return _clear_room(context, sandbox)
+
+
+def _starts_with_the_tests(context: TrialContext, sandbox: Sandbox) -> bool:
+    """A one-step reward-track task in the shared room whose halted sandbox is read from the
+    engine's storage (no services to bring back) stays halted until its verifier: the tests
+    are then written into its storage and it starts once, with them (`_run_test_sh`)."""
+    track = context.task.config.hemra.track
+    return track == "reward" and sandbox.reads_storage and not sandbox.runs_services
 
 
 def _clear_room(context: TrialContext, sandbox: Sandbox) -> bool:

@@ -260,7 +260,14 @@ def _run_test_sh(
     settings = context.spec.verifier
     proxied = cut_network(context, sandbox, task_settings)
     staging = f"/.hemra-tests-{secrets.token_hex(12)}"
-    sandbox.import_tree(iter([_tests_archive(tests, staging)]), "/")
+    archive = _tests_archive(tests, staging)
+    if sandbox.halted:  # left halted after the turn (`empty_room`): the tests in, then started
+        placed = sandbox.put_offline(archive)
+        sandbox.empty()
+        if not placed:
+            sandbox.import_tree(iter([archive]), "/")
+    else:
+        sandbox.import_tree(iter([archive]), "/")
     if is_separate(context):  # a declared artifact copied in there
         refuse_planted(sandbox.read_tree(VERIFIER_LOGS))
     identity = verifier_identity(context.task, task_settings.user, sandbox, folder / "user.txt")

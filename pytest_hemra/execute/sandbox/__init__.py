@@ -131,6 +131,14 @@ class Sandbox(Protocol):
     runs_services: bool
 
     @property
+    def halted(self) -> bool:
+        """Killed whole and left stopped (`halt`), not started again yet."""
+
+    def put_offline(self, archive: bytes) -> bool:
+        """A tar (HEMRA's own) put into the halted sandbox without the engine, where its
+        storage is on this host; False where it cannot be (then `import_tree` after `empty`)."""
+
+    @property
     def reads_storage(self) -> bool:
         """Whether its files are read from the engine's storage on this host (`read_tree`
         then costs the engine nothing)."""

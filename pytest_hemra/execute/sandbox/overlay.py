@@ -12,8 +12,10 @@ answer; else None, and the caller asks the engine.
 
 from __future__ import annotations
 
+import io
 import os
 import stat
+import tarfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -98,6 +100,25 @@ def overlay_tree(
         return _changed(since, target)
     except (OSError, _NotHere):
         return None
+
+
+def overlay_put(attrs: Mapping[str, Any], native: bool, archive: bytes) -> bool:
+    """Unpack `archive` into the container's upper folder (the container stopped: its overlay
+    unmounted), owners and modes kept; each top entry must be new there. False where it cannot
+    be written here (the caller asks the engine)."""
+    storage = _folders(attrs, native)
+    if storage is None:
+        return False
+    top, _ = storage
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive)) as members:
+            names = {member.name.split("/", 1)[0] for member in members.getmembers()}
+            if any(os.path.lexists(top / name) for name in names):
+                return False
+            members.extractall(top, numeric_owner=True, filter="tar")
+    except (OSError, tarfile.TarError):
+        return False
+    return True
 
 
 def overlay_readable(attrs: Mapping[str, Any], native: bool) -> bool:
