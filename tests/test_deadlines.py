@@ -9,6 +9,7 @@ import sys
 import time
 from concurrent.futures import Future
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -47,6 +48,26 @@ def test_an_item_whose_lane_never_returns_fails_at_the_lane_deadline(
         finished: Future[str | None] = Future()
         finished.set_result("done")
         assert lane._result("t2", finished) == "done"  # not started: no deadline yet, answered
+    finally:
+        lane.pool.shutdown()
+
+
+def test_trials_in_finish_order_are_not_waited_for_past_the_lane_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lane that never finishes does not hold the finish-order loop: past the deadline the
+    trials left come in the plan's order, each then waited for by its own deadline."""
+    monkeypatch.setattr(lanes, "LANE_WAIT_SECS", 0.3)
+    lane = Lanes(runner=cast(Any, None), size=1)
+    try:
+        never: Future[str | None] = Future()
+        done: Future[str | None] = Future()
+        done.set_result("done")
+        trials = [cast(Any, SimpleNamespace(id=name)) for name in ("a", "b", "c")]
+        lane.futures.update({"a": never, "b": done})
+        started = time.monotonic()
+        assert [t.id for t in lane.in_finish_order(trials)] == ["c", "b", "a"]
+        assert time.monotonic() - started < 5
     finally:
         lane.pool.shutdown()
 

@@ -110,8 +110,11 @@ class Lanes:
         """The trials as their first attempts finish (those the lanes did not queue first)."""
         queued = {self.futures[t.id]: t for t in trials if t.id in self.futures}
         yield from (t for t in trials if t.id not in self.futures)
-        for future in as_completed(queued):
-            yield queued[future]
+        try:
+            for future in as_completed(queued, timeout=LANE_WAIT_SECS):
+                yield queued.pop(future)
+        except TimeoutError:  # none finished in that long: each is then waited for by its own
+            yield from queued.values()  # deadline (`_result`), in the plan's order
 
     def stop(self, reason: str, *, running: bool = True) -> None:
         """No trial started after this; running ones stopped (recorded cancelled with
