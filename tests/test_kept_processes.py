@@ -43,18 +43,28 @@ def _without_key(tmp_path: Path) -> Path:
     return folder.parent
 
 
+def _worker_run(
+    pytester: pytest.Pytester, tmp_path: Path, harnesses: str, more: str
+) -> tuple[pytest.RunResult, Store, Any]:
+    """`harnesses` on harbor-features' worker-alive, `more` added to the run file: the session,
+    its store and its run."""
+    run_file = tmp_path / "run.toml"
+    run_file.write_text(
+        f'harnesses = {harnesses}\ndatasets = ["harbor-features"]\ntasks = ["worker-alive"]\n'
+        + more
+    )
+    store_path = tmp_path / "s.db"
+    result = pytester.runpytest("--hemra-run", str(run_file), "--hemra-store", str(store_path))
+    store = Store(store_path)
+    (run,) = store.runs()
+    return result, store, run
+
+
 @pytest.mark.usefixtures("docker_test")
 def test_a_kept_worker_answers_its_verifier_and_the_trial_is_flagged(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
-    run_file = tmp_path / "run.toml"
-    run_file.write_text(
-        'harnesses = ["oracle", "nop"]\ndatasets = ["harbor-features"]\ntasks = ["worker-alive"]\n'
-    )
-    store_path = tmp_path / "s.db"
-    pytester.runpytest("--hemra-run", str(run_file), "--hemra-store", str(store_path))
-    store = Store(store_path)
-    (run,) = store.runs()
+    _, store, run = _worker_run(pytester, tmp_path, '["oracle", "nop"]', "")
     trials = {t.harness: t for t in store.trials(run.id)}
     assert (trials["oracle"].outcome, trials["oracle"].kept_processes) == ("pass", True)
     assert (trials["nop"].outcome, trials["nop"].kept_processes) == ("fail", True)
@@ -68,15 +78,9 @@ def test_a_kept_worker_answers_its_verifier_and_the_trial_is_flagged(
 def test_a_run_that_keeps_none_fails_the_task_saying_which_port_the_clean_room_killed(
     pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
-    run_file = tmp_path / "run.toml"
-    run_file.write_text(
-        'harnesses = ["oracle"]\ndatasets = ["harbor-features"]\ntasks = ["worker-alive"]\n'
-        "[verifier]\nkeep_agent_processes = false\n"
+    result, store, run = _worker_run(
+        pytester, tmp_path, '["oracle"]', "[verifier]\nkeep_agent_processes = false\n"
     )
-    store_path = tmp_path / "s.db"
-    result = pytester.runpytest("--hemra-run", str(run_file), "--hemra-store", str(store_path))
-    store = Store(store_path)
-    (run,) = store.runs()
     (trial,) = store.trials(run.id)
     assert (trial.outcome, trial.kept_processes) == ("fail", False)
     assert "listening on port 8765" in (trial.error or "")

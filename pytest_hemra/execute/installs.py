@@ -17,11 +17,9 @@ the non-root sandbox user cannot traverse: the launchers set LD_LIBRARY_PATH ins
 
 from __future__ import annotations
 
-import fcntl
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +29,7 @@ from pytest_hemra.core import registry
 from pytest_hemra.core.cache import cache_root, user_home
 from pytest_hemra.core.environment import snapshot
 from pytest_hemra.core.errors import InfraError
+from pytest_hemra.core.filelock import file_lock
 from pytest_hemra.execute.sandbox import Mount
 from pytest_hemra.resolve.harnesses import Harness
 
@@ -198,19 +197,6 @@ def _installed(kind: str, directory: Path) -> Installed:
 def locked(path: Path, what: str, timeout: float = INSTALL_LOCK_SECS) -> Iterator[None]:
     """An exclusive file lock, held across processes (one install at a time), waited for up
     to `timeout` seconds; `what` is installed under it (for the error when it is not had)."""
-    deadline = time.monotonic() + timeout
-    with path.open("w") as handle:
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise InfraError(
-                        f"{path}: waited {timeout:g}s for another process installing {what}"
-                    ) from None
-                time.sleep(LOCK_POLL_SECS)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    waited = f"{path}: waited {timeout:g}s for another process installing {what}"
+    with file_lock(path, timeout, waited, poll=LOCK_POLL_SECS):
+        yield

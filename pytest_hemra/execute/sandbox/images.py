@@ -6,17 +6,16 @@ work once.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import re
 import tempfile
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pytest_hemra.core.errors import InfraError
+from pytest_hemra.core.filelock import file_lock
 
 LOCK_POLL_SECS = 0.1
 TAIL_LINES = 3
@@ -78,19 +77,6 @@ def engine_lock(engine: str, what: str, timeout: float, *, shared: bool = False)
     folder = Path(tempfile.gettempdir()) / "hemra-locks"
     folder.mkdir(mode=0o700, exist_ok=True)
     name = hashlib.sha256(f"{engine}\0{what}".encode()).hexdigest()[:32]
-    deadline = time.monotonic() + timeout
-    with (folder / f"{name}.lock").open("a") as handle:
-        while True:
-            try:
-                fcntl.flock(handle, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise InfraError(
-                        f"engine {engine}: waited {timeout:g}s for another runner preparing {what}"
-                    ) from None
-                time.sleep(LOCK_POLL_SECS)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    waited = f"engine {engine}: waited {timeout:g}s for another runner preparing {what}"
+    with file_lock(folder / f"{name}.lock", timeout, waited, shared=shared, poll=LOCK_POLL_SECS):
+        yield
