@@ -356,8 +356,6 @@ class Runner:
         if self.gateway is not None:
             url = self.gateway.base_urls.get(self.gateway_host)
             proxy = self.gateway.egress.urls.get(self.gateway_host)
-            self.gateway.stop()
-            self.gateway = None
             if isinstance(self.provider, DockerProvider):  # its port closed, its run's network
                 with contextlib.suppress(HemraError):  # gone already: reaped by the next runner
                     self.provider.release(
@@ -365,6 +363,8 @@ class Runner:
                         urlsplit(url).port if url else None,
                         urlsplit(proxy).port if proxy else None,
                     )
+            self.gateway.stop()  # after: while it holds its ports, no other runner is given one
+            self.gateway = None
 
 
 def _failed(trial_dir: Path, error: str, error_class: str | None = None) -> TrialResult:

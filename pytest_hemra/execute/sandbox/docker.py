@@ -326,16 +326,14 @@ class DockerProvider:
     def gateway_host(self) -> str | None:
         """The host side of every sandbox's network, where the gateway listens for them:
         `hemra-gateway`'s (created when missing), else (a pool's engine) the default bridge's.
-        Runs' networks no sandbox uses any more, and gateway ports nothing listens on (their
-        runner gone), are reaped meanwhile."""
+        Runs' networks no sandbox uses any more, and gateway ports whose runner is gone (and
+        nothing listens on), are reaped meanwhile."""
         if self.own_networks:
             try:
                 gateway = self._network(GATEWAY_NETWORK, internal=True, labels={})
                 for network in self.client.networks.list(filters={"label": "hemra.run"}):
                     self._remove_run_network(network.attrs["Labels"]["hemra.run"])  # if empty
-                for host, port in firewall.admitted(_bridge_of(gateway)):
-                    if not _listening(host, port):  # a gateway gone without closing its port
-                        firewall.revoke(_bridge_of(gateway), host, port)
+                firewall.reap_admitted(_bridge_of(gateway), _listening)  # runners gone
                 return _gateway_of(gateway)
             except DOCKER_ERRORS as error:
                 raise InfraError(f"docker: cannot create {GATEWAY_NETWORK} ({error})") from error
@@ -392,7 +390,8 @@ class DockerProvider:
     def release(self, run_id: str, gateway_port: int | None, *ports: int | None) -> None:
         """A runner process is done: its gateway's port (and `ports`: its egress proxy's) is
         closed again, and its run's network removed unless another process's sandboxes still
-        sit on it (the last one removes it)."""
+        sit on it (the last one removes it). Called while the gateway still holds its ports, so
+        no other gateway can have been given one of them yet."""
         if not self.own_networks:
             return
         try:

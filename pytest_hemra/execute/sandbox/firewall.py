@@ -8,18 +8,28 @@ rejected in DOCKER-USER, before anything forwards them, and IPv6 from the bridge
 Rejected, not dropped: a connection the sandbox may not make fails at once instead of hanging.
 Inter-container traffic on the bridge is dropped by dockerd itself (`enable_icc=false`). `reap`
 removes the rules of bridges that no longer exist.
+
+An admitted port belongs to the process that admitted it: its rule carries the owner's pid and
+start time as a comment, so a process taking back its port never removes the rule of another that
+has since been given the same port by the kernel, and `reap_admitted` removes only the rules of
+owners that are gone.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from pytest_hemra.core.errors import InfraError
 
 LINK_LOCAL = "169.254.0.0/16"
 CHAIN_PREFIX = "HEMRA-"
+OWNER_PREFIX = "hemra-owner:"
 COMMAND_TIMEOUT_SECS = 30.0
 
 
@@ -92,30 +102,83 @@ def guard(bridge: str) -> None:
             _ensure("ip6tables", base, "-i", bridge, "-j", "DROP")
 
 
-def admit(bridge: str, host: str, port: int) -> None:
-    """Let the bridge's sandboxes reach TCP `host:port` (a gateway) on the host."""
-    _ensure("iptables", chain_of(bridge), *_gateway_rule(host, port))
+@dataclass(frozen=True)
+class Admission:
+    """One `admit` rule: TCP to host:port let in, for the process `owner` names ("" when the
+    rule predates owners)."""
+
+    host: str
+    port: int
+    owner: str
 
 
-def revoke(bridge: str, host: str, port: int) -> None:
-    """Take back an `admit` (the gateway stopped)."""
+@cache
+def this_process() -> str:
+    """This process's owner token: its pid and the kernel's start time for it (so a pid reused
+    by a later process is not taken for this one)."""
+    return _owner_of(os.getpid()) or str(os.getpid())
+
+
+def _owner_of(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return f"{pid}.{stat.rpartition(')')[2].split()[19]}"  # field 22, after the command name
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether the process an owner token names still runs (the same process, not its pid's
+    next holder)."""
+    pid, _, _ = owner.partition(".")
+    return pid.isdigit() and _owner_of(int(pid)) == owner
+
+
+def admit(bridge: str, host: str, port: int, owner: str | None = None) -> None:
+    """Let the bridge's sandboxes reach TCP `host:port` (a gateway) on the host, for `owner`
+    (this process unless named)."""
+    _ensure("iptables", chain_of(bridge), *_gateway_rule(host, port, owner or this_process()))
+
+
+def revoke(bridge: str, host: str, port: int, owner: str | None = None) -> None:
+    """Take back `owner`'s `admit` (this process's unless named); another owner's rule for the
+    same port stays."""
     if _run("iptables", "-S", chain_of(bridge)).returncode == 0:
-        _delete("iptables", chain_of(bridge), *_gateway_rule(host, port))
+        _delete("iptables", chain_of(bridge), *_gateway_rule(host, port, owner or this_process()))
 
 
-def admitted(bridge: str) -> list[tuple[str, int]]:
-    """The (host, port) pairs `admit` let in on `bridge`."""
+def admitted(bridge: str) -> list[Admission]:
+    """The rules `admit` made on `bridge`."""
     listed = _run("iptables", "-S", chain_of(bridge))
     found = []
     for line in listed.stdout.splitlines() if listed.returncode == 0 else []:
         parts = line.split()
         if "ACCEPT" in parts and "-d" in parts and "--dport" in parts:
             host = parts[parts.index("-d") + 1].removesuffix("/32")
-            found.append((host, int(parts[parts.index("--dport") + 1])))
+            port = int(parts[parts.index("--dport") + 1])
+            comment = parts[parts.index("--comment") + 1] if "--comment" in parts else ""
+            found.append(Admission(host, port, comment.strip('"').removeprefix(OWNER_PREFIX)))
     return found
 
 
-def _gateway_rule(host: str, port: int) -> tuple[str, ...]:
+def reap_admitted(bridge: str, listening: Callable[[str, int], bool]) -> None:
+    """Remove the admissions on `bridge` whose owner is gone and whose port nothing listens on
+    (a runner killed before it took its port back)."""
+    for rule in admitted(bridge):
+        if not (rule.owner and owner_alive(rule.owner)) and not listening(rule.host, rule.port):
+            if rule.owner:
+                revoke(bridge, rule.host, rule.port, rule.owner)
+            else:
+                _delete("iptables", chain_of(bridge), *_unowned_rule(rule.host, rule.port))
+
+
+def _gateway_rule(host: str, port: int, owner: str) -> tuple[str, ...]:
+    comment = ("-m", "comment", "--comment", OWNER_PREFIX + owner)
+    return ("-p", "tcp", "-d", host, "--dport", str(port), *comment, "-j", "ACCEPT")
+
+
+def _unowned_rule(host: str, port: int) -> tuple[str, ...]:
+    """An admission as HEMRA wrote it before rules had owners."""
     return ("-p", "tcp", "-d", host, "--dport", str(port), "-j", "ACCEPT")
 
 
