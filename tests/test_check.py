@@ -94,7 +94,7 @@ def test_check_names_broken_trivial_and_offline_verifier_tasks_and_exits_1(
     (run,) = store.runs()
     assert found["run_id"] == run.id and run.plan.harness_names == ("oracle", "nop")
     assert len(store.trials(run.id)) == 10
-    classes = {t.task: t.error_class for t in store.trials(run.id) if t.harness == "oracle"}
+    classes = {t.task: t.cause for t in store.trials(run.id) if t.harness == "oracle"}
     assert classes["step-needs-network"] == classes["needs-network"] == "verifier_offline"
     assert main(["show", tasks["broken"]["trial"], "--store", str(store_path)]) == 0
     assert "ds::broken[oracle-1]" in capsys.readouterr().out

@@ -332,7 +332,7 @@ def test_an_engine_killed_mid_run_loses_no_trial_and_is_used_again_when_back(
     retried = {t.replaces: t for t in current if t.replaces}
     assert set(retried) == {t.id for t in lost}
     assert all(t.engine in ("main", "b") for t in retried.values())
-    assert all(t.error_class == "engine_outage" for t in lost)  # the engine's, not the trial's
+    assert all(t.cause == "engine_outage" for t in lost)  # the engine's, not the trial's
     assert all(t.retries == 0 for t in current)  # so running them again used up no retry
     assert store.run(run.id).status == "finished" and store.engine_load() == {}
     for address in (MAIN, b.address):

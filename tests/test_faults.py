@@ -206,9 +206,9 @@ def test_a_daemon_stopped_then_killed_mid_run_costs_no_retry_and_leaves_nothing(
     assert outcomes == {("task-0", "fail"), *((f"task-{n}", "pass") for n in (1, 2, 3))}
     lost = [t for t in store.trials(run.id, history=True) if t.status == "replaced"]
     retried = [(t.id, t.retries) for t in current if t.retries]
-    why = [(t.id, t.outcome, t.error_class, t.error) for t in lost]
+    why = [(t.id, t.outcome, t.cause, t.error) for t in lost]
     assert all(t.retries == 0 for t in current), (retried, why)  # outages use up no retry
-    assert lost and all(t.error_class == "engine_outage" for t in lost)
+    assert lost and all(t.cause == "engine_outage" for t in lost)
     assert store.run(run.id).status == "finished"
     kinds = [e.kind for e in store.events([t.id for t in lost])]
     assert kinds.count("engine_down") >= 2 and kinds.count("engine_back") >= 2
@@ -530,16 +530,16 @@ def test_the_stores_disk_full_for_a_moment_loses_no_trial(
         worker.join(120)
     store = Store(store_path)
     current = store.trials(run_id)
-    seen = [(t.item_id, t.outcome, t.retries, t.error_class, t.error) for t in current]
+    seen = [(t.item_id, t.outcome, t.retries, t.cause, t.error) for t in current]
     assert len(current) == 3 and all(t.outcome == "pass" and t.retries == 0 for t in current), seen
     assert store.run(run_id).status == "finished"
     history = store.trials(run_id, history=True)
     (full,) = [t for t in history if t.trial_dir == str(folder)]
-    assert (full.status, full.outcome, full.error_class) == (
+    assert (full.status, full.outcome, full.cause) == (
         "replaced", "infra_error", "runner_disk_full"
     )  # fmt: skip
     assert "No space left on device" in (full.error or "")
-    assert json.loads((folder / "result.json").read_text())["error_class"] == "runner_disk_full"
+    assert json.loads((folder / "result.json").read_text())["cause"] == "runner_disk_full"
     assert all(json.loads(Path(t.trial_dir or "", "result.json").read_text()) for t in current)
 
 
@@ -579,7 +579,7 @@ def test_an_engine_that_does_not_come_back_is_given_up_on_and_the_run_left_to_re
     runner.close()
     assert took[0] >= 1 and took[1] < 1  # the second did not wait the give-up total again
     trials = store.trials(run.id, history=True)
-    assert [(t.outcome, t.error_class, t.retries) for t in trials] == [
+    assert [(t.outcome, t.cause, t.retries) for t in trials] == [
         ("infra_error", "engine_gone", 0)
     ] * 2
     assert all(f"engine {address} did not answer for" in (t.error or "") for t in trials)

@@ -130,7 +130,7 @@ def test_a_verifier_that_failed_for_lack_of_a_network_is_classed_and_flagged(
     run_file.write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
     result = pytester.runpytest("--hemra-run", str(run_file))
     connection = sqlite3.connect(pytester.path / ".hemra" / "hemra.db")
-    classes = dict(connection.execute("SELECT task, error_class FROM trials").fetchall())
+    classes = dict(connection.execute("SELECT task, cause FROM trials").fetchall())
     connection.close()
     # only where the network was cut: a task whose verifier kept it failed for its own reasons
     assert classes == {"offline": "verifier_offline", "public": None, "plain": None}

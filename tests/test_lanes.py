@@ -162,7 +162,7 @@ def test_sixty_four_trials_at_once_each_reported_once(
     assert len(current) == 64 and all(t.status == "finished" for t in current)
     assert len({t.item_id for t in current}) == 64
     replaced = [t for t in store.trials(run.id, history=True) if t.status == "replaced"]
-    assert all(t.error_class == "engine_outage" for t in replaced)
+    assert all(t.cause == "engine_outage" for t in replaced)
     assert store.run(run.id).status == "finished"
     assert most_at_once(current, store) >= 16
 

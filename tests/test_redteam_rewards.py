@@ -105,7 +105,7 @@ def test_a_reward_the_agents_program_writes_for_the_verifier_scores_tampered(
         ("runs-app-naming-both", "/logs/verifier/reward.json: gives reward 1, reward.txt 0"),
     ):
         cheat = found[f"ds::{task}[cheat-1]"]
-        assert (cheat.outcome, cheat.reward, cheat.error_class) == ("tampered", 0.0, "tampered")
+        assert (cheat.outcome, cheat.reward, cheat.cause) == ("tampered", 0.0, "tampered")
         evidence = json.loads((Path(cheat.trial_dir or "") / "tampered.json").read_text())
         assert any(line.startswith(why) for line in evidence["evidence"]), evidence
     cheat = found["ds::json-only[cheat-1]"]

@@ -131,7 +131,7 @@ def test_a_teardown_slowed_by_200k_files_is_the_trials_own_time_never_a_free_rer
     write_harness("many-files", f'kind = "program"\ncommand = {json.dumps(command)}\n')
     result, trial = _run(pytester, tmp_path, "many-files", "max_infra_retries = 2\n")
     result.assert_outcomes(passed=1)
-    assert (trial.outcome, trial.reward, trial.error_class) == ("pass", 1.0, None)
+    assert (trial.outcome, trial.reward, trial.swe_class) == ("pass", 1.0, None)
     assert trial.retries == 0 and trial.replaces is None
     assert len(_trials(pytester.path)) == 1  # no rerun, free or not
     phases = json.loads((Path(trial.trial_dir) / "result.json").read_text())["phases"]

@@ -155,8 +155,8 @@ def test_each_attack_on_the_hidden_tests_is_tampered_or_scores_what_doing_nothin
     store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     found = {t.harness: t for t in store.trials(run.id)}
-    assert (found["oracle"].error_class, found["oracle"].reward) == ("success", 1.0)
-    assert (found["nop"].error_class, found["nop"].reward) == ("no_change", 0.25)
+    assert (found["oracle"].swe_class, found["oracle"].reward) == ("success", 1.0)
+    assert (found["nop"].swe_class, found["nop"].reward) == ("no_change", 0.25)
     result.stdout.fnmatch_lines(["! conftest-hook: 1 trial tampered*"])
     assert "! nop: 1 trial tampered" not in result.stdout.str()
     ended = {name: (found[name].outcome, found[name].reward) for name in ATTACKS}
@@ -164,7 +164,7 @@ def test_each_attack_on_the_hidden_tests_is_tampered_or_scores_what_doing_nothin
         name: (Outcome.TAMPERED, 0.0) if name in TAMPERING else (Outcome.FAIL, 0.25)
         for name in ATTACKS
     }
-    classes = {name for name in ATTACKS if found[name].error_class == "tampered"}
+    classes = {name for name in ATTACKS if found[name].swe_class == "tampered"}
     assert classes == TAMPERING
     swe_txt = Path(found["conftest-hook"].trial_dir or "") / "verifier" / "swe.txt"
     assert swe_txt.read_text().startswith("tampered: 1/4 tests passed; ")
@@ -200,7 +200,7 @@ def test_attacks_on_a_unittest_task_are_tampered_or_score_what_doing_nothing_sco
     pytester.runpytest("--hemra-run", str(run_file))
     store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
-    found = {t.harness: (t.reward, t.error_class) for t in store.trials(run.id)}
+    found = {t.harness: (t.reward, t.swe_class) for t in store.trials(run.id)}
     assert found["nop"] == (0.5, "no_change")
     assert found["fake-verdict"] == (0.5, "partial")
     assert found["fake-unittest"] == (0.0, "tampered")
@@ -329,10 +329,10 @@ def test_attacks_on_the_test_runner_are_tampered_or_score_nothing(
     store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
     found = {t.harness: t for t in store.trials(run.id)}
-    assert (found["oracle"].error_class, found["oracle"].reward) == ("success", 1.0)
-    assert (found["nop"].error_class, found["nop"].reward) == ("no_change", 0.25)
+    assert (found["oracle"].swe_class, found["oracle"].reward) == ("success", 1.0)
+    assert (found["nop"].swe_class, found["nop"].reward) == ("no_change", 0.25)
     solver = found["solves-and-runs-the-tests"]  # its caches in the tests folder: no tampering
-    assert (solver.outcome, solver.reward, solver.error_class) == (Outcome.PASS, 1.0, "success")
+    assert (solver.outcome, solver.reward, solver.swe_class) == (Outcome.PASS, 1.0, "success")
     ended = {name: (found[name].outcome, found[name].reward) for name in RUNNER_ATTACKS}
     assert ended == dict.fromkeys(RUNNER_ATTACKS, (Outcome.TAMPERED, 0.0))
     for name in RUNNER_ATTACKS:
@@ -353,7 +353,7 @@ def test_the_oracle_passes_every_bundled_swe_task_with_the_runner_out_of_reach(
     pytester.runpytest("--hemra-run", str(run_file))
     store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
-    found = {t.task: (t.outcome, t.reward, t.error_class) for t in store.trials(run.id)}
+    found = {t.task: (t.outcome, t.reward, t.swe_class) for t in store.trials(run.id)}
     tasks = sorted(path.name for path in (WORD_COUNT.parent).iterdir() if path.is_dir())
     assert found == dict.fromkeys(tasks, (Outcome.PASS, 1.0, "success"))
 
@@ -474,7 +474,7 @@ def test_the_tests_run_under_the_tasks_own_pytest_settings_and_not_the_agents(
     pytester.runpytest("--hemra-run", str(run_file))
     store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
-    found = {t.harness: (t.outcome, t.reward, t.error_class) for t in store.trials(run.id)}
+    found = {t.harness: (t.outcome, t.reward, t.swe_class) for t in store.trials(run.id)}
     assert found["oracle"] == (Outcome.PASS, 1.0, "success")
     assert found["nop"] == (Outcome.FAIL, 0.25, "no_change")
     assert found["dot-ini"] == (Outcome.TAMPERED, 0.0, "tampered")

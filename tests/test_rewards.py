@@ -13,7 +13,7 @@ import pytest
 from pytest_hemra.core.errors import SpecError, VerifierError
 from pytest_hemra.core.records import PlannedTrial
 from pytest_hemra.core.reward import has_no_headline, headline_key, parse_reward, trial_reward
-from pytest_hemra.execute.context import StepResult
+from pytest_hemra.core.trial import StepResult
 from pytest_hemra.report.formats import render
 from pytest_hemra.report.tables import build_report
 from pytest_hemra.resolve.overrides import Overrides

@@ -71,7 +71,7 @@ def test_each_kind_of_attempt_gets_its_class(
     pytester.runpytest("--hemra-run", str(run_file))
     store = Store(pytester.path / ".hemra" / "hemra.db")
     (run,) = store.runs()
-    found = {(t.harness, t.task): (t.error_class, t.reward) for t in store.trials(run.id)}
+    found = {(t.harness, t.task): (t.swe_class, t.reward) for t in store.trials(run.id)}
     assert found["oracle", "fizzbuzz-fix"] == ("success", 1.0)
     assert found["oracle", "parse-duration"] == ("success", 1.0)
     assert found["nop", "parse-duration"][0] == "no_change"
@@ -101,7 +101,7 @@ def test_a_test_command_that_runs_no_tests_is_a_crash_never_a_pass(
     result.assert_outcomes(failed=1)
     store = Store(pytester.path / ".hemra" / "hemra.db")
     ((trial),) = [t for run in store.runs() for t in store.trials(run.id)]
-    assert (trial.error_class, trial.reward) == ("crash", 0.0)
+    assert (trial.swe_class, trial.reward) == ("crash", 0.0)
 
 
 def test_swe_task_settings_are_checked(tmp_path: Path) -> None:

@@ -58,14 +58,6 @@ class InputWarning(UserWarning):
     """Input HEMRA goes ahead with but does not act on (a task key it does not know), named."""
 
 
-# The `error_class` of an infra_error that was not the trial's own doing, which the runner
-# waited out: the trial runs again without using up its `max_infra_retries`.
-ENGINE_OUTAGE = "engine_outage"  # its engine stopped answering, and came back
-RUNNER_DISK_FULL = "runner_disk_full"  # the disk of the runner's store and trial folders
-# ... and one the runner gave up on: not run again in this session (`--resume` runs it)
-ENGINE_GONE = "engine_gone"  # its engine did not answer within HEMRA_ENGINE_GIVE_UP_SECS
-WAITED_OUT = frozenset({ENGINE_OUTAGE, RUNNER_DISK_FULL})
-
 # exception type -> (outcome, retried as a new attempt?)
 OUTCOME_OF_ERROR: dict[type[HemraError], tuple[Outcome, bool]] = {
     InfraError: (Outcome.INFRA_ERROR, True),

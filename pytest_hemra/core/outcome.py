@@ -70,6 +70,36 @@ Outcome.ERROR = frozenset({Outcome.INFRA_ERROR})
 Outcome.UNFINISHED = frozenset({Outcome.VERIFIER_ERROR, Outcome.INFRA_ERROR, Outcome.CANCELLED})
 
 
+class Cause(StrEnum):
+    """Why a trial ended as it did, beside its outcome, when the reason is not the task's
+    verdict (a trial's `cause`; None when it has none)."""
+
+    ENGINE_OUTAGE = "engine_outage"  # its engine stopped answering, and came back
+    RUNNER_DISK_FULL = "runner_disk_full"  # the disk of the runner's store and trial folders
+    ENGINE_GONE = "engine_gone"  # its engine did not answer within HEMRA_ENGINE_GIVE_UP_SECS
+    VERIFIER_OFFLINE = "verifier_offline"  # its verifier tried the network with it cut
+    TAMPERED = "tampered"  # the agent changed what scores it (evidence in tampered.json)
+
+    WAITED_OUT: ClassVar[frozenset[Cause]]  # not the trial's doing: run again, no retry used
+
+
+Cause.WAITED_OUT = frozenset({Cause.ENGINE_OUTAGE, Cause.RUNNER_DISK_FULL})
+
+
+class SweClass(StrEnum):
+    """The SWE track's class of a trial's result (`score/swe.py`; a trial's `swe_class`)."""
+
+    TAMPERED = "tampered"  # the agent changed the test infrastructure
+    SUCCESS = "success"
+    PARTIAL = "partial"
+    OVERFIT = "overfit"
+    TIMEOUT = "timeout"
+    REFUSAL = "refusal"
+    WRONG_APPROACH = "wrong_approach"
+    CRASH = "crash"
+    NO_CHANGE = "no_change"
+
+
 # a failed trial's reason, when the clean room killed processes the agent left listening on a
 # port (its task's tests may need them: `[hemra] keep_agent_processes`); `hemra check` reads it
 KILLED_LISTENERS = "the clean room killed the agent's processes listening on port"

@@ -114,7 +114,8 @@ class TrialRecord:
     retries: int = 0  # infrastructure retries before this row
     exit_code: int | None = None
     judges: dict[str, float | None] = field(default_factory=dict)  # judge name -> score
-    error_class: str | None = None  # the SWE track's class (success, partial, overfit...)
+    swe_class: str | None = None  # the SWE track's class (success, partial, overfit...)
+    cause: str | None = None  # why it ended so beside its outcome (engine_outage, tampered...)
     engine: str | None = None  # the Docker engine of `[[sandbox.engines]]` it was placed on
     agent_user: str | None = None  # whose user its agent ran as ("0:0 (root, image)")
     kept_processes: bool = False  # verified with the agent's processes running (processes.py)

@@ -9,19 +9,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_hemra.core.outcome import Outcome
-from pytest_hemra.execute.gateway.ledger import Budgets, TrialUsage
+from pytest_hemra.core.outcome import Cause, SweClass
+from pytest_hemra.core.trial import Judgment, SelfReport, StepResult, TrialUsage
+from pytest_hemra.execute.gateway.ledger import Budgets
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.sandbox import WORKDIR, SandboxPool, SandboxProvider
-from pytest_hemra.execute.selfreport import SelfReport
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.harnesses import Harness
-from pytest_hemra.resolve.judges import Judge, Judgment
+from pytest_hemra.resolve.judges import Judge
 from pytest_hemra.resolve.processes import keeps_agent_processes
 from pytest_hemra.resolve.spec import RunSpec
 from pytest_hemra.resolve.templates import render_sandbox_env
 
-RESULT_SCHEMA_VERSION = 1
 DEFAULT_TIMEOUT_SECS = 900.0
 
 
@@ -97,55 +96,14 @@ class TrialContext:
 
 
 @dataclass
-class TrialResult:
-    outcome: str
-    reward: float | None
-    rewards: dict[str, float]
-    exit_code: int | None
-    error: str | None
-    started_at: float
-    finished_at: float
-    duration: float
-    phases: dict[str, float]
-    trial_dir: str
-    usage: TrialUsage = field(default_factory=TrialUsage)
-    own_report: SelfReport | None = None
-    retried: bool = False
-    error_class: str | None = None
-    judgments: list[Judgment] = field(default_factory=list)
-    steps: list[StepResult] = field(default_factory=list)
-    engine: str | None = None  # the engine of [[sandbox.engines]] it ran on
-    agent_user: str | None = None  # whose user the agent ran as (`identity.py`)
-    kept_processes: bool = False  # verified with the agent's processes running
-    schema_version: int = RESULT_SCHEMA_VERSION
-
-    @property
-    def is_scored(self) -> bool:
-        return self.outcome in Outcome.SCORED
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """One step of a multi-step task: its agent turn and its verifier."""
-
-    name: str
-    reward: float | None
-    rewards: dict[str, float]
-    exit_code: int | None
-    timed_out: bool
-    duration: float
-    error: str | None = None  # a skipped step's: `skipped: ...`
-    skipped: bool = False  # not run: an earlier step fell short of its min_reward
-
-
-@dataclass
 class Progress:
     phases: dict[str, float] = field(default_factory=dict)
     exit_code: int | None = None
     timed_out: bool = False
     usage: TrialUsage = field(default_factory=TrialUsage)
     own_report: SelfReport | None = None
-    error_class: str | None = None  # the SWE track's class of the result
+    swe_class: SweClass | None = None  # the SWE track's class of the result
+    cause: Cause | None = None  # why it ended so, beside its outcome (not the verdict)
     pass_threshold: float | None = None  # the open track's, else the global one
     steps: list[StepResult] = field(default_factory=list)  # a multi-step task's
     judgments: list[Judgment] = field(default_factory=list)  # the open track's rubric judge

@@ -11,25 +11,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from pytest_hemra.core.trial import SelfReport
 from pytest_hemra.core.usage import Usage
-
-
-@dataclass(frozen=True)
-class SelfReport(Usage):
-    """The harness's own token counts (stored as the trial's `own_report`), and what else it
-    says: cost, turns, its final message, whether it ended in error. `core.usage.disagrees`
-    compares its total with the gateway's."""
-
-    cost_usd: float | None = None
-    turns: int | None = None
-    final_message: str | None = None
-    is_error: bool | None = None
-    # its counts are its own estimate, not the server's (aider counts with its tokenizer while
-    # it streams): shown, never held against the gateway's (`self_report` skips it)
-    is_estimate: bool = False
 
 
 def _with_tokens(report: SelfReport, tokens: Usage) -> SelfReport:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pytest_hemra.core.lifecycle import TrialStatus
 from pytest_hemra.core.network import NETWORK_FIX
-from pytest_hemra.core.outcome import Outcome
+from pytest_hemra.core.outcome import Cause, Outcome, SweClass
 from pytest_hemra.core.records import UPSTREAM_REFUSED, TrialRecord
 from pytest_hemra.core.text import printable
 from pytest_hemra.core.usage import Usage, disagrees
@@ -136,7 +136,7 @@ def _agent_users(trials: Sequence[TrialRecord]) -> list[Flag]:
 
 def _verifier_offline(harness: str, mine: list[TrialRecord]) -> list[Flag]:
     """Trials whose verifier failed with its network cut and printed a network error."""
-    offline = [t for t in mine if t.error_class == "verifier_offline"]
+    offline = [t for t in mine if t.cause == Cause.VERIFIER_OFFLINE]
     if not offline:
         return []
     tasks = sorted({t.task for t in offline})
@@ -149,7 +149,9 @@ def _verifier_offline(harness: str, mine: list[TrialRecord]) -> list[Flag]:
 def _tampered(harness: str, mine: list[TrialRecord]) -> list[Flag]:
     """Trials whose agent changed what scores them: a reward its verifier did not write, a
     tool or library the verifier runs, what steers the hidden tests (docs/security.md)."""
-    tampered = [t for t in mine if t.outcome == Outcome.TAMPERED or t.error_class == "tampered"]
+    tampered = [
+        t for t in mine if t.outcome == Outcome.TAMPERED or t.swe_class == SweClass.TAMPERED
+    ]
     if not tampered:
         return []
     message = f"{plural(len(tampered), 'trial')} tampered with what scores them (a reward the"

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_hemra.core import events
-from pytest_hemra.core.errors import ENGINE_GONE, WAITED_OUT
 from pytest_hemra.core.events import EventRecord
+from pytest_hemra.core.outcome import Cause
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.core.words import plural
 from pytest_hemra.store import Store
@@ -35,10 +35,10 @@ def trial_history(store: Store, trial: TrialRecord) -> list[str]:
 def _attempt(row: TrialRecord) -> str:
     short = row.id.rsplit(".", 1)[-1]
     ended = str(row.outcome or row.status)
-    if row.error_class in WAITED_OUT:
-        return f"{short} {ended} ({row.error_class}: waited out, no retry used)"
-    if row.error_class == ENGINE_GONE:
-        return f"{short} {ended} ({row.error_class}: given up, not run again here)"
+    if row.cause in Cause.WAITED_OUT:
+        return f"{short} {ended} ({row.cause}: waited out, no retry used)"
+    if row.cause == Cause.ENGINE_GONE:
+        return f"{short} {ended} ({row.cause}: given up, not run again here)"
     if row.outcome == "infra_error":
         return f"{short} {ended} (its own fault: a retry used)"
     return f"{short} {ended}"

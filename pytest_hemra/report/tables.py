@@ -198,7 +198,7 @@ def summarize(
         own_tokens=sum(own) if own else None,
         judges={name: mean_ci(scores) for name, scores in sorted(judges.items())},
         keys=key_estimates(counted, extras) if extras else {},
-        classes=dict(sorted(Counter(t.error_class for t in finished if t.error_class).items())),
+        classes=dict(sorted(Counter(t.swe_class for t in finished if t.swe_class).items())),
         disagree=disagree,
     )
 

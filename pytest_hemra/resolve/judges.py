@@ -28,19 +28,6 @@ class Judge:
         return hashlib.sha256(self.rubric.encode()).hexdigest()
 
 
-@dataclass(frozen=True)
-class Judgment:
-    judge: str
-    score: float | None
-    rationale: str
-    error: str | None
-    calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: float | None = 0.0
-    duration: float = 0.0
-
-
 def judge_search_path(base_dir: Path) -> list[Path]:
     return [base_dir / "judges", bundled_dir("judges")]
 

@@ -31,17 +31,14 @@ from urllib.parse import urlsplit
 from pytest_hemra.core import registry
 from pytest_hemra.core.backoff import engine_backoff, engine_settle_secs
 from pytest_hemra.core.errors import (
-    ENGINE_GONE,
-    ENGINE_OUTAGE,
-    RUNNER_DISK_FULL,
-    WAITED_OUT,
     HemraError,
     StoreUnavailable,
 )
 from pytest_hemra.core.lifecycle import TAKEN, JobState, RunStatus
-from pytest_hemra.core.outcome import Outcome
+from pytest_hemra.core.outcome import Cause, Outcome
 from pytest_hemra.core.records import UPSTREAM_REFUSED, TrialRecord
-from pytest_hemra.execute.context import TrialContext, TrialResult
+from pytest_hemra.core.trial import TrialResult
+from pytest_hemra.execute.context import TrialContext
 from pytest_hemra.execute.gateway.ledger import Budgets, RunBudget
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.kinds import kind_of
@@ -218,26 +215,26 @@ class Runner:
         if down is not None:
             waited = watch.wait(run_id, trial.id, cancelled, down)
             if not waited.is_back:
-                return _failed(trial_dir, waited.note(), ENGINE_GONE)
+                return _failed(trial_dir, waited.note(), Cause.ENGINE_GONE)
         started = time.monotonic()
         try:
             context = self._context(trial, trial_dir)
         except HemraError as error:  # its task's files changed, the gateway cannot listen...
-            outage = ENGINE_OUTAGE if is_engine_fault(error) else None
+            outage = Cause.ENGINE_OUTAGE if is_engine_fault(error) else None
             result = _failed(trial_dir, str(error), outage)
         else:
             result = self._run_kind(context, trial)
-        if result.outcome != Outcome.INFRA_ERROR or result.error_class == RUNNER_DISK_FULL:
+        if result.outcome != Outcome.INFRA_ERROR or result.cause == Cause.RUNNER_DISK_FULL:
             return result
         down = None if cancelled.is_set() else watch.error(result.engine)
-        went = result.error_class == ENGINE_OUTAGE or watch.was_down_since(started)
+        went = result.cause == Cause.ENGINE_OUTAGE or watch.was_down_since(started)
         if down is None and not went:
             return result  # its engine was reached and answered throughout: its own fault
         waited = watch.wait(run_id, trial.id, cancelled, down or result.error, result.engine)
         if waited.is_cancelled:
             return result
-        error_class = ENGINE_OUTAGE if waited.is_back else ENGINE_GONE
-        return replace(result, error_class=error_class, error=f"{waited.note()}: {result.error}")
+        cause = Cause.ENGINE_OUTAGE if waited.is_back else Cause.ENGINE_GONE
+        return replace(result, cause=cause, error=f"{waited.note()}: {result.error}")
 
     def _engine_watch(self) -> EngineWatch:
         """The process's watch on its engine, made (and what earlier runs of this store left on
@@ -325,9 +322,9 @@ class Runner:
         (a new attempt); after an outage the runner waited out, one that uses up no retry (up
         to MAX_OUTAGE_RERUNS times); otherwise (the run cancelled meanwhile, its engine given
         up on, the store lost) None."""
-        if record.outcome != Outcome.INFRA_ERROR or record.error_class == ENGINE_GONE:
+        if record.outcome != Outcome.INFRA_ERROR or record.cause == Cause.ENGINE_GONE:
             return None
-        cause = record.error_class if record.error_class in WAITED_OUT else None
+        cause = record.cause if record.cause in Cause.WAITED_OUT else None
         if cause is not None and self._outages(record) > MAX_OUTAGE_RERUNS:
             cause = None
         if cause is None and record.retries >= self.run.spec.max_infra_retries:
@@ -345,7 +342,7 @@ class Runner:
         """How many rows of the trial, this one and those it replaces, ended in an outage."""
         count, current = 0, record
         while True:
-            count += current.error_class in WAITED_OUT
+            count += current.cause in Cause.WAITED_OUT
             if current.replaces is None:
                 return count
             current = self.store.trial(current.replaces)
@@ -367,13 +364,13 @@ class Runner:
             self.gateway = None
 
 
-def _failed(trial_dir: Path, error: str, error_class: str | None = None) -> TrialResult:
+def _failed(trial_dir: Path, error: str, cause: Cause | None = None) -> TrialResult:
     """An infra_error result for a trial that did not start."""
     now = time.time()
     return TrialResult(
         outcome=Outcome.INFRA_ERROR, reward=None, rewards={}, exit_code=None, error=error,
         started_at=now, finished_at=now, duration=0.0, phases={}, trial_dir=str(trial_dir),
-        error_class=error_class,
+        cause=cause,
     )  # fmt: skip
 
 

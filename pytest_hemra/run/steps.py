@@ -12,12 +12,9 @@ from pathlib import Path
 
 from pytest_hemra.core.errors import VerifierError
 from pytest_hemra.core.reward import trial_reward
+from pytest_hemra.core.trial import StepResult
 from pytest_hemra.execute.artifacts import collect as collect_artifacts
-from pytest_hemra.execute.context import (
-    Progress,
-    StepResult,
-    TrialContext,
-)
+from pytest_hemra.execute.context import Progress, TrialContext
 from pytest_hemra.execute.diff import tree_diff
 from pytest_hemra.execute.identity import agent_identity
 from pytest_hemra.execute.installs import Installed

@@ -16,9 +16,6 @@ from pathlib import Path
 
 from pytest_hemra.core.backoff import engine_settle_secs
 from pytest_hemra.core.errors import (
-    ENGINE_OUTAGE,
-    RUNNER_DISK_FULL,
-    WAITED_OUT,
     HemraError,
     InfraError,
     Tampered,
@@ -26,14 +23,11 @@ from pytest_hemra.core.errors import (
     outcome_of,
 )
 from pytest_hemra.core.network import OUTPUT_TAIL_BYTES, network_error
-from pytest_hemra.core.outcome import KILLED_LISTENERS, Outcome
+from pytest_hemra.core.outcome import KILLED_LISTENERS, Cause, Outcome
 from pytest_hemra.core.reward import is_pass
+from pytest_hemra.core.trial import Judgment, TrialResult
 from pytest_hemra.execute.artifacts import collect as collect_artifacts
-from pytest_hemra.execute.context import (
-    Progress,
-    TrialContext,
-    TrialResult,
-)
+from pytest_hemra.execute.context import Progress, TrialContext
 from pytest_hemra.execute.diff import write_diff
 from pytest_hemra.execute.installs import ensure_installed
 from pytest_hemra.execute.output import FolderBudget
@@ -47,7 +41,6 @@ from pytest_hemra.execute.sandbox.health import (
     is_engine_fault,
     is_slow_answer,
 )
-from pytest_hemra.resolve.judges import Judgment
 from pytest_hemra.resolve.limits import task_limits, with_run_defaults
 from pytest_hemra.run.outage import is_runner_disk_full, settled, write_durably
 from pytest_hemra.run.steps import run_steps
@@ -72,9 +65,6 @@ from pytest_hemra.score.verification import (
     verify_swe,
 )
 
-VERIFIER_OFFLINE = "verifier_offline"  # the class of a trial whose verifier lacked a network
-TAMPERED = "tampered"  # the class of a tampered trial, its evidence in tampered.json
-
 
 def run_trial(context: TrialContext) -> TrialResult:
     """Run one trial to a result; never raises for anything a trial can end in."""
@@ -94,21 +84,21 @@ def run_trial(context: TrialContext) -> TrialResult:
     except Tampered as failure:  # a result: the agent's, scored 0
         outcome, retried = outcome_of(failure)
         reward, rewards, error = 0.0, {"reward": 0.0}, str(failure)
-        progress.error_class = TAMPERED
+        progress.cause = Cause.TAMPERED
         _keep_evidence(context.trial_dir, failure)
     except HemraError as failure:
         outcome, retried = outcome_of(failure)
         error = str(failure)
-        outage = _outage_class(failure, context, progress)
-        if outage in WAITED_OUT and outcome == Outcome.VERIFIER_ERROR:
+        outage = _outage_cause(failure, context, progress)
+        if outage in Cause.WAITED_OUT and outcome == Outcome.VERIFIER_ERROR:
             outcome, retried = Outcome.INFRA_ERROR, True  # the engine went away under it
         elif outcome == Outcome.VERIFIER_ERROR:  # the sandbox the agent left gave no reward
             reward, rewards = 0.0, {"reward": 0.0}
-        progress.error_class = outage or progress.error_class
+        progress.cause = outage or progress.cause
     except Exception as failure:  # anything unexpected under a trial is infrastructure
         outcome, retried = outcome_of(failure)
         error = f"{type(failure).__name__}: {failure}"
-        progress.error_class = _outage_class(failure, context, progress) or progress.error_class
+        progress.cause = _outage_cause(failure, context, progress) or progress.cause
     result = TrialResult(
         outcome=outcome,
         reward=reward,
@@ -123,7 +113,8 @@ def run_trial(context: TrialContext) -> TrialResult:
         usage=progress.usage,
         own_report=progress.own_report,
         retried=retried,
-        error_class=progress.error_class,
+        swe_class=progress.swe_class,
+        cause=progress.cause,
         steps=progress.steps,
         engine=progress.engine,
         agent_user=progress.agent_user,
@@ -158,8 +149,10 @@ def _keep_evidence(folder: Path, failure: Tampered) -> None:
     write_durably(folder / "tampered.json", json.dumps(evidence, indent=2) + "\n")
 
 
-def _outage_class(failure: BaseException, context: TrialContext, progress: Progress) -> str | None:
-    """The class of an infrastructure error that was not the trial's doing: its engine could
+def _outage_cause(
+    failure: BaseException, context: TrialContext, progress: Progress
+) -> Cause | None:
+    """The cause of an infrastructure error that was not the trial's doing: its engine could
     not be reached, or stopped answering within HEMRA_ENGINE_SETTLE_SECS of refusing it (a
     daemon shutting down); or the runner's own disk (where its folder is) was full. An answer
     that did not come in time from an engine that still answers pings is not an outage: it was
@@ -168,13 +161,13 @@ def _outage_class(failure: BaseException, context: TrialContext, progress: Progr
         provider = context.pool or context.provider
         if is_slow_answer(failure) and settled(provider, progress.engine, 0) is None:
             return None
-        return ENGINE_OUTAGE
+        return Cause.ENGINE_OUTAGE
     if is_engine_answer(failure):
         provider = context.pool or context.provider
         if settled(provider, progress.engine, engine_settle_secs()) is not None:
-            return ENGINE_OUTAGE
+            return Cause.ENGINE_OUTAGE
     if is_runner_disk_full(failure, context.trial_dir):
-        return RUNNER_DISK_FULL
+        return Cause.RUNNER_DISK_FULL
     return None
 
 
@@ -293,7 +286,7 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
             return _noting_offline(context, progress, lambda: verify_reward(context, room))
     except BaseException as failure:
         if is_runner_disk_full(failure, folder):  # noted now: the teardown may free space
-            progress.error_class = RUNNER_DISK_FULL
+            progress.cause = Cause.RUNNER_DISK_FULL
         raise
     finally:
         with progress.phase("teardown"):
@@ -339,7 +332,7 @@ def _note_offline(context: TrialContext, progress: Progress) -> None:
                 with path.open("rb") as handle:
                     handle.seek(max(path.stat().st_size - OUTPUT_TAIL_BYTES, 0))
                     if network_error(handle.read().decode(errors="replace")):
-                        progress.error_class = VERIFIER_OFFLINE
+                        progress.cause = Cause.VERIFIER_OFFLINE
                         return
 
 

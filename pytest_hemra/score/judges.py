@@ -21,10 +21,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pytest_hemra.core.environment import snapshot
-from pytest_hemra.execute.gateway.ledger import CallPolicy, TrialUsage
+from pytest_hemra.core.trial import Judgment, TrialUsage
+from pytest_hemra.execute.gateway.ledger import CallPolicy
 from pytest_hemra.execute.gateway.scripted import TextStep
 from pytest_hemra.execute.gateway.server import Gateway
-from pytest_hemra.resolve.judges import Judge, Judgment
+from pytest_hemra.resolve.judges import Judge
 from pytest_hemra.resolve.upstreams import SCRIPTED_MODEL
 
 SCORE = re.compile(r"SCORE:\s*([0-9]*\.?[0-9]+)", re.IGNORECASE)

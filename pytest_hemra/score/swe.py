@@ -28,15 +28,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from pytest_hemra.core.outcome import SweClass
 from pytest_hemra.execute.sandbox import ROOT_USER, ExecResult, Sandbox, output_of
 from pytest_hemra.score import swe_probes
 from pytest_hemra.score.swe_guard import guard, shipped_config
 
 VERIFIER_USER = "65533:65533"  # neither the agent's user nor root: HEMRA's, for the hidden run
-CLASSES = (
-    "tampered", "success", "partial", "overfit", "timeout", "refusal", "wrong_approach", "crash",
-    "no_change",
-)  # fmt: skip
 # the top-level modules of the installed distributions ("module NAME" a line), as the test
 # command's Python finds them with the working folder (and any path under /app) left out
 INSTALLED_PROBE = """
@@ -81,7 +78,7 @@ class Tally:
 @dataclass(frozen=True)
 class SweScore:
     reward: float
-    error_class: str
+    swe_class: SweClass
     counts: Tally | None
     detail: str
     evidence: tuple[str, ...] = ()  # "path: why" a line, for a tampered trial
@@ -166,7 +163,7 @@ def score(
     tampered = [*checked.tampered, *(f"{path}: a link, where a file that steers the tests goes"
                                      for path in links)]  # fmt: skip
     if prepared.exit_code != 0:
-        return SweScore(0.0, "crash", None, "the copy of /app for the hidden tests failed")
+        return SweScore(0.0, SweClass.CRASH, None, "the copy of /app for the hidden tests failed")
     folders = _new_folders(hidden)
     if folders:  # patch makes new files, but not the folders they go in
         _as_verifier(sandbox, ["mkdir", "-p", "--", *folders], workdir=app, timeout=30, logs=logs,
@@ -176,7 +173,7 @@ def score(
     if applied.exit_code != 0:
         said = output_of(logs, "patch").strip()
         last = said.splitlines()[-1] if said else f"exit {applied.exit_code}"
-        return SweScore(0.0, "crash", None, f"the hidden test patch did not apply: {last}")
+        return SweScore(0.0, SweClass.CRASH, None, f"the hidden test patch did not apply: {last}")
     argv, by_unittest = _with_runner(
         test_command, f"{stage}/lib/{names.runner}", f"{stage}/lib/{names.launcher}"
     )
@@ -203,15 +200,15 @@ def score(
     if counts is not None and counts.passed:  # a second channel: the runner's own summary
         claimed = summary_passes(logs / ("stderr.txt" if by_unittest else "stdout.txt"))
         if claimed is None and not tampered:  # tampering, if any, is the trial's class
-            return SweScore(0.0, "crash", counts, "the test runner printed no summary of its own "
-                            "to check HEMRA's report against")  # fmt: skip
+            why = "the test runner printed no summary of its own to check HEMRA's report against"
+            return SweScore(0.0, SweClass.CRASH, counts, why)
         if claimed is not None and counts.passed > claimed:
             tampered.append(
                 f"{report_path}: {counts.passed} tests passed, the test runner's own summary "
                 f"says {claimed}: the report was rewritten"
             )
-    error_class = (
-        "tampered" if tampered
+    swe_class = (
+        SweClass.TAMPERED if tampered
         else classify(counts, ran.timed_out or agent_timed_out, agent_diff, agent_output, hidden)
     )  # fmt: skip
     reward = counts.passed / counts.total if counts and counts.total else 0.0
@@ -224,7 +221,7 @@ def score(
     if tampered:
         detail += "; the agent changed the test infrastructure: " + "; ".join(tampered)
     crashed = counts is None or counts.total == 0
-    return SweScore(0.0 if crashed else reward, error_class, counts, detail, tuple(tampered))
+    return SweScore(0.0 if crashed else reward, swe_class, counts, detail, tuple(tampered))
 
 
 # run as VERIFIER_USER: its own folder, a copy of /app in it, what steers the tests removed
@@ -388,23 +385,23 @@ def classify(
     agent_diff: str,
     agent_output: str,
     hidden_tests: str,
-) -> str:
+) -> SweClass:
     added = _added_lines(agent_diff)
     if counts is not None and counts.total and counts.passed == counts.total:
-        return "success"
+        return SweClass.SUCCESS
     if any("raise NotImplementedError" in line for line in added) or REFUSAL_TEXT.search(
         agent_output
     ):
-        return "refusal"
+        return SweClass.REFUSAL
     if not agent_diff.strip():
-        return "no_change"
+        return SweClass.NO_CHANGE
     if timed_out:
-        return "timeout"
+        return SweClass.TIMEOUT
     if counts is None or counts.total == 0:
-        return "crash"
+        return SweClass.CRASH
     if _hard_codes(added, hidden_tests):
-        return "overfit"
-    return "partial" if counts.passed else "wrong_approach"
+        return SweClass.OVERFIT
+    return SweClass.PARTIAL if counts.passed else SweClass.WRONG_APPROACH
 
 
 def _added_lines(diff: str) -> list[str]:

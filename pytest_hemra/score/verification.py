@@ -17,13 +17,13 @@ from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
 from pytest_hemra.core.errors import HemraError, InfraError, Tampered, VerifierError
+from pytest_hemra.core.outcome import SweClass
 from pytest_hemra.core.reward import parse_reward
+from pytest_hemra.core.trial import Judgment, TrialUsage
 from pytest_hemra.execute.context import Progress, TrialContext
 from pytest_hemra.execute.gateway.egress import proxy_env
-from pytest_hemra.execute.gateway.ledger import TrialUsage
 from pytest_hemra.execute.identity import verifier_identity
 from pytest_hemra.execute.sandbox import ROOT_USER, Sandbox, SandboxRequest
-from pytest_hemra.resolve.judges import Judgment
 from pytest_hemra.resolve.limits import task_limits
 from pytest_hemra.resolve.taskconfig import TaskVerifier
 from pytest_hemra.resolve.verifier_environment import verifier_task
@@ -399,9 +399,9 @@ def verify_swe(
         before=before,
         after=after,
     )
-    progress.error_class = result.error_class
-    (folder / "verifier" / "swe.txt").write_text(f"{result.error_class}: {result.detail}\n")
-    if result.error_class == "tampered":  # the trial's outcome: tampered, reward 0
+    progress.swe_class = result.swe_class
+    (folder / "verifier" / "swe.txt").write_text(f"{result.swe_class}: {result.detail}\n")
+    if result.swe_class == SweClass.TAMPERED:  # the trial's outcome: tampered, reward 0
         raise Tampered(result.detail, evidence=result.evidence)
     rewards = {"reward": result.reward}
     if result.counts is not None:

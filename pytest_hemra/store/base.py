@@ -18,6 +18,7 @@ from typing import Any
 from pytest_hemra.core.backoff import seconds
 from pytest_hemra.core.errors import StoreError, StoreUnavailable
 from pytest_hemra.core.lifecycle import RunStatus, TrialStatus, sql_list
+from pytest_hemra.core.outcome import Cause, Outcome
 from pytest_hemra.core.store_location import is_server_address, store_address
 from pytest_hemra.store.dialect import (
     Connection,
@@ -110,6 +111,18 @@ class StoreBase:
                     if column not in present[name]:
                         self.dialect.add_column(tx, name, column, kind)
             tx.execute("UPDATE trials SET plan_seq = seq WHERE plan_seq IS NULL")
+            if found < 12:  # causes were kept in error_class, beside the SWE classes
+                causes = [str(cause) for cause in Cause if cause != Cause.TAMPERED]
+                tx.execute(
+                    "UPDATE trials SET cause = error_class, error_class = NULL"
+                    " WHERE error_class IN (SELECT value FROM json_each(?))",
+                    [json.dumps(causes)],
+                )
+                tx.execute(  # a reward cheat's class (a SWE trial's tampered stays its class)
+                    "UPDATE trials SET cause = error_class WHERE error_class = ?"
+                    " AND outcome = ?",
+                    [str(Cause.TAMPERED), str(Outcome.TAMPERED)],
+                )
             tx.execute(
                 "UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION)]
             )

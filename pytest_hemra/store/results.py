@@ -151,7 +151,7 @@ class ResultStore(StoreBase):
                 " cache_read_tokens = ?, cache_write_tokens = ?, cost = ?, cost_known = ?,"
                 " usage_unknown = ?, models = ?, other_model_tokens = ?, stopped_by = ?,"
                 " own_report = ?, judges = ?, error_class = ?, agent_user = ?,"
-                " kept_processes = ?"
+                " kept_processes = ?, cause = ?"
                 f" WHERE id = ? AND {CURRENT}",
                 [
                     status,
@@ -177,9 +177,10 @@ class ResultStore(StoreBase):
                     usage.get("stopped_by"),
                     json.dumps(result.get("own_report")),
                     json.dumps({j["judge"]: j["score"] for j in result.get("judgments") or []}),
-                    result.get("error_class"),
+                    result.get("swe_class"),
                     result.get("agent_user"),
                     int(bool(result.get("kept_processes"))),
+                    result.get("cause"),
                     trial,
                 ],
             ).rowcount

@@ -13,7 +13,7 @@ from pytest_hemra.core.records import (
     TrialRecord,
 )
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 OLDEST_MIGRATED = 2  # stores from schema 2 on are brought forward when opened
 EMPTY_USAGE: dict[str, Any] = {
     "calls": 0,
@@ -78,11 +78,12 @@ SCHEMA: dict[str, tuple[dict[str, type], str]] = {
             "stopped_by": str,
             "own_report": str,
             "judges": str,
-            "error_class": str,
+            "error_class": str,  # the SWE track's class (`swe_class`)
             "engine": str,
             "agent_user": str,
             "model": str,  # a matrix run's cell model (NULL: the run's one model)
             "kept_processes": int,  # 1: verified with the agent's processes running
+            "cause": str,  # why it ended so beside its outcome (`Cause`); in error_class before 12
         },
         "id",
     ),
@@ -231,7 +232,7 @@ TRIAL_COLUMNS = (
     " models, coalesce(other_model_tokens, 0), stopped_by, own_report, replaces,"
     " coalesce(retries, 0), exit_code, judges, error_class, engine, agent_user,"
     " coalesce(calls, 0), coalesce(usage_unknown, 0), coalesce(cost_known, 1), model,"
-    " coalesce(kept_processes, 0)"
+    " coalesce(kept_processes, 0), cause"
 )
 
 
@@ -286,7 +287,7 @@ def trial_record(row: Sequence[Any]) -> TrialRecord:
         retries=row[22],
         exit_code=row[23],
         judges=json_column(row[24]) or {},
-        error_class=row[25],
+        swe_class=row[25],
         engine=row[26],
         agent_user=row[27],
         calls=row[28],
@@ -294,6 +295,7 @@ def trial_record(row: Sequence[Any]) -> TrialRecord:
         is_priced=bool(row[30]),
         model=row[31],
         kept_processes=bool(row[32]),
+        cause=row[33],
     )
 
 

@@ -13,11 +13,9 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from pytest_hemra.core.records import CallRow
-from pytest_hemra.core.usage import Usage
 from pytest_hemra.execute.gateway.prices import price_table
 
 BYTES_PER_TOKEN = 4  # a generous estimate of input tokens from the request size
@@ -34,74 +32,6 @@ class CallPolicy:
     refuse_other_models: bool = False  # else: flag them
     max_tokens: int | None = None  # per trial
     max_cost_usd: float | None = None  # per trial
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrialUsage(Usage):
-    """A trial's calls added up by the gateway. `cost` sums the calls whose usage was read
-    (None once one of them has no price): what caps compare; `usage_unknown` counts the calls
-    whose usage could not be read, which make the trial's cost unknown (`known_cost`).
-
-    Stored flat (`result.json`'s `usage`): the four token counts, then the fields below."""
-
-    calls: int = 0
-    refused: int = 0
-    unreachable: int = 0
-    other_model_tokens: int = 0
-    cost: float | None = 0.0
-    usage_unknown: int = 0
-    models: list[str] = field(default_factory=list)
-    stopped_by: str | None = None  # "token cap", "cost cap", "run budget"
-
-    def with_call(self, row: CallRow, is_other_model: bool) -> TrialUsage:
-        """These totals with one more call."""
-        return TrialUsage(
-            **(self.tokens + row.tokens).counts(),
-            calls=self.calls + 1,
-            refused=self.refused + int(row.refused),
-            unreachable=self.unreachable
-            + int((row.error or "").startswith("upstream unreachable")),
-            other_model_tokens=self.other_model_tokens
-            + (row.total_tokens if is_other_model else 0),
-            cost=None
-            if self.cost is None or (row.cost is None and row.is_usage_known)
-            else self.cost + (row.cost or 0.0),
-            usage_unknown=self.usage_unknown + int(not row.is_usage_known),
-            models=[*self.models, row.model]
-            if row.model and row.model not in self.models
-            else self.models,
-            stopped_by=self.stopped_by,
-        )
-
-    def combined(self, more: TrialUsage) -> TrialUsage:
-        """Two token windows of one trial added up (a multi-step task has one per step)."""
-        if not self.calls:
-            return more
-        if not more.calls:
-            return self
-        return TrialUsage(
-            **(self.tokens + more.tokens).counts(),
-            calls=self.calls + more.calls,
-            refused=self.refused + more.refused,
-            unreachable=self.unreachable + more.unreachable,
-            other_model_tokens=self.other_model_tokens + more.other_model_tokens,
-            cost=None if self.cost is None or more.cost is None else self.cost + more.cost,
-            usage_unknown=self.usage_unknown + more.usage_unknown,
-            models=list(dict.fromkeys([*self.models, *more.models])),
-            stopped_by=self.stopped_by or more.stopped_by,
-        )
-
-    @property
-    def known_cost(self) -> float | None:
-        """What the calls cost, or None when it is unknown: a model without a price, or a call
-        whose usage could not be read."""
-        return None if self.usage_unknown else self.cost
-
-    @property
-    def is_unreachable(self) -> bool:
-        """Every call that reached for an upstream found it unreachable: infrastructure."""
-        tried = self.calls - self.refused
-        return tried > 0 and self.unreachable == tried
 
 
 def same_model(requested: str | None, expected: str) -> bool:

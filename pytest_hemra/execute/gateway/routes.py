@@ -7,7 +7,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pytest_hemra.core.records import CallRow
-from pytest_hemra.execute.gateway.ledger import Budgets, CallPolicy, TrialUsage, same_model
+from pytest_hemra.core.trial import TrialUsage
+from pytest_hemra.execute.gateway.ledger import Budgets, CallPolicy, same_model
 from pytest_hemra.execute.gateway.scripted import Script
 from pytest_hemra.execute.gateway.wire import Wire
 

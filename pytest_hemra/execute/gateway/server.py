@@ -33,6 +33,7 @@ from aiohttp import web
 
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.core.records import CallRow
+from pytest_hemra.core.trial import TrialUsage
 from pytest_hemra.execute.gateway.bodies import (
     KEPT_BODY_BYTES,
     KEPT_TRIAL_BYTES,
@@ -50,7 +51,7 @@ from pytest_hemra.execute.gateway.headers import (
     redacted_headers,
     upstream_headers,
 )
-from pytest_hemra.execute.gateway.ledger import Budgets, CallPolicy, TrialUsage, same_model
+from pytest_hemra.execute.gateway.ledger import Budgets, CallPolicy, same_model
 from pytest_hemra.execute.gateway.relay import Relay
 from pytest_hemra.execute.gateway.replies import respond
 from pytest_hemra.execute.gateway.routes import TrialAccess, TrialRoute

@@ -18,7 +18,8 @@ from typing import Protocol, cast
 from pytest_hemra.core import registry
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.core.records import TrialRecord
-from pytest_hemra.execute.context import TrialContext, TrialResult
+from pytest_hemra.core.trial import TrialResult
+from pytest_hemra.execute.context import TrialContext
 from pytest_hemra.execute.installs import Installed, ensure_package, is_package_installed
 from pytest_hemra.execute.sandbox import AGENT_USER, WORKDIR, ExecResult, Sandbox
 from pytest_hemra.resolve.harnesses import Harness

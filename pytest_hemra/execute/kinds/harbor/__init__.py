@@ -16,7 +16,8 @@ from pathlib import Path
 from pytest_hemra.core.cache import cache_root
 from pytest_hemra.core.errors import InfraError, SpecError
 from pytest_hemra.core.records import TrialRecord
-from pytest_hemra.execute.context import TrialContext, TrialResult
+from pytest_hemra.core.trial import TrialResult
+from pytest_hemra.execute.context import TrialContext
 from pytest_hemra.execute.installs import (
     MARKER,
     SYSTEM_PATH,

@@ -29,8 +29,7 @@ from pytest_hemra.execute.sandbox.base_image import (
     bootstrap_base_image,
     has_image,
 )
-from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS
-from pytest_hemra.execute.sandbox.docker import connect
+from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS, connect
 
 RECIPE_VERSION = "1"
 SUITE = "trixie"

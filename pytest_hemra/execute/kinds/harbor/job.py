@@ -30,7 +30,8 @@ from pytest_hemra.execute.context import DEFAULT_TIMEOUT_SECS
 from pytest_hemra.execute.installs import ensure_installed
 from pytest_hemra.execute.kinds.harbor import harbor_version
 from pytest_hemra.execute.kinds.harbor.image import runner_tag
-from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS, remove_container
+from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS
+from pytest_hemra.execute.sandbox.removal import remove_container
 from pytest_hemra.resolve.datasets import load_task
 from pytest_hemra.resolve.harnesses import Harness
 from pytest_hemra.resolve.plan import RecordedRun

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.reward import is_pass, trial_reward
-from pytest_hemra.execute.selfreport import SelfReport
+from pytest_hemra.core.trial import SelfReport
 
 AGENT_EXCEPTIONS = frozenset({"NonZeroAgentExitCodeError"})
 VERIFIER_EXCEPTIONS = frozenset(

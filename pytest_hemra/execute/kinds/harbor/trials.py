@@ -32,7 +32,8 @@ from pytest_hemra.core.errors import HemraError, InfraError, outcome_of
 from pytest_hemra.core.lifecycle import JobState, TrialStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
-from pytest_hemra.execute.context import TrialContext, TrialResult
+from pytest_hemra.core.trial import TrialResult
+from pytest_hemra.execute.context import TrialContext
 from pytest_hemra.execute.kinds.harbor.job import (
     HarborJob,
     end_job,
@@ -42,7 +43,7 @@ from pytest_hemra.execute.kinds.harbor.job import (
     stop_job,
 )
 from pytest_hemra.execute.kinds.harbor.result import HarborTrialResult, classify, read_harbor_result
-from pytest_hemra.execute.sandbox.docker import connect
+from pytest_hemra.execute.sandbox.client import connect
 from pytest_hemra.resolve.plan import RecordedRun
 from pytest_hemra.store import Store
 
