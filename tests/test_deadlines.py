@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -14,9 +15,12 @@ from typing import Any, cast
 
 import pytest
 
+from conftest import TaskMaker
 from pytest_hemra.core.errors import InfraError
+from pytest_hemra.execute import builds
 from pytest_hemra.execute.installs import locked
-from pytest_hemra.run import lanes
+from pytest_hemra.resolve.datasets import load_task
+from pytest_hemra.run import lanes, trial
 from pytest_hemra.run.lanes import Lanes
 
 
@@ -84,3 +88,32 @@ def test_the_plugin_loads_neither_pandas_nor_scipy_nor_statsmodels() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout
     assert loaded.strip() == "[]"
+
+
+def test_image_builds_that_never_end_are_given_up_at_their_deadline(
+    monkeypatch: pytest.MonkeyPatch, make_task: TaskMaker
+) -> None:
+    release = threading.Event()
+    provider = SimpleNamespace(prepare=lambda task, image: release.wait(60))  # a build that hangs
+    task = load_task(make_task("slow-image"))
+    assert builds.build_deadline_secs([task]) == 2 * 600 + builds.BUILD_MARGIN_SECS  # finite
+    monkeypatch.setattr(builds, "build_deadline_secs", lambda tasks: 0.3)
+    started = time.monotonic()
+    try:
+        with pytest.raises(InfraError, match=r"image builds did not finish within 0.3s"):
+            builds._prepare_all(cast(Any, provider), [task], "", 1)
+        assert time.monotonic() - started < 5
+    finally:
+        release.set()
+
+
+def test_tamper_evidence_that_never_comes_is_an_infra_error_at_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(trial, "TAMPER_WAIT_SECS", 0.2)
+    never: Future[list[str]] = Future()
+    with pytest.raises(InfraError, match=r"diff of the sandbox did not come within 0.2s"):
+        trial._tamper_evidence(never)
+    done: Future[list[str]] = Future()
+    done.set_result(["/usr/bin/cat: changed"])
+    assert trial._tamper_evidence(done) == ["/usr/bin/cat: changed"]

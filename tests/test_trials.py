@@ -234,7 +234,7 @@ def test_agent_diff_is_kept_in_the_trial_folder(
     assert "--- a/gone.txt\n+++ /dev/null" in diff
     assert "+++ b/out.txt" in diff
     result = json.loads((Path(row["trial_dir"]) / "result.json").read_text())
-    assert result["schema_version"] == 1 and result["outcome"] == "pass"
+    assert result["schema_version"] == 2 and result["outcome"] == "pass"
 
 
 @pytest.mark.slow

@@ -14,12 +14,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from pytest_hemra.core.errors import HemraError, SpecError
+from pytest_hemra.core.errors import HemraError, InfraError, SpecError
 from pytest_hemra.execute.kinds import kind_of
 from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.plan import Plan
 from pytest_hemra.resolve.verifier_environment import verifier_task
+
+BUILD_MARGIN_SECS = 120.0  # beyond the builds' own timeouts: the engine's start and locks
 
 
 def tasks_to_build(plan: Plan) -> list[Task]:
@@ -95,14 +97,27 @@ def _prepare_all(
     threads = [
         threading.Thread(target=work, name=f"hemra-build-{n}", daemon=True) for n in range(at_once)
     ]
+    deadline = time.monotonic() + build_deadline_secs(tasks)
     try:
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            thread.join(max(deadline - time.monotonic(), 0.0))
+            if thread.is_alive():
+                raise InfraError(
+                    f"image builds did not finish within {build_deadline_secs(tasks):g}s (each"
+                    " task's build_timeout_sec, twice over: its image and its verifier's, one"
+                    " after another)"
+                )
     finally:
         stopped.set()
     return results
+
+
+def build_deadline_secs(tasks: list[Task]) -> float:
+    """The longest every build of `tasks` may take, even one after another: each task's image
+    and its verifier's, each within its `build_timeout_sec`, and a margin for the engine."""
+    return sum(2 * task.config.environment.build_timeout_sec for task in tasks) + BUILD_MARGIN_SECS
 
 
 def _failure(provider: SandboxProvider, task: Task, default_image: str) -> tuple[str, str] | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -55,15 +55,16 @@ from pytest_hemra.run.turn import (
     run_agent,
 )
 from pytest_hemra.score.judges import material, run_judge
+from pytest_hemra.score.room import verifier_network, verifier_room
 from pytest_hemra.score.tamper import raise_tampered, tampering
 from pytest_hemra.score.verification import (
     provider_keys,
-    verifier_network,
-    verifier_room,
     verify_open,
     verify_reward,
     verify_swe,
 )
+
+TAMPER_WAIT_SECS = 600.0  # the engine's diff of a sandbox (each request has its own timeout)
 
 
 def run_trial(context: TrialContext) -> TrialResult:
@@ -141,6 +142,25 @@ def killed_listeners_note(ports: tuple[int, ...], error: str | None) -> str:
         " keep_agent_processes in the run file)"
     )
     return f"{error}; {note}" if error else note
+
+
+@contextmanager
+def _unwaited(executor: ThreadPoolExecutor) -> Iterator[ThreadPoolExecutor]:
+    """An executor whose leaving never waits for its work: a wait past its deadline is over."""
+    try:
+        yield executor
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _tamper_evidence(found: Future[list[str]]) -> list[str]:
+    """The engine's tamper evidence, waited for up to TAMPER_WAIT_SECS."""
+    try:
+        return found.result(timeout=TAMPER_WAIT_SECS)
+    except TimeoutError:
+        raise InfraError(
+            f"the engine's diff of the sandbox did not come within {TAMPER_WAIT_SECS:g}s"
+        ) from None
 
 
 def _keep_evidence(folder: Path, failure: Tampered) -> None:
@@ -264,7 +284,7 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
         if progress.usage.is_unreachable:
             raise InfraError("the model upstream was unreachable for the whole trial")
         # the engine's diff of the system, read beside the work folder's (it costs the engine)
-        with ThreadPoolExecutor(1, thread_name_prefix="hemra-tamper") as engine:
+        with _unwaited(ThreadPoolExecutor(1, thread_name_prefix="hemra-tamper")) as engine:
             evidence = engine.submit(tampering, context, sandbox)
             with progress.phase("diff"):
                 after = sandbox.read_tree(context.workdir, since=before)
@@ -276,7 +296,7 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
                 collect_artifacts(sandbox, task.config.artifacts, folder / "artifacts", budget)
                 budget.note()
             with progress.phase("tamper"):
-                raise_tampered(evidence.result())
+                raise_tampered(_tamper_evidence(evidence))
         with progress.phase("verifier"), verifier_room(context, sandbox, request) as room:
             hemra = task.config.hemra
             if hemra.track == "swe":
@@ -342,16 +362,7 @@ def _services(context: TrialContext, request: SandboxRequest) -> AbstractContext
     compose = context.task.compose
     if compose is None or not compose.services:
         return nullcontext(None)
-    open_services = getattr(context.provider, "open_services", None)
-    if open_services is None:
-        raise InfraError(
-            f"{compose.path}: the {context.provider.name} sandbox provider cannot run a task's"
-            " compose services"
-        )
-    opened: AbstractContextManager[str | None] = open_services(
-        context.task, request, context.trial_dir / "services"
-    )
-    return opened
+    return context.provider.open_services(context.task, request, context.trial_dir / "services")
 
 
 def _keep_agent_logs(sandbox: Sandbox, target: Path, budget: FolderBudget) -> None:
