@@ -29,8 +29,9 @@ from pytest_hemra.execute.sandbox import AGENT_USER, ROOT_USER, WORKDIR
 from pytest_hemra.execute.sandbox.docker import DockerProvider
 from pytest_hemra.execute.sandbox.snapshot import SNAPSHOTS
 from pytest_hemra.resolve.datasets import bundled_dir, load_task
+from pytest_hemra.resolve.harness_spec import HarnessSpec
 from pytest_hemra.resolve.harnesses import Harness
-from pytest_hemra.resolve.spec import HarnessSpec, RunSpec
+from pytest_hemra.resolve.spec import RunSpec
 from pytest_hemra.run.trial import run_trial
 from pytest_hemra.store import Store
 

@@ -29,7 +29,8 @@ from pytest_hemra.core.errors import SpecError
 from pytest_hemra.core.records import EngineSlot, PlannedTrial
 from pytest_hemra.execute.sandbox.docker import DockerProvider
 from pytest_hemra.execute.sandbox.pool import EnginePool
-from pytest_hemra.resolve.spec import Overrides, load_run_spec
+from pytest_hemra.resolve.overrides import Overrides
+from pytest_hemra.resolve.spec import load_run_spec
 from pytest_hemra.store import Store
 from tests.dockerd import (
     ExtraEngine,

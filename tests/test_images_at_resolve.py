@@ -16,7 +16,8 @@ import pytest
 
 from conftest import BASE_IMAGE, TaskMaker
 from pytest_hemra.core.errors import SpecError
-from pytest_hemra.resolve.spec import Overrides, load_run_spec
+from pytest_hemra.resolve.overrides import Overrides
+from pytest_hemra.resolve.spec import load_run_spec
 from pytest_hemra.store import Store
 
 pytestmark = pytest.mark.usefixtures("docker_test")

@@ -17,8 +17,8 @@ from pytest_hemra.execute.gateway.wire import Wire
 from pytest_hemra.report.comparison import compare_runs
 from pytest_hemra.report.formats import render_text
 from pytest_hemra.report.tables import build_report
+from pytest_hemra.resolve.overrides import Overrides
 from pytest_hemra.resolve.plan import resolve_plan
-from pytest_hemra.resolve.spec import Overrides
 from pytest_hemra.store import Store
 
 MODELS = ("hemra/scripted-a", "hemra/scripted-b")

@@ -10,7 +10,7 @@ import pytest
 
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.resolve.datasets import bundled_dir, load_task
-from pytest_hemra.resolve.taskconfig import Criterion
+from pytest_hemra.resolve.hemra_table import Criterion
 from pytest_hemra.score.openended import Structure, Verdict, composite, judge_prompt, parse_verdict
 from pytest_hemra.store import Store
 

@@ -14,8 +14,8 @@ from pytest_hemra.core.trial import SelfReport
 from pytest_hemra.execute.diff import tree_diff
 from pytest_hemra.execute.sandbox.base_image import apt_mirror
 from pytest_hemra.execute.selfreport import parse_output
+from pytest_hemra.resolve.harness_spec import ADDED_HARNESS_KEYS, HarnessSpec, load_harness_spec
 from pytest_hemra.resolve.harnesses import render_argv
-from pytest_hemra.resolve.spec import ADDED_HARNESS_KEYS, HarnessSpec, load_harness_spec
 
 
 @pytest.mark.parametrize(

@@ -297,7 +297,7 @@ def test_a_huge_sparse_app_is_copied_to_a_separate_room_only_up_to_its_cap(
     write_harness: Callable[[str, str], Path],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("pytest_hemra.score.verification.MAX_ROOM_COPY_BYTES", 1 << 20)
+    monkeypatch.setattr("pytest_hemra.score.room.MAX_ROOM_COPY_BYTES", 1 << 20)
     toml = (
         '[agent]\ntimeout_sec = 30\n[verifier]\ntimeout_sec = 30\nenvironment_mode = "separate"\n'
     )

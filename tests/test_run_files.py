@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, TaskMaker
-from pytest_hemra.resolve.spec import Overrides, RunSpec, load_run_spec
+from pytest_hemra.resolve.overrides import Overrides
+from pytest_hemra.resolve.spec import RunSpec, load_run_spec
 
 GOOD = 'harnesses = ["oracle", "nop"]\ndatasets = ["ds"]\n'
 

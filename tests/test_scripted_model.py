@@ -39,7 +39,7 @@ from pytest_hemra.execute.gateway.usage import UsageReader, is_streaming
 from pytest_hemra.execute.gateway.wire import CallUsage as Usage
 from pytest_hemra.execute.gateway.wire import Wire, wire_of
 from pytest_hemra.resolve.datasets import bundled_dir, load_task, task_dirs
-from pytest_hemra.resolve.spec import HarnessSpec
+from pytest_hemra.resolve.harness_spec import HarnessSpec
 from pytest_hemra.run.turn import script_for
 
 COMMAND = "echo hi > hello.txt"

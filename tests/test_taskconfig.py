@@ -13,7 +13,7 @@ import pytest
 from conftest import TaskMaker
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.resolve.datasets import load_task
-from pytest_hemra.resolve.taskconfig import render_env, template_names
+from pytest_hemra.resolve.env_templates import render_env, template_names
 
 EVERY_HONOURED_KEY = """\
 schema_version = "1.4"

@@ -14,10 +14,9 @@ from scipy.special import expit
 from statsmodels.genmod.bayes_mixed_glm import BinomialBayesMixedGLM
 from statsmodels.regression.mixed_linear_model import MixedLM, VCSpec
 
+from pytest_hemra.report.mixed_models import PRIOR_SD_EFFECT, PRIOR_SD_LOG_SD
 from pytest_hemra.report.stats import paired_difference
 from pytest_hemra.report.variance import (
-    PRIOR_SD_EFFECT,
-    PRIOR_SD_LOG_SD,
     Observation,
     VarianceReport,
     decompose,

@@ -133,8 +133,9 @@ def init_command(args: argparse.Namespace) -> int:
 def harnesses_command(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
+    from pytest_hemra.resolve.harness_spec import HarnessSpec
     from pytest_hemra.resolve.harnesses import Harness, available_harnesses, observability
-    from pytest_hemra.resolve.spec import HarnessSpec, read_toml
+    from pytest_hemra.resolve.validation import read_toml
 
     rows = []
     for path in available_harnesses(Path(args.dir).resolve()):

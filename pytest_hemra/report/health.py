@@ -268,7 +268,7 @@ def describe(evidence: Evidence) -> str:
 
 def is_verifier_cut(run_network: str, task_toml: Mapping[str, Any]) -> bool:
     """Whether a verifier of the task (its own, or a step's) ran without a network, as
-    `score.verification` decides: its `[verifier] network_mode` when it sets one (an allowlist
+    `score.room` decides: its `[verifier] network_mode` when it sets one (an allowlist
     reaches its hosts), else the run's `[verifier] network`."""
     steps = task_toml.get("steps")
     tables = [task_toml, *(steps if isinstance(steps, list) else [])]

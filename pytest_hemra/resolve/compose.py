@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pytest_hemra.core.errors import SpecError
-from pytest_hemra.resolve.taskconfig import ENV_NAME, TEMPLATE
+from pytest_hemra.resolve.env_templates import ENV_NAME, TEMPLATE
 
 COMPOSE_FILES = ("docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml")
 MAIN = "main"

@@ -27,8 +27,8 @@ from pytest_hemra.core.names import unknown_name
 from pytest_hemra.resolve.cache import fetch_dataset
 from pytest_hemra.resolve.compose import Compose, compose_file, load_compose
 from pytest_hemra.resolve.registry import listed_dataset
-from pytest_hemra.resolve.spec import is_valid_name, parse_model, read_toml
 from pytest_hemra.resolve.taskconfig import TaskConfig, unknown_keys
+from pytest_hemra.resolve.validation import is_valid_name, parse_model, read_toml
 
 IGNORED_PARTS = frozenset({"__pycache__", ".git", ".DS_Store", ".pytest_cache"})
 PIN_PATTERN = re.compile(r"^(?P<name>[^@]+)@(?P<digest>[0-9a-f]{6,64})$")

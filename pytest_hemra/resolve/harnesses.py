@@ -17,12 +17,12 @@ from pytest_hemra.core import registry
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.core.names import unknown_name
 from pytest_hemra.resolve.datasets import bundled_dir
-from pytest_hemra.resolve.spec import (
+from pytest_hemra.resolve.harness_spec import (
     PLACEHOLDER_PATTERN,
     HarnessSpec,
-    is_valid_name,
     load_harness_spec,
 )
+from pytest_hemra.resolve.validation import is_valid_name
 
 UNSUPPORTED_BECAUSE = {
     "computer-use": (

@@ -22,11 +22,13 @@ from pytest_hemra.core.records import PlannedTrial, TrialRecord
 from pytest_hemra.core.store_location import TRIALS_DIR_VARIABLE
 from pytest_hemra.core.words import plural
 from pytest_hemra.resolve.datasets import Dataset, Task, load_task, resolve_dataset
+from pytest_hemra.resolve.harness_spec import HarnessSpec
 from pytest_hemra.resolve.harnesses import Harness, is_isolated, resolve_harness
 from pytest_hemra.resolve.judges import Judge, resolve_judges
 from pytest_hemra.resolve.limits import check_limits
+from pytest_hemra.resolve.overrides import Overrides
 from pytest_hemra.resolve.processes import check_kept, unknown_entries
-from pytest_hemra.resolve.spec import HarnessSpec, Overrides, RunSpec, load_run_spec
+from pytest_hemra.resolve.spec import RunSpec, load_run_spec
 from pytest_hemra.resolve.templates import check_pass_env, check_task_templates, provider_keys
 from pytest_hemra.resolve.upstreams import (
     SCRIPTED,

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pytest_hemra.core.errors import SpecError
-from pytest_hemra.resolve.spec import describe_error, is_valid_name
+from pytest_hemra.resolve.validation import describe_error, is_valid_name
 
 REGISTRY_VARIABLE = "HEMRA_REGISTRY"
 URL_SCHEMES = ("file", "http", "https")

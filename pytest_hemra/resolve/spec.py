@@ -1,84 +1,28 @@
-"""Run files and harness files: pydantic models parsed once at the edge, and flag merging.
+"""Run files: the pydantic models of every table (parsed once at the edge, `validation.py`),
+reading one with the command line's flags applied (`overrides.py`).
 
 Unknown keys and wrong types are errors that name the file, the key and what was expected.
 """
 
 from __future__ import annotations
 
-import difflib
-import hashlib
-import json
 import re
-import tomllib
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+# HarnessSpec's first home, which harness kinds of one's own import it from (the plug-in API:
+# docs/harnesses.md, examples/custom-kind/conftest.py)
+from pytest_hemra.resolve.harness_spec import HarnessSpec as HarnessSpec
+from pytest_hemra.resolve.overrides import Overrides
+from pytest_hemra.resolve.validation import (
+    Strict,
+    check_env_names,
+    check_name,
+    parse_model,
+    read_toml,
 )
-
-from pytest_hemra.core.errors import SpecError
-from pytest_hemra.resolve.overrides import Overrides as Overrides  # its old home, still imported
-
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
-ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-M = TypeVar("M", bound="BaseModel")
-PLACEHOLDER_PATTERN = re.compile(r"\{([a-z_]+)\}")
-PLACEHOLDERS = frozenset(
-    {
-        "instruction",
-        "instruction_file",
-        "model",
-        "workdir",
-        "logs_dir",
-        "deadline",
-        "timeout_secs",
-        "base_url",
-        "api_key",
-        "harness_dir",
-        "home",
-        "mcp_servers_json",
-        "mcp_servers_toml",
-    }
-)
-PACKAGE_PATTERN = r"^(npm|pypi):[^\s]+$"
-ADDED_HARNESS_KEYS = (
-    "edit_format",
-    "agent",
-    "output_file",
-    "skills_dir",
-)  # harness keys left out of digests while unset
-
-
-def is_valid_name(name: str) -> bool:
-    """Whether `name` may become a path component or part of a container name."""
-    return bool(NAME_PATTERN.match(name))
-
-
-def _check_name(value: str) -> str:
-    if not is_valid_name(value):
-        raise ValueError(
-            "expected a name of letters, digits, '.', '_' or '-' not starting with '.' or '-'"
-        )
-    return value
-
-
-def _check_env_names(values: list[str]) -> list[str]:
-    for value in values:
-        if not ENV_NAME_PATTERN.match(value):
-            raise ValueError(f"expected environment variable names, got {value!r}")
-    return values
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
 
 ENGINE_ADDRESS = re.compile(r"^(unix://(/[^\s]+)|tcp://[^\s/:]+:\d{1,5}|ssh://[^\s/]+)$")
 
@@ -104,7 +48,7 @@ class EngineSettings(Strict):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, value: str | None) -> str | None:
-        return value if value is None else _check_name(value)
+        return value if value is None else check_name(value)
 
     @field_validator("address")
     @classmethod
@@ -167,7 +111,7 @@ class SandboxSettings(Strict):
     # (resolve/templates.py, docs/run-files.md#what-a-sandbox-sees-of-the-runners-environment)
     pass_env: list[str] = Field(default_factory=list)
 
-    _pass_env = field_validator("pass_env")(_check_env_names)
+    _pass_env = field_validator("pass_env")(check_env_names)
 
     @field_validator(
         "max_cpus", "max_memory_mb", "max_pids", "max_agent_timeout_sec", "max_verifier_timeout_sec"
@@ -206,7 +150,7 @@ class VerifierSettings(Strict):
     # (HEMRA_BASE_URL, HEMRA_API_KEY), its network only HEMRA's gateway network; never a key
     model_access: bool = False
 
-    _env = field_validator("env")(_check_env_names)
+    _env = field_validator("env")(check_env_names)
 
 
 class ProviderSettings(Strict):
@@ -239,7 +183,7 @@ class JudgeSpec(Strict):
     model: str | None = None
     command: list[str] | None = None
 
-    _name = field_validator("name")(_check_name)
+    _name = field_validator("name")(check_name)
 
 
 class RunSpec(Strict):
@@ -271,7 +215,7 @@ class RunSpec(Strict):
     # where trial folders go (relative to the run file's folder); required with a shared store
     trials_dir: str | None = None
 
-    _name = field_validator("name")(_check_name)
+    _name = field_validator("name")(check_name)
 
     @field_validator("trials_dir")
     @classmethod
@@ -284,7 +228,7 @@ class RunSpec(Strict):
     @classmethod
     def _harness_names(cls, values: list[str]) -> list[str]:
         for value in values:
-            _check_name(value)
+            check_name(value)
         if len(set(values)) != len(values):
             raise ValueError("expected each harness once")
         return values
@@ -293,7 +237,7 @@ class RunSpec(Strict):
     @classmethod
     def _trusted_names(cls, values: list[str]) -> list[str]:
         for value in values:
-            _check_name(value)
+            check_name(value)
         return values
 
     @field_validator("tasks", "exclude")
@@ -358,89 +302,6 @@ class RunSpec(Strict):
         return baseline if baseline in self.models else self.models[0]
 
 
-def _check_placeholders(text: str) -> None:
-    for found in PLACEHOLDER_PATTERN.findall(text):
-        if found not in PLACEHOLDERS:
-            raise ValueError(
-                f"unknown placeholder {{{found}}} (expected one of "
-                + ", ".join("{" + p + "}" for p in sorted(PLACEHOLDERS))
-                + ")"
-            )
-
-
-class HarnessSpec(Strict):
-    """A harness file, `harnesses/<name>.toml`; see docs/harnesses.md."""
-
-    kind: str  # a registered harness kind (`core/registry.py`), checked at resolve
-    description: str = ""
-    version: str | None = None
-    command: list[str] = Field(default_factory=list)
-    install: list[list[str]] = Field(default_factory=list)
-    env: list[str] = Field(default_factory=list)
-    model: str | None = None
-    provider: str | None = None
-    key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    uses_solution: bool = False
-    package: str | None = Field(default=None, pattern=PACKAGE_PATTERN)
-    environment: dict[str, str] = Field(default_factory=dict)
-    files: dict[str, str] = Field(default_factory=dict)
-    output: Literal["claude-code", "codex", "pi", "mini-swe-agent", "aider"] | None = None
-    output_file: str | None = None  # where `output` is read from in the sandbox (else stdout)
-    entry: str | None = Field(default=None, pattern=r"^[\w./-]+:[A-Za-z_]\w*$")
-    finish_command: str | None = None  # how the agent declares it is done (scripted replays)
-    # no tools: the harness edits files from blocks in the model's text reply, in this format
-    edit_format: Literal["whole"] | None = None
-    # harbor kind: the Harbor agent that runs (`harbor run -a AGENT`), e.g. "oracle"
-    agent: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][\w.:@/-]*$")
-    # where the agent loads skills from (placeholders allowed): a task's `skills_dir` is
-    # copied there before its turn
-    skills_dir: str | None = None
-
-    _env = field_validator("env")(_check_env_names)
-
-    @field_validator("command")
-    @classmethod
-    def _known_placeholders(cls, argv: list[str]) -> list[str]:
-        for arg in argv:
-            _check_placeholders(arg)
-        return argv
-
-    @field_validator("skills_dir")
-    @classmethod
-    def _known_placeholders_in_path(cls, path: str | None) -> str | None:
-        if path is not None:
-            _check_placeholders(path)
-        return path
-
-    @field_validator("environment", "files")
-    @classmethod
-    def _known_placeholders_in_values(cls, table: dict[str, str]) -> dict[str, str]:
-        for key, value in table.items():
-            _check_placeholders(key)
-            _check_placeholders(value)
-        return table
-
-    def digest(self) -> str:
-        """sha256 of the canonical content: the same file gives the same digest anywhere. A key
-        added since digests were first recorded counts only when set, so adding one changes no
-        existing harness's digest (nor its install)."""
-        unset = {key for key in ADDED_HARNESS_KEYS if getattr(self, key) is None}
-        content = self.model_dump(mode="json", exclude=unset)
-        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def read_toml(path: Path) -> dict[str, Any]:
-    """Parse a TOML file or raise a SpecError naming it."""
-    try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except FileNotFoundError:
-        raise SpecError(f"{path}: file not found") from None
-    except tomllib.TOMLDecodeError as error:
-        raise SpecError(f"{path}: not valid TOML ({error})") from None
-
-
 def load_run_spec(path: Path | None, overrides: Overrides) -> RunSpec:
     """Read a run file (or none: flags alone) and apply the flags."""
     data = read_toml(path) if path is not None else {}
@@ -476,57 +337,3 @@ def _with_engine_paths(spec: RunSpec, base_dir: Path) -> RunSpec:
     ]
     sandbox = spec.sandbox.model_copy(update={"engines": engines})
     return spec.model_copy(update={"sandbox": sandbox})
-
-
-def load_harness_spec(path: Path) -> HarnessSpec:
-    return parse_model(HarnessSpec, read_toml(path), str(path), "harness setting")
-
-
-def parse_model(model: type[M], data: dict[str, Any], source: str, noun: str) -> M:
-    """Validate `data` against `model`; the first problem becomes a one-line SpecError."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as error:
-        raise SpecError(f"{source}: {describe_error(model, error, noun)}") from None
-
-
-def describe_error(model: type[BaseModel], error: ValidationError, noun: str) -> str:
-    first = error.errors()[0]
-    loc = [str(part) for part in first["loc"]]
-    key = _dotted(first["loc"])
-    if first["type"] == "extra_forbidden":
-        known = _known_keys(model, loc[:-1])
-        hint = difflib.get_close_matches(loc[-1], known, n=1)
-        parent = _dotted(first["loc"][:-1])
-        suggestion = f" (did you mean '{parent + '.' if parent else ''}{hint[0]}'?)" if hint else ""
-        return f"key '{key}' is not a {noun}{suggestion}"
-    if first["type"] == "missing":
-        return f"key '{key}' is required"
-    message = first["msg"]
-    message = message.removeprefix("Value error, ")
-    got = first.get("input")
-    shown = "" if isinstance(got, dict | list) else f", got {got!r}"
-    return f"key '{key}': {message[0].lower()}{message[1:]}{shown}"
-
-
-def _dotted(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _known_keys(model: type[BaseModel], path: list[str]) -> list[str]:
-    current: Any = model
-    for part in path:
-        if part.isdigit():
-            continue
-        info = current.model_fields.get(part) if hasattr(current, "model_fields") else None
-        if info is None:
-            return []
-        annotation = info.annotation
-        args = getattr(annotation, "__args__", ())
-        current = next((a for a in (annotation, *args) if hasattr(a, "model_fields")), None)
-        if current is None:
-            return []
-    return list(current.model_fields)

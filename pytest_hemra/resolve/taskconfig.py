@@ -1,4 +1,5 @@
-"""task.toml: Harbor's task format, schema versions 1.0 to 1.4, and HEMRA's `[hemra]` table.
+"""task.toml: Harbor's task format, schema versions 1.0 to 1.4, and HEMRA's `[hemra]` table
+(`hemra_table.py`); the `${VAR}` templates of its env tables are `env_templates.py`'s.
 
 Every key Harbor defines is either honoured or refused by name when the task is loaded (a value
 HEMRA cannot act on: a Windows task, GPUs); a key nobody defines is kept as a
@@ -15,11 +16,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pytest_hemra.resolve.allowlist import normalize_hosts
+from pytest_hemra.resolve.env_templates import check_env
+from pytest_hemra.resolve.hemra_table import HemraTask
 
 SCHEMA_VERSIONS = ("1.0", "1.1", "1.2", "1.3", "1.4")
 NetworkMode = Literal["public", "no-network", "allowlist"]
-TEMPLATE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NOT_YET = "HEMRA does not support it yet"
 
 
@@ -48,39 +49,6 @@ def _hosts_need_allowlist(model: Any) -> Any:
     if model.allowed_hosts and model.network_mode != "allowlist":
         raise ValueError(f"allowed_hosts with network_mode {model.network_mode!r}: drop one")
     return model
-
-
-def _check_env(env: dict[str, str]) -> dict[str, str]:
-    """Names are variable names; values are text, `${VAR}` and `${VAR:-default}` read from the
-    runner's environment when the trial runs."""
-    for name, value in env.items():
-        if not ENV_NAME.match(name):
-            raise ValueError(f"{name!r} is not an environment variable name")
-        rest = TEMPLATE.sub("", value)
-        if "${" in rest:
-            raise ValueError(f"{name}: {value!r} holds a '${{' that is not ${{VAR}} or ${{VAR:-x}}")
-    return env
-
-
-def template_names(env: dict[str, str]) -> dict[str, bool]:
-    """The runner's variables `env`'s values read, each with whether it has a default."""
-    found: dict[str, bool] = {}
-    for value in env.values():
-        for match in TEMPLATE.finditer(value):
-            has_default = match.group("default") is not None
-            found[match.group("name")] = found.get(match.group("name"), True) and has_default
-    return found
-
-
-def render_env(env: dict[str, str], source: dict[str, str]) -> dict[str, str]:
-    """`env` with its `${VAR}` / `${VAR:-default}` templates filled from `source`."""
-
-    def fill(match: re.Match[str]) -> str:
-        name, default = match.group("name"), match.group("default")
-        value = source.get(name)
-        return value if value else (default or "")
-
-    return {name: TEMPLATE.sub(fill, value) for name, value in env.items()}
 
 
 def _check_user(value: str | int | None) -> str | int | None:
@@ -142,7 +110,7 @@ class TaskVerifier(Harbor):
     continuous: Continuous = Field(default_factory=Continuous)
     collect: list[dict[str, Any]] = Field(default_factory=list)
 
-    _env = field_validator("env")(_check_env)
+    _env = field_validator("env")(check_env)
 
     _user = field_validator("user")(_check_user)
 
@@ -224,7 +192,7 @@ class TaskEnvironment(Harbor):
     healthcheck: Healthcheck | None = None
     workdir: str | None = Field(default=None, pattern=r"^/")
 
-    _env = field_validator("env")(_check_env)
+    _env = field_validator("env")(check_env)
 
     @model_validator(mode="before")
     @classmethod
@@ -283,7 +251,7 @@ class TaskEnvironment(Harbor):
 class TaskSolution(Harbor):
     env: dict[str, str] = Field(default_factory=dict)
 
-    _env = field_validator("env")(_check_env)
+    _env = field_validator("env")(check_env)
 
 
 class PackageInfo(Harbor):
@@ -352,45 +320,6 @@ class TaskStep(Harbor):
                 rewards.get(key, float("-inf")) < floor for key, floor in self.min_reward.items()
             )
         return (reward if reward is not None else float("-inf")) < self.min_reward
-
-
-class Criterion(BaseModel):
-    """One line of an open-ended task's rubric, scored 0-5 by the judge."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,39}$")
-    weight: float = Field(default=1.0, gt=0)
-    description: str
-
-
-class HemraTask(BaseModel):
-    """`[hemra]` in task.toml: what HEMRA adds to the Harbor format (Harbor ignores it).
-
-    `track = "swe"`: no reward file; after the agent HEMRA applies `test_patch` (hidden tests,
-    a unified diff relative to the task folder) in /app and runs `test_command` (argv), scoring
-    passed / total tests. See docs/tracks.md."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    track: Literal["reward", "swe", "open"] = "reward"
-    test_patch: str | None = None
-    test_command: list[str] | None = None
-    test_timeout_sec: float = Field(default=300.0, gt=0)
-    # the open-ended track (docs/tracks.md)
-    expected_files: list[str] = Field(default_factory=list)
-    criteria: list[Criterion] = Field(default_factory=list)
-    pass_threshold: float = Field(default=0.7, ge=0, le=1)
-    judge_model: str | None = None
-    # the agent may change the system's programs and libraries (a task about them): its
-    # trials are not marked `tampered` for it (docs/datasets.md, docs/security.md)
-    agent_may_change_system: bool = False
-    # the agent's processes left running for the verifier (a worker or server its tests check):
-    # the room is not emptied after the turn (docs/security.md); the run file may say otherwise
-    keep_agent_processes: bool = False
-    # the reward.json key that is the headline where the verifier writes no `reward` key; a
-    # run file's `[report] reward_key` wins over it (core/reward.py, docs/reports.md)
-    reward_key: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class TaskConfig(Harbor):

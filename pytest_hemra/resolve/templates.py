@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from pytest_hemra.core.environment import snapshot
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.resolve.datasets import Task
+from pytest_hemra.resolve.env_templates import render_env, template_names
 from pytest_hemra.resolve.harnesses import Harness
-from pytest_hemra.resolve.taskconfig import render_env, template_names
 from pytest_hemra.resolve.upstreams import BUILTIN_UPSTREAMS, ModelApi
 
 PASS_ENV_KEY = "[sandbox] pass_env"

@@ -3,7 +3,7 @@
 folder (`tests/Dockerfile`, Harbor's build context for a verifier environment) unless it names
 a `docker_image`. Setting it implies `environment_mode = "separate"`. HEMRA's separate room
 then starts from that image, with that environment's limits and variables, and receives the
-agent's work folder and declared artifacts as any separate room does (`score/verification.py`).
+agent's work folder and declared artifacts as any separate room does (`score/room.py`).
 """
 
 from __future__ import annotations

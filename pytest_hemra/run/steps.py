@@ -30,11 +30,9 @@ from pytest_hemra.run.turn import (
     put_instruction,
     run_agent,
 )
+from pytest_hemra.score.room import verifier_room
 from pytest_hemra.score.tamper import raise_tampered, tampering
-from pytest_hemra.score.verification import (
-    verifier_room,
-    verify_step,
-)
+from pytest_hemra.score.verification import verify_step
 
 
 def run_steps(

@@ -42,17 +42,11 @@ from pytest_hemra.execute.sandbox import (
 from pytest_hemra.execute.selfreport import parse_output
 from pytest_hemra.execute.trajectory import build_trajectory
 from pytest_hemra.resolve.datasets import Task
+from pytest_hemra.resolve.harness_spec import HarnessSpec
 from pytest_hemra.resolve.harnesses import render, render_argv
-from pytest_hemra.resolve.spec import HarnessSpec
 from pytest_hemra.resolve.taskconfig import Healthcheck
-from pytest_hemra.score.verification import (
-    EMPTY_ROOM,
-    cut_network,
-    is_separate,
-    provider_keys,
-    run_root,
-    runner_env,
-)
+from pytest_hemra.score.room import EMPTY_ROOM, cut_network, is_separate, run_root
+from pytest_hemra.score.verification import provider_keys, runner_env
 
 INSTRUCTION_FILE = "/hemra/instruction.md"
 AGENT_LOGS = "/logs/agent"

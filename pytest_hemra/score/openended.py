@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_hemra.execute.sandbox import Sandbox, run_as_owner
-from pytest_hemra.resolve.taskconfig import Criterion, HemraTask
+from pytest_hemra.resolve.hemra_table import Criterion, HemraTask
 
 PROMPT_VERSION = "hemra-open-judge/1"
 JUDGE_NAME = "open-rubric"  # its calls: role judge:open-rubric, counted apart from the agent's

@@ -42,7 +42,7 @@ from pytest_hemra.score.package_records import (
     parse_md5sums,
     parse_record,
 )
-from pytest_hemra.score.verification import is_separate
+from pytest_hemra.score.room import is_separate
 
 # what is watched
 PROGRAM_FOLDERS = (

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_hemra.resolve.spec import is_valid_name
+from pytest_hemra.resolve.validation import is_valid_name
 from pytest_hemra.viewer.params import BadRequest, NotFound
 
 DEFAULT_LIMIT = 64 << 10

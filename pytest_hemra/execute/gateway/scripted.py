@@ -22,7 +22,7 @@ from typing import Any
 
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.execute.gateway.wire import CallUsage, Wire
-from pytest_hemra.resolve.spec import read_toml
+from pytest_hemra.resolve.validation import read_toml
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,8 @@ from pytest_hemra.execute.sandbox import (
     Sandbox,
     kill_agent_processes,
 )
+from pytest_hemra.resolve.harness_spec import HarnessSpec
 from pytest_hemra.resolve.harnesses import Harness
-from pytest_hemra.resolve.spec import HarnessSpec
 
 DRAIN_SECS = 10.0  # how long the end of a turn waits for calls already under way
 
