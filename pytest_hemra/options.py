@@ -3,9 +3,9 @@
 A pytest plugin lives in people's development environments, so a session that does not ask for a
 HEMRA run must not pay for one: this module imports only what `--help` needs. When a run is
 asked for (`--hemra-run`, `--hemra-harness`, `--hemra-dataset`, `--hemra-resume`, or an xdist
-worker handed a run id), `pytest_configure` registers the pytest face (`pytest_hemra.plugin`)
-and makes pytest's plugin manager the registry every face reads; the way pytest-xdist loads its
-`DSession` only when `-n` is given.
+worker handed a run id), `pytest_configure` loads the pytest face (`pytest_hemra.plugin`), which
+registers the plug-in of this process's role, and makes pytest's plugin manager the registry every
+face reads; the way pytest-xdist loads its `DSession` only when `-n` is given.
 """
 
 from __future__ import annotations
@@ -81,14 +81,14 @@ def is_active(config: pytest.Config) -> bool:
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Load the pytest face when a run is asked for. pytest replays `pytest_configure` for a
-    plugin registered while it runs, so the face configures right here, after every other
-    plugin (this hook is `trylast`), as its own `trylast` hook did when it was the entry point."""
-    if not is_active(config) or config.pluginmanager.has_plugin(PLUGIN):
+    """Load the pytest face when a run is asked for, and register its plug-in for this process's
+    role: the run is resolved (or taken from `workerinput`) right here, late in configure (this
+    hook is `trylast`), so a usage error stops pytest before the session starts."""
+    if not is_active(config):
         return
     import importlib
 
     from pytest_hemra.core import registry
 
     registry.use(config.pluginmanager)
-    config.pluginmanager.register(importlib.import_module(PLUGIN), PLUGIN)
+    importlib.import_module(PLUGIN).register(config)

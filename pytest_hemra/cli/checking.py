@@ -75,12 +75,12 @@ class RunSeen:
         self.store: str | None = None
 
     def pytest_sessionstart(self, session: Any) -> None:
-        from pytest_hemra.plugin import SESSION
+        from pytest_hemra.plugin import CONTROLLER, Controller
 
-        hemra = session.config.stash.get(SESSION, None)
-        if hemra is not None and hemra.runner is not None:
-            self.run_id = hemra.runner.run.id
-            self.store = hemra.runner.store.address
+        controller = session.config.pluginmanager.get_plugin(CONTROLLER)
+        if isinstance(controller, Controller) and controller.runner is not None:
+            self.run_id = controller.runner.run.id
+            self.store = controller.runner.store.address
 
 
 def run_words(args: argparse.Namespace, kept: Sequence[str] = ()) -> list[str]:

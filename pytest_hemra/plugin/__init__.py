@@ -1,0 +1,41 @@
+"""The pytest face of HEMRA, one plug-in object per role, as pytest-xdist has its `DSession` and
+its `WorkerInteractor`:
+
+- `controller.py`: where the run is resolved, recorded and reported (the process pytest was
+  started in);
+- `worker.py`: where trials run (an xdist worker; without xdist, the controller's process too);
+- `items.py`: the collectors and items both collect from the recorded plan;
+- `protocol.py`: the run-test protocol of retries and finish order, the one module that goes past
+  pytest's public API.
+
+`pytest_hemra.options` (the `pytest11` entry point) calls `register` only when a run is asked
+for. Working a trial's job (claim, heartbeat, run, retry, cancel) is `run.job.Runner`'s.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_hemra.core.errors import HemraError
+from pytest_hemra.plugin.controller import CONTROLLER, Controller, open_controller
+from pytest_hemra.plugin.worker import WORKER, Worker, open_worker
+
+__all__ = ["CONTROLLER", "WORKER", "Controller", "Worker", "register"]
+
+
+def register(config: pytest.Config) -> None:
+    """Register this process's plug-in: a worker in an xdist worker (handed its run through
+    `workerinput`), else the controller. The one place the role is decided; hooks never ask.
+    (Whether the controller's process runs the trials too, without pytest-xdist, is known
+    only once the session starts: `Controller.pytest_sessionstart`.)"""
+    manager = config.pluginmanager
+    if manager.has_plugin(CONTROLLER) or manager.has_plugin(WORKER):
+        return
+    workerinput = getattr(config, "workerinput", None)
+    try:
+        if workerinput is not None:
+            manager.register(open_worker(config, workerinput), WORKER)
+        else:
+            manager.register(open_controller(config), CONTROLLER)
+    except HemraError as error:
+        raise pytest.UsageError(str(error)) from None
