@@ -17,7 +17,8 @@ import pytest
 
 from conftest import TaskMaker
 from pytest_hemra.execute.sandbox import Limits, SandboxRequest, firewall
-from pytest_hemra.execute.sandbox.docker import GATEWAY_NETWORK, DockerProvider
+from pytest_hemra.execute.sandbox.docker import DockerProvider
+from pytest_hemra.execute.sandbox.networks import GATEWAY_NETWORK
 from tests.test_redteam_network import host_listener, probe, python_image
 
 pytestmark = pytest.mark.usefixtures("docker_test")

@@ -55,7 +55,7 @@ def _run(sandbox: Any, script: str, log: Path) -> None:
 def _engine(sandbox: Any, path: str, monkeypatch: pytest.MonkeyPatch) -> Tree:
     """The same read through the engine's archive alone."""
     with monkeypatch.context() as patch:
-        patch.setattr("pytest_hemra.execute.sandbox.container._has_native_diff", lambda _: False)
+        patch.setattr("pytest_hemra.execute.sandbox.storage.has_native_diff", lambda _: False)
         return sandbox.read_tree(path)
 
 

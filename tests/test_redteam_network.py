@@ -22,7 +22,8 @@ import pytest
 from conftest import TaskMaker
 from pytest_hemra.execute.sandbox import AGENT_USER, Limits, SandboxRequest
 from pytest_hemra.execute.sandbox.container import DockerSandbox
-from pytest_hemra.execute.sandbox.docker import GATEWAY_NETWORK, DockerProvider, run_network
+from pytest_hemra.execute.sandbox.docker import DockerProvider
+from pytest_hemra.execute.sandbox.networks import GATEWAY_NETWORK, run_network
 from pytest_hemra.resolve.datasets import load_task
 from pytest_hemra.resolve.limits import check_limits, task_limits, with_run_defaults
 from pytest_hemra.resolve.spec import RunSpec, SandboxSettings

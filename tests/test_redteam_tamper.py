@@ -318,8 +318,8 @@ def test_the_engines_diff_and_the_reads_are_bounded_and_what_is_past_a_cap_is_ta
         assert find_tampering(sandbox) == [
             "/: the container's changes are over 2 paths, not checked"
         ]
-        monkeypatch.setattr("pytest_hemra.execute.sandbox.container._NATIVE_DIFF", {})
-        monkeypatch.setattr("pytest_hemra.execute.sandbox.container._has_native_diff", _remote)
+        monkeypatch.setattr("pytest_hemra.execute.sandbox.storage._NATIVE_DIFF", {})
+        monkeypatch.setattr("pytest_hemra.execute.sandbox.storage.has_native_diff", _remote)
         monkeypatch.setattr("pytest_hemra.execute.sandbox.container.MAX_CHANGES_BYTES", 64)
         assert find_tampering(sandbox) == ["/: the engine's diff is over 0 MiB, not checked"]
 

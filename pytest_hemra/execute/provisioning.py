@@ -19,13 +19,12 @@ from pytest_hemra.execute.gateway.prices import price_table
 from pytest_hemra.execute.installs import ensure_installed
 from pytest_hemra.execute.kinds import kind_of
 from pytest_hemra.execute.sandbox import SandboxProvider
-from pytest_hemra.execute.sandbox.pool import EnginePool
+from pytest_hemra.execute.sandbox.providers import ProviderFactory as ProviderFactory
+from pytest_hemra.execute.sandbox.providers import sandbox_provider
 from pytest_hemra.resolve.harnesses import Harness
 from pytest_hemra.resolve.plan import Plan
 from pytest_hemra.resolve.spec import RunSpec
 from pytest_hemra.resolve.upstreams import SCRIPTED_MODEL
-
-ProviderFactory = Callable[[], SandboxProvider]
 
 
 def provision(
@@ -40,7 +39,7 @@ def provision(
     spec = plan.spec
     provider = _provider(spec, plan.source, providers)
     for harness in plan.harnesses:
-        kind_of(harness).check_run(harness, spec, plan.source)
+        kind_of(harness).check_run(harness, spec, plan.source, provider)
     if check_sandbox:
         provider.check()
         for harness in plan.harnesses:
@@ -61,20 +60,7 @@ def _install(harness: Harness) -> None:
 def _provider(
     spec: RunSpec, source: str, providers: Mapping[str, ProviderFactory]
 ) -> SandboxProvider:
-    factory = providers.get(spec.sandbox.provider)
-    if factory is None:
-        raise SpecError(
-            f"{source}: key 'sandbox.provider': no sandbox provider named "
-            f"{spec.sandbox.provider!r} (known: {', '.join(sorted(providers))})"
-        )
-    provider = factory()
-    if spec.sandbox.engines:
-        if spec.sandbox.provider != "docker":
-            raise SpecError(
-                f"{source}: key 'sandbox.engines': a pool of Docker engines needs provider "
-                f"'docker', not {spec.sandbox.provider!r}"
-            )
-        provider = EnginePool(spec.sandbox.engines, source=source)
+    provider = sandbox_provider(spec.sandbox, providers, source=source)
     missing = [need for need in spec.require if need not in provider.capabilities]
     if missing:
         raise CapabilityError(

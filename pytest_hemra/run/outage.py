@@ -30,7 +30,7 @@ from typing import TypeVar
 from pytest_hemra.core.backoff import SETTLE_POLL_SECS, Backoff, store_backoff
 from pytest_hemra.core.errors import StoreUnavailable, causes
 from pytest_hemra.core.events import ENGINE_BACK, ENGINE_DOWN, ENGINE_GONE, STORE_WAIT
-from pytest_hemra.execute.sandbox import EngineHealth, SandboxProvider
+from pytest_hemra.execute.sandbox import SandboxPool, SandboxProvider
 from pytest_hemra.store import Store
 from pytest_hemra.store.owner import is_alive
 
@@ -75,9 +75,8 @@ class EngineWatch:
     def __init__(
         self, provider: SandboxProvider, store: Store, backoff: Backoff, settle_secs: float = 0.0
     ) -> None:
-        self.health = provider if isinstance(provider, EngineHealth) else None
-        engine = getattr(provider, "engine", None)  # a single engine's address
-        self.engine = engine if isinstance(engine, str) else POOL
+        self.health = provider
+        self.engine = provider.engine or POOL  # a single engine's address
         self.store = store
         self.backoff = backoff
         self.settle_secs = settle_secs  # how long it must answer to be back (not going down)
@@ -88,7 +87,7 @@ class EngineWatch:
 
     def start(self) -> EngineWatch:
         """Start pinging the engine in a thread (a daemon: it ends with the process)."""
-        if self.health is not None and self._thread is None:
+        if self._thread is None:
             self._thread = threading.Thread(target=self._monitor, name="hemra-engine", daemon=True)
             self._thread.start()
         return self
@@ -111,7 +110,7 @@ class EngineWatch:
     def error(self, engine: str | None = None) -> str | None:
         """None when the engine answers now (or the provider cannot say), else why not; a
         pool's `engine` by name, else any of its engines."""
-        found = None if self.health is None else self.health.engine_error(engine)
+        found = self.health.engine_error(engine)
         if found is not None:
             self.last_down = time.monotonic()
         return found
@@ -119,7 +118,7 @@ class EngineWatch:
     def sweep(self) -> int:
         """What trials of this store that are over left on the engine (a daemon restarted, a
         cancel while it was down), removed: when a runner first reaches it."""
-        if self.health is None or self.error() is not None:
+        if self.error() is not None:
             return 0
         return self._remove_leftovers(None)
 
@@ -176,21 +175,17 @@ class EngineWatch:
         """This trial's sandbox (its teardown could not reach the engine), and what trials
         that are over left; a removal the engine refuses now is left for the next one."""
         health = self.health
-        if health is None:
-            return 0
         store = self.store
         with contextlib.suppress(Exception):
             return health.remove_leftovers(lambda t: t == trial or store.is_trial_over(t, is_alive))
         return 0
 
 
-def settled(provider: object, engine: str | None, secs: float) -> str | None:
+def settled(provider: SandboxProvider | SandboxPool, engine: str | None, secs: float) -> str | None:
     """After an error the engine's API returned: None when the engine (a pool's `engine`) keeps
     answering for `secs` (the error was the trial's own), else why it stopped answering (it was
     going away: a daemon told to stop stops the trial's container and answers on connections
     already open until it exits, but no ping reaches it, each being on a new connection)."""
-    if not isinstance(provider, EngineHealth):
-        return None
     deadline = time.monotonic() + secs
     while True:
         error = provider.engine_error(engine)

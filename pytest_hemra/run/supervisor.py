@@ -36,13 +36,15 @@ from types import FrameType
 from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.lifecycle import JobState
 from pytest_hemra.core.store_location import STORE_VARIABLE
-from pytest_hemra.execute.sandbox.docker import DockerProvider
+from pytest_hemra.execute.sandbox.providers import sandbox_provider
 from pytest_hemra.resolve.plan import load_recorded, missing_variables
+from pytest_hemra.resolve.spec import SandboxSettings
 from pytest_hemra.run.job import run_provider
 from pytest_hemra.store import Store
 from pytest_hemra.store.owner import is_alive
 
 POLL_SECS = 1.0
+KILL_WAIT_SECS = 30.0  # a session killed with SIGKILL: how long its exit is waited for
 USAGE_EXITS = (2, 3, 4)  # interrupted, internal error, usage error: do not try the run again
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
@@ -129,8 +131,9 @@ class Worker:
 
     def _sweep(self) -> None:
         """What trials of this store that are over left on this worker's engine (DOCKER_HOST),
-        removed: a worker killed here before, its trials since taken over elsewhere."""
-        provider = DockerProvider()
+        removed: a worker killed here before, its trials since taken over elsewhere. The
+        default sandbox provider's (`[sandbox]` with nothing set)."""
+        provider = sandbox_provider(SandboxSettings())
         if provider.engine_error() is not None:
             return  # no engine here: its sessions say so, per run
         with contextlib.suppress(HemraError):
@@ -183,7 +186,11 @@ class Worker:
             while self.child.poll() is None:
                 if self.stopping:
                     os.killpg(self.child.pid, signal.SIGKILL)
-                    self.child.wait()
+                    try:  # a killed process is gone at once, unless stuck in the kernel
+                        self.child.wait(timeout=KILL_WAIT_SECS)
+                    except subprocess.TimeoutExpired:
+                        stuck = f"session {self.child.pid} outlived SIGKILL for {KILL_WAIT_SECS:g}s"
+                        print(f"{self.name}: {stuck}; its trials are handed back anyway")
                     handed = self._hand_back(run_id)
                     print(f"{self.name}: stopped; {handed} trials of run {run_id} queued again")
                     return

@@ -21,7 +21,13 @@ from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.core.trial import TrialResult
 from pytest_hemra.execute.context import TrialContext
 from pytest_hemra.execute.installs import Installed, ensure_package, is_package_installed
-from pytest_hemra.execute.sandbox import AGENT_USER, WORKDIR, ExecResult, Sandbox
+from pytest_hemra.execute.sandbox import (
+    AGENT_USER,
+    WORKDIR,
+    ExecResult,
+    Sandbox,
+    SandboxProvider,
+)
 from pytest_hemra.resolve.harnesses import Harness
 from pytest_hemra.resolve.plan import RecordedRun
 from pytest_hemra.resolve.spec import HarnessSpec, RunSpec
@@ -60,8 +66,11 @@ class HarnessKind(Protocol):
         """Refuse a harness file this kind cannot run: a one-line SpecError naming the key."""
         ...
 
-    def check_run(self, harness: Harness, run: RunSpec, source: str) -> None:
-        """Refuse a run this kind's harness cannot take part in (its sandbox settings)."""
+    def check_run(
+        self, harness: Harness, run: RunSpec, source: str, provider: SandboxProvider
+    ) -> None:
+        """Refuse a run this kind's harness cannot take part in (its sandbox settings, what its
+        sandbox `provider` can do)."""
         ...
 
     def install(self, harness: Harness) -> Installed | None:
@@ -98,7 +107,9 @@ class SandboxKind:
         if self.needs_command and not spec.command:
             raise SpecError(f"{path}: key 'command' is required for a {spec.kind} harness")
 
-    def check_run(self, harness: Harness, run: RunSpec, source: str) -> None:
+    def check_run(
+        self, harness: Harness, run: RunSpec, source: str, provider: SandboxProvider
+    ) -> None:
         return None
 
     def install(self, harness: Harness) -> Installed | None:

@@ -1,11 +1,11 @@
 """The Sandbox protocol: what a trial needs from wherever its task runs.
 
 The docker provider is the default; others plug in through the
-`pytest_hemra_sandbox_providers` hook.
-A provider declares its capabilities; a run that `require`s one it lacks is refused at resolve.
-A pool (`SandboxPool`, e.g. `[[sandbox.engines]]`) places each trial on one of several
+`pytest_hemra_sandbox_providers` hook, and `providers.py` builds the one a run's `[sandbox]`
+names. A provider declares its capabilities; a run that `require`s one it lacks is refused at
+resolve. A pool (`SandboxPool`, e.g. `[[sandbox.engines]]`) places each trial on one of several
 providers first; the trial then talks to that provider alone. A provider whose engine can stop
-answering says so (`EngineHealth`), and the runner waits for it.
+answering says so (`SandboxProvider.engine_error`), and the runner waits for it.
 """
 
 from __future__ import annotations
@@ -15,10 +15,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol
 
+from pytest_hemra.core.errors import InfraError
 from pytest_hemra.execute.output import DEFAULT_OUTPUT_CAP
 from pytest_hemra.resolve.datasets import Task
+
+if TYPE_CHECKING:
+    from pytest_hemra.resolve.spec import EngineSettings
+    from pytest_hemra.store import Store
 
 AGENT_USER = "1000:1000"
 ROOT_USER = "0:0"
@@ -241,7 +246,14 @@ class Sandbox(Protocol):
 
 
 class SandboxProvider(Protocol):
+    """Where trials' sandboxes run. The runner asks a provider for what it can do and never
+    checks which provider it has: every capability is a member here. The first members each
+    provider implements; the others have defaults, which a provider inherits by subclassing
+    `SandboxProvider` (HEMRA's docker provider does), each saying what a provider without the
+    capability does."""
+
     name: str
+    engine: str | None = None  # its engine's address, named in waits for it (None: several)
 
     @property
     def capabilities(self) -> frozenset[str]:
@@ -264,6 +276,54 @@ class SandboxProvider(Protocol):
         """Remove at once every sandbox carrying all `labels` (a cancelled or abandoned trial's,
         a run's); return how many there were."""
 
+    def gateway_hosts(self) -> list[str]:
+        """Every address besides `gateway_host` the gateway must listen on for this provider's
+        sandboxes (a pool's engines each reach the runner at their own). Default: none."""
+        return []
+
+    def release(self, run_id: str, ports: Sequence[int]) -> None:
+        """A runner process is done with a run: what the provider opened for its gateway's
+        `ports` (the gateway's, its egress proxy's) is closed again, and what the run holds
+        that no process uses any more (its network) removed. Called while the gateway still
+        holds its ports. Default: nothing to release."""
+        return None
+
+    def engine_error(self, engine: str | None = None) -> str | None:
+        """None when its engine answers now, else why not (a Docker daemon restarted: the
+        runner waits for it rather than spending a trial's retries, `run/outage.py`); a pool's
+        `engine` by name, else any of its engines. Default: it always answers."""
+        return None
+
+    def remove_leftovers(self, is_over: Callable[[str], bool]) -> int:
+        """Once its engine answers again (and before a runner's first trial): remove what it
+        holds for trials that are over (`is_over`, by trial id); return how many sandboxes
+        that was. Default: it leaves nothing behind (0)."""
+        return 0
+
+    def placement(self) -> SandboxPool | None:
+        """The pool that places each trial on one of several engines before its sandbox opens
+        (`SandboxPool.place`), or None: every trial runs on this provider. Default: None."""
+        return None
+
+    def pooled(
+        self, engines: Sequence[EngineSettings], store: Store | None, owner: str, source: str
+    ) -> SandboxProvider | None:
+        """This provider spread over a run's `[[sandbox.engines]]` (`owner` holds their slots
+        in `store`; `source` is named in errors), or None when it cannot be: a run naming
+        engines is then refused. Default: None."""
+        return None
+
+    def open_services(
+        self, task: Task, request: SandboxRequest, logs: Path
+    ) -> AbstractContextManager[str | None]:
+        """A multi-container task's services running beside the trial until the context exits
+        (their output kept under `logs`): the network the sandbox joins as `main`
+        (`SandboxRequest.services_network`). Default: such a task is refused, InfraError."""
+        where = task.compose.path if task.compose is not None else task.path
+        raise InfraError(
+            f"{where}: the {self.name} sandbox provider cannot run a task's compose services"
+        )
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -275,20 +335,6 @@ class Placement:
     gateway_host: str
 
 
-@runtime_checkable
-class EngineHealth(Protocol):
-    """What a provider whose engine can go away (a Docker daemon restarted) offers the runner,
-    which waits for it rather than spending a trial's retries (`run/outage.py`)."""
-
-    def engine_error(self, engine: str | None = None) -> str | None:
-        """None when the engine answers now, else why not; a pool's `engine` by name, else
-        any of its engines."""
-
-    def remove_leftovers(self, is_over: Callable[[str], bool]) -> int:
-        """Once it answers again: remove what it holds for trials that are over (`is_over`, by
-        trial id); return how many sandboxes that was."""
-
-
 class SandboxPool(Protocol):
     """Several providers behind one: each trial is placed on one with free capacity."""
 
@@ -297,6 +343,10 @@ class SandboxPool(Protocol):
     ) -> AbstractContextManager[Placement]:
         """Hold a slot on an engine for the trial until the context exits; an exception from
         the trial makes the pool check that engine (one that stopped answering is marked down)."""
+
+    def engine_error(self, engine: str | None = None) -> str | None:
+        """None when the pool's engine `engine` (by name; else any of them) answers now, else
+        why not (`SandboxProvider.engine_error`)."""
 
 
 def run_as_owner(

@@ -17,7 +17,7 @@ from pathlib import Path
 import docker.errors
 
 from pytest_hemra.core.errors import HemraError, InfraError
-from pytest_hemra.execute.sandbox.docker import connect
+from pytest_hemra.execute.sandbox.client import connect
 
 DEFAULT_TAG = "debian:bookworm-slim"
 DEFAULT_SUITE = "bookworm"

@@ -1,206 +1,48 @@
-"""One running docker sandbox: commands run in it with deadlines, files in and out, its network
-cut and given back, its processes killed, the whole of it killed by the kernel and started again
-(`empty`), and the container removed with force."""
+"""One running docker sandbox: commands run in it with deadlines, its network cut and given
+back, the engine's diff of it, and the whole of it killed by the kernel and started again
+(`empty`). Files in and out (`files.py`), its tree read (`trees.py`) and its processes seen and
+ended (`processes.py`) are the parts it is made of."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import io
 import json
-import os
 import re
-import socket
-import tarfile
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
 import requests
-from docker.utils.socket import frames_iter
 
-from pytest_hemra.core.backoff import removal_secs
-from pytest_hemra.core.errors import InfraError, Tampered, VerifierError
+from pytest_hemra.core.errors import Tampered, VerifierError
 from pytest_hemra.execute.output import DEFAULT_OUTPUT_CAP, CappedOutput
 from pytest_hemra.execute.sandbox import (
-    AGENT_HOME,
-    AGENT_USER,
-    KILL_ALL,
     MAX_CHANGES_BYTES,
-    MAX_FILE_OP_BYTES,
-    MAX_TREE_BYTES,
-    MAX_TREE_ENTRIES,
-    MAX_TREE_FILE_BYTES,
     WORKDIR,
     Change,
     ExecResult,
-    Tree,
+    storage,
 )
-from pytest_hemra.execute.sandbox.overlay import (
-    overlay_changes,
-    overlay_put,
-    overlay_readable,
-    overlay_tree,
-    overlay_untouched,
-)
-from pytest_hemra.execute.sandbox.snapshot import SNAPSHOTS
+from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS
+from pytest_hemra.execute.sandbox.files import KILL_GRACE_SECS, DockerInteractive, FileTransfer
+from pytest_hemra.execute.sandbox.overlay import overlay_changes, overlay_put, overlay_readable
+from pytest_hemra.execute.sandbox.processes import ProcessSweep
+from pytest_hemra.execute.sandbox.trees import TreeReads
 
-DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
-KILL_GRACE_SECS = 5.0
 PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
-END_USER_SECS = 5.0  # a user's processes killed and seen gone, else the sandbox emptied whole
 STOP_SECS = 30.0  # a killed sandbox gone: its processes can take a while on a loaded machine
 CHANGE_KINDS = {0: "modified", 1: "added", 2: "deleted"}  # the engine's diff Kind
 # one entry of the engine's diff, its keys in either order: Kind, then the JSON string of its Path
 CHANGE_ENTRY = re.compile(
     r'\{"Kind":(\d),"Path":("(?:[^"\\]|\\.)*")\}|\{"Path":("(?:[^"\\]|\\.)*"),"Kind":(\d)\}'
 )
-FILE_OP_TIMEOUT_SECS = 60.0
-MAX_UNLISTED = 8  # large files met in folders `find` could not list, each a second pass
-MAX_LISTING_BYTES = 64 << 20  # find's output for read_tree: about 500,000 entries
-# What runs as the agent user for its protocol's file operations: a regular file only (a FIFO
-# would block), its folders made as that user; errors in the C library's words, mapped back.
-READ_FILE = """
-if [ -d "$1" ]; then echo "$1: Is a directory" >&2; exit 1; fi
-if [ -e "$1" ] && [ ! -f "$1" ]; then echo "$1: Invalid argument" >&2; exit 1; fi
-exec head -c "$2" -- "$1"
-"""
-WRITE_FILE = """
-if [ -d "$1" ]; then echo "$1: Is a directory" >&2; exit 1; fi
-if [ -e "$1" ] && [ ! -f "$1" ]; then echo "$1: Invalid argument" >&2; exit 1; fi
-mkdir -p -- "$(dirname -- "$1")" || exit 1
-exec cat > "$1"
-"""
-KNOWN_ERRNOS = (
-    errno.ENOENT,
-    errno.EACCES,
-    errno.EPERM,
-    errno.EISDIR,
-    errno.ENOTDIR,
-    errno.EINVAL,
-    errno.EROFS,
-    errno.ENOSPC,
-    errno.EDQUOT,
-    errno.ELOOP,
-    errno.ENAMETOOLONG,
-)
 
 
-REMOVE_ATTEMPTS = 5  # a removal racing another of the same container, tried again
-REMOVE_PAUSE_SECS = 0.2
-REMOVE_POLL_SECS = 0.5  # a slow removal under way, asked about again
-
-
-def remove_container(container: Any, answers: Callable[[], bool] | None = None) -> None:
-    """Remove with force, with its anonymous volumes (an image's VOLUME); one already gone (or
-    going: `hemra cancel` removed it) is fine. Two removals of one container at once (a cancel
-    and the trial's own teardown) can make the daemon fail one with a 500 ("failed to remove
-    root filesystem ... directory not empty"): that one is tried again, and ends once the
-    container is gone.
-
-    A removal whose answer does not come within HEMRA_REMOVE_TIMEOUT_SECS while the engine
-    `answers` pings is slow for what is in the container (an agent that left 100k files): it
-    is waited for, up to HEMRA_REMOVE_PATIENCE_SECS, and never raised as the engine's outage
-    (an agent would buy itself free reruns); past that, an InfraError (a retry used). Without
-    `answers`, or when the engine does not answer, the timeout is raised (an outage)."""
-    timeout, patience = removal_secs()
-    for attempt in range(REMOVE_ATTEMPTS):
-        try:
-            _remove_once(container, timeout)
-            return
-        except docker.errors.NotFound:
-            return
-        except docker.errors.APIError as error:
-            if error.status_code == 409:  # its removal is already in progress
-                return
-            if error.status_code != 500 or attempt == REMOVE_ATTEMPTS - 1:
-                raise
-            time.sleep(REMOVE_PAUSE_SECS)
-        except requests.Timeout:
-            if answers is None or not answers():
-                raise
-            break
-    _finish_removal(container, patience)
-
-
-def _remove_once(container: Any, timeout: float) -> None:
-    """One request to remove `container` with force, its answer awaited `timeout` seconds."""
-    api = container.client.api
-    url = api._url("/containers/{0}", container.id)
-    response = api._delete(url, params={"v": True, "force": True}, timeout=timeout)
-    api._raise_for_status(response)
-
-
-def _finish_removal(container: Any, patience: float) -> None:
-    """Wait up to `patience` for a slow removal of `container` (the engine goes on with it after
-    its client gave up: asked again, it says it is under way) to end with the container gone."""
-    deadline = time.monotonic() + patience
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            _remove_once(container, left)
-            return
-        except docker.errors.NotFound:
-            return
-        except docker.errors.APIError as error:
-            if error.status_code not in (409, 500):  # 409: under way
-                raise
-        except requests.Timeout:
-            continue
-        time.sleep(min(REMOVE_POLL_SECS, max(deadline - time.monotonic(), 0)))
-    raise InfraError(
-        f"docker: sandbox {container.name} still being removed after {patience:g} s while its"
-        " engine answers (HEMRA_REMOVE_PATIENCE_SECS): slowed by what the trial left in it"
-    )
-
-
-_NATIVE_DIFF: dict[str, bool] = {}  # engine address -> whether overlay2 diffs natively
-# 127.0.0.11 as /proc/net/tcp writes it: Docker's embedded DNS listens there in every
-# container of a user-defined network, on a port of its own
-ENGINE_DNS = "0B00007F"
-_REMAPPED: dict[str, bool] = {}  # engine address -> whether it remaps users (userns-remap)
-
-
-def _tcp_in_use(pid: int) -> bool:
-    """Whether the network namespace of `pid` holds any TCP socket (its sockstat counts), or
-    that cannot be read (then the tables are)."""
-    try:
-        for name, key in (("sockstat", "TCP:"), ("sockstat6", "TCP6:")):
-            for line in Path(f"/proc/{pid}/net/{name}").read_text().splitlines():
-                fields = line.split()
-                if fields[:1] == [key] and fields[1:2] == ["inuse"] and fields[2] != "0":
-                    return True
-    except (OSError, IndexError):
-        return True
-    return False
-
-
-def _has_native_diff(client: docker.DockerClient) -> bool:
-    """Whether the engine's overlay2 driver uses its native diff (no redirected folders): its
-    upper folders then hold exactly what a container changed. Asked once per engine."""
-    address = str(client.api.base_url)
-    if address not in _NATIVE_DIFF:
-        try:
-            info = client.info()
-        except DOCKER_ERRORS:
-            return False
-        status = dict(info.get("DriverStatus") or [])
-        _NATIVE_DIFF[address] = status.get("Native Overlay Diff") == "true"
-        # user namespaces remap owners: a file written in its storage as root is not root's there
-        _REMAPPED[address] = any("userns" in str(o) for o in info.get("SecurityOptions") or [])
-    return _NATIVE_DIFF[address]
-
-
-def _writes_storage(client: docker.DockerClient) -> bool:
-    """Whether files written into a stopped container's storage here are owned as written."""
-    return _has_native_diff(client) and not _REMAPPED.get(str(client.api.base_url), True)
-
-
-class DockerSandbox:
+class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
     def __init__(
         self,
         client: docker.DockerClient,
@@ -236,7 +78,7 @@ class DockerSandbox:
         """Unpack `archive` (HEMRA's own, owners kept) into the halted container's storage on
         this host, where it appears when it starts again (overlay2 allows changes to its upper
         folder while unmounted): no engine round trip. False where that cannot be done."""
-        if not self._halted or self.runs_services or not _writes_storage(self.client):
+        if not self._halted or self.runs_services or not storage.writes_storage(self.client):
             return False
         return overlay_put(self.container.attrs, True, archive)
 
@@ -244,7 +86,7 @@ class DockerSandbox:
     def reads_storage(self) -> bool:
         if self.runs_services:  # its services may change what is read as it is read
             return False
-        return overlay_readable(self.container.attrs, _has_native_diff(self.client))
+        return overlay_readable(self.container.attrs, storage.has_native_diff(self.client))
 
     @property
     def image_user(self) -> str:
@@ -349,64 +191,6 @@ class DockerSandbox:
                 ) from error
             raise
 
-    def _kill_processes(self, user: str) -> None:
-        """Kill every process of `user` but PID 1: the exec's whole tree, whatever it spawned."""
-        self.container.exec_run(list(KILL_ALL), user=user)
-
-    def end_user(self, user: str) -> bool:
-        """Every process of `user` ("uid:gid") gone: `kill -9 -1` run as that user (the kernel
-        picks the processes it may signal, whatever their names or thread states), until the
-        engine's own listing (the container's cgroup, read on the engine's host: numbers only)
-        shows none of its uid's. False when that cannot be done by `END_USER_SECS` (a command cannot
-        start: the pids limit is full; the image's shell no longer kills): the caller empties
-        the sandbox whole instead."""
-        uid = user.split(":")[0]
-        deadline = time.monotonic() + END_USER_SECS
-        while True:
-            try:
-                listed = self.container.top(ps_args="-o pid,uid")["Processes"] or []
-            except DOCKER_ERRORS:
-                return False
-            if not any(len(row) > 1 and row[1].strip() == uid for row in listed):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            try:
-                self.container.exec_run(list(KILL_ALL), user=user)
-            except DOCKER_ERRORS:
-                return False
-
-    def listening_ports(self) -> frozenset[int] | None:
-        """Read from /proc/<PID 1>/net/tcp{,6} on the engine's host (a local engine, a runner
-        that may read it): the sockets in LISTEN state (0A), by port."""
-        if self._pid is None:  # PID 1's, as long as it runs (`halt` forgets it)
-            try:
-                self.container.reload()
-                self._pid = int(self.container.attrs["State"]["Pid"] or 0)
-            except DOCKER_ERRORS:
-                return None
-        pid = self._pid
-        try:  # the engine's PID is this machine's (not a runner in a namespace of its own)
-            if pid <= 0 or self.container.id not in Path(f"/proc/{pid}/cgroup").read_text():
-                return None
-        except OSError:
-            return None
-        if not _tcp_in_use(pid):  # no TCP socket at all (0.1 ms; the tables take ~10 ms)
-            return frozenset()
-        ports: set[int] = set()
-        for table in ("tcp", "tcp6"):
-            try:
-                lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
-            except OSError:
-                return None
-            for line in lines:
-                fields = line.split()
-                if len(fields) > 3 and fields[3] == "0A" and ":" in fields[1]:
-                    address, port = fields[1].rsplit(":", 1)
-                    if address != ENGINE_DNS:  # the engine's own resolver, not the agent's
-                        ports.add(int(port, 16))
-        return frozenset(ports)
-
     def halt(self) -> None:
         """SIGKILL to PID 1 (the kernel kills its whole PID namespace: every process, whatever
         its name, thread state, user or session), then wait until the engine has it stopped."""
@@ -468,268 +252,12 @@ class DockerSandbox:
                 evidence=tuple(f"{path}: the image's ENTRYPOINT, run as root" for path in found),
             )
 
-    def export_tree(self, path: str) -> Iterator[bytes]:
-        """`path` as a tar stream (its last part the top folder), owners and modes kept."""
-        try:
-            chunks, _ = self.container.get_archive(path)
-        except docker.errors.NotFound:
-            return iter(())
-        return iter(chunks)
-
-    def import_tree(self, archive: Iterator[bytes], parent: str) -> None:
-        """Unpack a tar stream (`export_tree`'s) under `parent`, streamed, owners and modes kept."""
-        self.container.put_archive(parent, archive)
-
-    def put_dir(self, source: Path, target: str) -> None:
-        """Copy a host folder in as `target`, owned by root and read-only for the agent."""
-        self.put({}, {target: source})
-
-    def put(
-        self, files: Mapping[str, bytes], dirs: Mapping[str, Path] = {}, owner: str | None = None
-    ) -> None:
-        """Files (by path) and host folders (by target) in, in one archive (one round trip to
-        the engine): root's and read-only for the agent, or with `owner` ("uid:gid") that
-        user's, modes kept."""
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
-            for target, content in files.items():
-                info = tarfile.TarInfo(target.strip("/"))
-                info.size, info.mode, info.mtime = len(content), 0o644, int(time.time())
-                archive.addfile(info, io.BytesIO(content))
-            for target, source in dirs.items():
-                keep = _root_owned if owner is None else _owned_by(owner)
-                archive.add(source, arcname=target.strip("/"), filter=keep)
-        self.container.put_archive("/", buffer.getvalue())
-
-    def put_file(self, content: bytes, target: str, owner: str | None = None) -> None:
-        """Write one file; with `owner` ("uid:gid") it and its new folders under the agent's
-        home belong to that user, so a harness can keep writing its own config."""
-        uid, gid = (int(part) for part in (owner or "0:0").split(":"))
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
-            relative = target.strip("/")
-            if owner and target.startswith(AGENT_HOME + "/"):
-                parents = PurePosixPath(relative).parents
-                for folder in reversed([p for p in parents if len(p.parts) > 2]):
-                    info = tarfile.TarInfo(str(folder))
-                    info.type, info.mode, info.uid, info.gid = tarfile.DIRTYPE, 0o755, uid, gid
-                    archive.addfile(info)
-            info = tarfile.TarInfo(relative)
-            info.size, info.mode, info.uid, info.gid = len(content), 0o644, uid, gid
-            info.mtime = int(time.time())
-            archive.addfile(info, io.BytesIO(content))
-        self.container.put_archive("/", buffer.getvalue())
-
-    def read_tree(self, path: str, since: Tree | None = None) -> Tree:
-        """Regular files under `path` (relative names; a file `path` under its own name),
-        bounded. Read from the engine's storage where this runner can (`overlay_tree`: the
-        tree `since` is as the container started, changed as its upper folder says), else
-        through the engine: its archive is streamed one member at a time, never held whole. At
-        the first member over the per-file cap the stream is closed, before its data, and the
-        tree is read again around every such file: their sizes listed inside the sandbox
-        (`find`, as the agent user), the folders holding one fetched child by child. A large
-        file the listing could not see (a folder the agent user cannot list) is gone around
-        when met, up to `MAX_UNLISTED` of them; the total caps stop the read. A halted
-        sandbox, where nothing runs to list it, is read in one stream, files over the cap read
-        through and dropped; past `MAX_TREE_BYTES` of those it is started again (`empty`) and
-        read as above."""
-        if self._halted or not self.runs_services:  # nothing runs there but what HEMRA ran
-            native = _has_native_diff(self.client)
-            found = overlay_tree(self.container.attrs, native, path, since)
-            if found is not None:
-                return found
-        tree = Tree()
-        if self._halted:  # no command to list it: files over the cap are read through, unkept
-            if self._stream_tree(path, "", tree, read_through=MAX_TREE_BYTES) is None:
-                return tree
-            self.empty()  # too much to read through: started again (nothing left of the agent's)
-            tree = Tree()
-        first = self._stream_tree(path, "", tree)
-        if first is None:  # the usual case: nothing over the cap, one stream
-            return tree
-        tree = Tree()
-        listing = self._list_sizes(path)
-        oversized: dict[str, int] = {}
-        around: set[str] = set()  # the folders (relative; "" is `path`) that hold one
-
-        def skip(name: str, size: int) -> None:
-            oversized[name] = tree.skipped[name] = size
-            tree[name] = b""
-            parts = PurePosixPath(name).parts
-            around.update("/".join(parts[:depth]) for depth in range(len(parts)))
-
-        skip(*first)
-        for name, size in listing.items():
-            if size > MAX_TREE_FILE_BYTES:
-                skip(name, size)
-        pending, surprises = [""], 0
-        while pending and tree.stopped is None:
-            relative = pending.pop()
-            if relative not in around:
-                unlisted = self._stream_tree(path, relative, tree)
-                if unlisted is not None:  # in a folder the agent user cannot list: go around it
-                    skip(*unlisted)
-                    surprises += 1
-                    if surprises > MAX_UNLISTED:
-                        tree.stopped = f"{path}: more than {MAX_UNLISTED} unlisted large files"
-                    elif relative in around:
-                        pending.append(relative)
-                continue
-            prefix = relative + "/" if relative else ""
-            children = {
-                prefix + rest.split("/", 1)[0]
-                for rest in (n[len(prefix) :] for n in listing.entries if n.startswith(prefix))
-                if rest
-            }
-            pending.extend(sorted(children - oversized.keys(), reverse=True))
-        return tree
-
-    def read_start_tree(self, path: str) -> Tree:
-        """`read_tree(path)` of the sandbox as it started, kept per image (see `snapshot.py`)."""
-        if self.runs_services:  # its entrypoint may have changed it: read this sandbox's own
-            return self.read_tree(path)
-
-        def read() -> Tree:  # what no command has changed yet is the image's (`read_tree`'s since)
-            tree = self.read_tree(path)
-            attrs = self.container.attrs
-            tree.as_image = overlay_untouched(attrs, _has_native_diff(self.client), path)
-            return tree
-
-        return SNAPSHOTS.tree(self.container.attrs["Image"], path, read)
-
-    def _list_sizes(self, path: str) -> Listing:
-        """Every entry under `path` with its size, as the agent user can list them; an image
-        without GNU find (or a path that is not a folder) lists nothing."""
-        command = 'find -H "$1" -mindepth 1 -printf "%y %s %P\\0" 2>/dev/null | head -c "$2"'
-        exec_id = self.api.exec_create(
-            self.container.id,
-            ["sh", "-c", command, "sh", path, str(MAX_LISTING_BYTES)],
-            stdout=True,
-            stderr=False,
-            user=AGENT_USER,
-            workdir="/",
-        )["Id"]
-        listing = Listing()
-        with tempfile.TemporaryFile() as spool:  # a long listing waits on disk, not in memory
-            for chunk in self.api.exec_start(exec_id, stream=True):
-                spool.write(chunk)
-            spool.seek(0)
-            for record in _records(spool):
-                kind, _, rest = record.partition(" ")
-                size, _, name = rest.partition(" ")
-                if not name or not size.isdigit():
-                    continue
-                listing.entries.add(name)
-                if kind == "f":
-                    listing[name] = int(size)
-        return listing
-
-    def _stream_tree(
-        self, root: str, relative: str, tree: Tree, read_through: int = 0
-    ) -> tuple[str, int] | None:
-        """Add the regular files of `root/relative` to `tree`, streamed from the engine's archive
-        one member at a time; the connection is closed at the first member over a cap. Returns
-        the name and size of a file over the per-file cap met there, before its data; with
-        `read_through`, such files are named in `skipped` and their data read and dropped, up to
-        that many bytes in all (the one past it is returned)."""
-        path = str(PurePosixPath(root) / relative) if relative else root
-        response = self.api._get(
-            self.api._url("/containers/{0}/archive", self.container.id),
-            params={"path": path},
-            stream=True,
-            headers={"Accept-Encoding": "identity"},
-        )
-        try:
-            if response.status_code == 404:
-                return None
-            self.api._raise_for_status(response)
-            parent = str(PurePosixPath(relative).parent) + "/" if "/" in relative else ""
-            with tarfile.open(fileobj=response.raw, mode="r|") as archive:
-                for index, member in enumerate(archive):
-                    if index == 0 and not relative and member.isfile():
-                        tree.is_file = True
-                    if len(tree) + len(tree.skipped) >= MAX_TREE_ENTRIES:
-                        tree.stopped = f"{path}: more than {MAX_TREE_ENTRIES} entries"
-                        return None
-                    if not member.isfile():
-                        continue
-                    name = member.name
-                    if relative:
-                        name = parent + name
-                    elif "/" in name:
-                        name = name.split("/", 1)[1]
-                    if member.size > MAX_TREE_FILE_BYTES:
-                        if member.size > read_through:  # unlisted: stop before its data
-                            return name, member.size
-                        read_through -= member.size  # the stream reads past it, unkept
-                        tree.skipped[name] = member.size
-                        tree[name] = b""
-                        continue
-                    if tree.size + member.size > MAX_TREE_BYTES:
-                        tree.stopped = f"{path}: more than {MAX_TREE_BYTES} bytes"
-                        return None
-                    handle = archive.extractfile(member)
-                    tree[name] = handle.read() if handle is not None else b""
-                    tree.size += member.size
-        finally:
-            response.close()
-        return None
-
-    def read_file(self, path: str, *, user: str, limit: int = MAX_FILE_OP_BYTES) -> bytes:
-        """One regular file as `user` reads it, by `head` run as that user in the sandbox."""
-        code, out, err = self._run_with_input(
-            ["sh", "-c", READ_FILE, "sh", path, str(limit + 1)], user=user, data=b"", limit=limit
-        )
-        if code != 0:
-            raise _os_error(err, path)
-        if len(out) > limit:
-            raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
-        return out
-
-    def write_file(self, path: str, content: bytes, *, user: str) -> None:
-        """One file written by `cat` run as `user` in the sandbox, its content on stdin."""
-        code, _, err = self._run_with_input(
-            ["sh", "-c", WRITE_FILE, "sh", path], user=user, data=content, limit=0
-        )
-        if code != 0:
-            raise _os_error(err, path)
-
-    def _run_with_input(
-        self, argv: Sequence[str], *, user: str, data: bytes, limit: int
-    ) -> tuple[int | None, bytes, bytes]:
-        """Run a file operation's argv (its path the fifth item) with `data` on its stdin; its
-        exit code and output (stdout up to `limit` + 1 bytes, stderr up to 4 KiB), within
-        `FILE_OP_TIMEOUT_SECS`."""
-        exec_id = self._exec_create(argv, stdin=True, stdout=True, stderr=True, user=user)
-        process = DockerInteractive(self.api.exec_start(exec_id, socket=True))
-        out, err = bytearray(), bytearray()
-        try:
-            process.settimeout(FILE_OP_TIMEOUT_SECS)
-            with contextlib.suppress(OSError):  # it may have exited already: its stderr says why
-                process.send(data)
-            process.close_stdin()
-            for stream, chunk in process.frames():
-                if stream == 1:
-                    out += chunk[: limit + 1 - len(out)]
-                else:
-                    err += chunk[: 4096 - len(err)]
-        except OSError as error:  # no answer in time: what still runs is the agent user's
-            raise OSError(errno.EIO, f"no answer in {FILE_OP_TIMEOUT_SECS}s", argv[4]) from error
-        finally:
-            process.close()
-        deadline = time.monotonic() + KILL_GRACE_SECS
-        state = self.api.exec_inspect(exec_id)
-        while state.get("Running") and time.monotonic() < deadline:
-            time.sleep(0.02)
-            state = self.api.exec_inspect(exec_id)
-        return state.get("ExitCode"), bytes(out), bytes(err)
-
     def changes(self) -> list[Change]:
         """The engine's diff of the container against its image (Kind 0, 1, 2): read from its
         overlay2 folders on this host when the engine is local (`overlay.py`: the same answer,
         a thousand times faster), else asked of the engine, its answer read up to
         `MAX_CHANGES_BYTES` (past it, OverflowError) and parsed entry by entry."""
-        found = overlay_changes(self.container.attrs, _has_native_diff(self.client))
+        found = overlay_changes(self.container.attrs, storage.has_native_diff(self.client))
         if found is not None:
             return found
         response = self.api._get(
@@ -778,74 +306,3 @@ class DockerSandbox:
             self.client.networks.get(self._joined.pop()).disconnect(self.container, force=True)
         while self._taken:
             self.client.networks.get(self._taken.pop()).connect(self.container)
-
-
-class DockerInteractive:
-    """A process's stdin to write and its multiplexed stdout/stderr to read, frame by frame."""
-
-    def __init__(self, sock: Any) -> None:
-        self._io = sock
-        self._raw = getattr(sock, "_sock", sock)
-
-    def send(self, data: bytes) -> None:
-        self._raw.sendall(data)
-
-    def close_stdin(self) -> None:
-        with contextlib.suppress(OSError):
-            self._raw.shutdown(socket.SHUT_WR)
-
-    def frames(self) -> Iterator[tuple[int, bytes]]:
-        """(1 for stdout or 2 for stderr, bytes) until the process closes its output."""
-        for stream, data in frames_iter(self._io, tty=False):
-            yield int(stream), bytes(data)
-
-    def settimeout(self, seconds: float) -> None:
-        self._raw.settimeout(seconds)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._raw.close()
-
-
-class Listing(dict[str, int]):
-    """A folder's regular files by relative name with their sizes; `entries` names every entry."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.entries: set[str] = set()
-
-
-def _records(spool: IO[bytes]) -> Iterator[str]:
-    """NUL-terminated records of a spooled listing, read a block at a time."""
-    rest = b""
-    while block := spool.read(1 << 16):
-        *records, rest = (rest + block).split(b"\0")
-        yield from (record.decode(errors="replace") for record in records)
-
-
-def _os_error(stderr: bytes, path: str) -> OSError:
-    """The OSError a command in the sandbox met, from the C library's message it printed."""
-    text = stderr.decode(errors="replace").strip()
-    for code in KNOWN_ERRNOS:
-        if os.strerror(code) in text:
-            return OSError(code, os.strerror(code), path)
-    return OSError(errno.EIO, text or "failed", path)
-
-
-def _owned_by(owner: str) -> Callable[[tarfile.TarInfo], tarfile.TarInfo]:
-    uid, gid = (int(part) for part in owner.split(":"))
-
-    def owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid, info.gid, info.uname, info.gname = uid, gid, "", ""
-        return info
-
-    return owned
-
-
-def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    info.uid = info.gid = 0
-    info.uname = info.gname = "root"
-    info.mode = (info.mode | 0o444) & ~0o022
-    if info.isdir() or info.mode & 0o100:
-        info.mode |= 0o111
-    return info

@@ -12,8 +12,8 @@ from tabulate import tabulate
 
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.core.words import plural
-from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS
-from pytest_hemra.execute.sandbox.docker import SANDBOX_REPOSITORY, TASK_REPOSITORY
+from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS
+from pytest_hemra.execute.sandbox.images import SANDBOX_REPOSITORY, TASK_REPOSITORY
 from pytest_hemra.execute.sandbox.pool import EnginePool
 from pytest_hemra.resolve.spec import EngineSettings
 from pytest_hemra.store import Store

@@ -12,24 +12,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import docker.errors
 
-from pytest_hemra.execute.sandbox.container import remove_container
-
-if TYPE_CHECKING:
-    from pytest_hemra.execute.sandbox.docker import DockerProvider
+from pytest_hemra.execute.sandbox.networks import SERVICES_LABEL, Networks
+from pytest_hemra.execute.sandbox.removal import remove_container
 
 TRIAL_LABEL = "hemra.trial"
 
 
-def remove(provider: DockerProvider, is_over: Callable[[str], bool]) -> int:
+def remove(networks: Networks, is_over: Callable[[str], bool]) -> int:
     """Remove the containers labelled `hemra=1` of trials that are over, then those trials'
     services networks; return how many containers there were."""
-    from pytest_hemra.execute.sandbox import services  # which imports the docker provider
-
-    client = provider.client
+    client = networks.client
     found = client.containers.list(all=True, filters={"label": "hemra=1"}, ignore_removed=True)
     over: dict[str, bool] = {}
     removed = 0
@@ -38,9 +33,9 @@ def remove(provider: DockerProvider, is_over: Callable[[str], bool]) -> int:
         if trial and over.setdefault(trial, is_over(trial)):
             remove_container(container)
             removed += 1
-    for network in client.networks.list(filters={"label": [TRIAL_LABEL, services.NETWORK_LABEL]}):
+    for network in client.networks.list(filters={"label": [TRIAL_LABEL, SERVICES_LABEL]}):
         trial = (network.attrs.get("Labels") or {}).get(TRIAL_LABEL)
         if trial and over.setdefault(trial, is_over(trial)):
             with contextlib.suppress(docker.errors.NotFound):
-                services.remove_networks(provider, [f"{TRIAL_LABEL}={trial}"])
+                networks.remove_services_networks([f"{TRIAL_LABEL}={trial}"])
     return removed

@@ -30,9 +30,15 @@ import docker.tls
 
 from pytest_hemra.core.errors import EngineOutage, InfraError, SpecError
 from pytest_hemra.core.records import EngineSlot
-from pytest_hemra.execute.sandbox import Placement, Sandbox, SandboxRequest
-from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS
-from pytest_hemra.execute.sandbox.docker import BASE_CAPABILITIES, DockerProvider
+from pytest_hemra.execute.sandbox import (
+    Placement,
+    Sandbox,
+    SandboxPool,
+    SandboxProvider,
+    SandboxRequest,
+)
+from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS
+from pytest_hemra.execute.sandbox.docker_engine import BASE_CAPABILITIES, DockerEngine
 from pytest_hemra.execute.sandbox.health import fixed_environment, one_line, ping
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.spec import EngineSettings, EngineTLS
@@ -141,9 +147,9 @@ class _Health:
     error: str | None = None
 
 
-class EnginePool:
-    """The docker provider spread over several engines; a `SandboxPool` and, for what concerns
-    every engine at once (checks, removing sandboxes), a `SandboxProvider`."""
+class EnginePool(SandboxProvider):
+    """The docker provider spread over several engines; a `SandboxPool` (its `placement`) and,
+    for what concerns every engine at once (checks, removing sandboxes), a `SandboxProvider`."""
 
     name = "docker"
     capabilities = BASE_CAPABILITIES  # a pool's engines: no disk limit is promised
@@ -160,13 +166,13 @@ class EnginePool:
         self.owner = owner
         self.source = source  # the run file, named in errors
         self._by_name = {engine.name: engine for engine in self.engines}
-        self._providers: dict[str, DockerProvider] = {}
+        self._providers: dict[str, DockerEngine] = {}
         self._probes: dict[str, docker.APIClient] = {}
         self._health: dict[str, _Health] = {}
         self._holding: set[tuple[str, str]] = set()
         self._bridge_hosts: dict[str, str | None] = {}
         self._runner: list[docker.DockerClient | None] = []
-        self._build_on: DockerProvider | None = None  # where images are built at resolve
+        self._build_on: DockerEngine | None = None  # where images are built at resolve
         self._lock = threading.Lock()  # heartbeat threads remove sandboxes too
 
     # -- health ---------------------------------------------------------------------------
@@ -205,7 +211,7 @@ class EnginePool:
         health = self._health.get(engine.name)
         return None if health is None else health.error
 
-    def provider(self, engine: Engine) -> DockerProvider:
+    def provider(self, engine: Engine) -> DockerEngine:
         """This process's docker provider for one engine (created once it answered)."""
         found = self._providers.get(engine.name)
         if found is None:
@@ -216,7 +222,7 @@ class EnginePool:
                 with_engine_ca(fixed_environment(client.api), engine)
             except DOCKER_ERRORS as error:
                 raise InfraError(f"engine {engine.name}: no answer ({one_line(error)})") from error
-            found = DockerProvider(
+            found = DockerEngine(
                 client,
                 engine=engine.address,
                 image_source=self._runner_engine,
@@ -280,12 +286,12 @@ class EnginePool:
         """What `prepare` would build for the task, building nothing."""
         return self._builder().missing_images(task, default_image)
 
-    def _builder(self) -> DockerProvider:
+    def _builder(self) -> DockerEngine:
         with self._lock:
             if self._build_on is None:
                 runner = self._runner_engine()
                 if runner is not None:
-                    self._build_on = DockerProvider(runner)
+                    self._build_on = DockerEngine(runner)
                 else:
                     up = [engine for engine in self.engines if self.answers(engine)]
                     if not up:
@@ -363,6 +369,10 @@ class EnginePool:
         return removed
 
     # -- placement ------------------------------------------------------------------------
+
+    def placement(self) -> SandboxPool:
+        """The pool itself: every trial is placed on one of its engines first."""
+        return self
 
     @contextmanager
     def place(self, trial: str, task: Task, default_image: str) -> Iterator[Placement]:

@@ -1,13 +1,13 @@
 """A multi-container task's services (its compose file), started beside the trial's sandbox.
 
 Services are the task's own code, trusted like its Dockerfile: no HEMRA layer on their images,
-which are built at resolve (cached by the digest of their build context) or must already be on
-the engine (nothing is pulled). Each trial gets a network of its own, `internal` (no route out,
-no host but the gateway's port through the firewall), on which every service is reached by its
-name and `main`, the sandbox, joins beside its own HEMRA network. A service of a task with
-internet also joins its run's network (HEMRA's, no inter-container traffic) for its way out,
-so the trial network never gives a route out, and a verifier whose network is cut keeps it: it
-reaches the task's services and nothing else.
+which are built at resolve (`images.py`: cached by the digest of their build context) or must
+already be on the engine (nothing is pulled). Each trial gets a network of its own, `internal`
+(no route out, no host but the gateway's port through the firewall), on which every service is
+reached by its name and `main`, the sandbox, joins beside its own HEMRA network. A service of a
+task with internet also joins its run's network (HEMRA's, no inter-container traffic) for its
+way out, so the trial network never gives a route out, and a verifier whose network is cut
+keeps it: it reaches the task's services and nothing else.
 
 Services start in `depends_on` order, each condition waited for with a deadline; the sandbox
 starts after main's. Every container and the network are removed with force on every path.
@@ -16,7 +16,6 @@ starts after main's. Every container and the network are removed with force on e
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -28,26 +27,16 @@ import docker.errors
 
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.execute.sandbox import SandboxRequest, firewall
-from pytest_hemra.execute.sandbox.container import DOCKER_ERRORS, remove_container
-from pytest_hemra.execute.sandbox.docker import (
-    GATEWAY_NETWORK,
-    MIN_NANO_CPUS,
-    NETWORK_LOCK_SECS,
-    ROOT_CAPABILITIES,
-    STOP_SIGNAL,
-    DockerProvider,
-    _bridge_of,
-    _gateway_of,
-    run_network,
-)
-from pytest_hemra.execute.sandbox.images import base_images, engine_lock
-from pytest_hemra.resolve.compose import Build, Compose, Dependency, Service
-from pytest_hemra.resolve.datasets import Task, tree_digest
+from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS
+from pytest_hemra.execute.sandbox.containers import MIN_NANO_CPUS, ROOT_CAPABILITIES, STOP_SIGNAL
+from pytest_hemra.execute.sandbox.images import service_image
+from pytest_hemra.execute.sandbox.networks import SERVICES_LABEL, Networks
+from pytest_hemra.execute.sandbox.removal import remove_container
+from pytest_hemra.resolve.compose import Compose, Dependency, Service
+from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.templates import render_sandbox_env
 
-SERVICE_REPOSITORY = "hemra-service"
 SERVICE_LABEL = "hemra.service"
-NETWORK_LABEL = "hemra.services"  # a trial's services network
 POLL_SECS = 0.2
 HEALTH_SLACK_SECS = 10.0
 IMAGE_HEALTH_SECS = 300.0  # a service_healthy wait on the image's own HEALTHCHECK
@@ -55,76 +44,9 @@ COMPLETION_SECS = 600.0  # a service_completed_successfully wait
 LOG_BYTES = 1 << 20  # each service's output kept in the trial folder
 
 
-def service_image(task: Task, compose: Compose, name: str) -> str:
-    """The reference a service runs: its build's tag (by content digest) or its `image`."""
-    service = compose.services[name]
-    if service.build is None:
-        return str(service.image)
-    return f"{SERVICE_REPOSITORY}:{_build_digest(compose, service.build)[:24]}"
-
-
-def _build_digest(compose: Compose, build: Build) -> str:
-    context = (compose.path.parent / build.context).resolve()
-    digest = hashlib.sha256(tree_digest(context, [context]).encode())
-    digest.update(f"\0{build.dockerfile}\0{sorted(build.args.items())}".encode())
-    return digest.hexdigest()
-
-
-def missing_images(provider: DockerProvider, task: Task) -> list[str]:
-    """What `prepare_images` would build, or find missing, building nothing."""
-    compose = task.compose
-    if compose is None:
-        return []
-    missing = []
-    for name, service in sorted(compose.services.items()):
-        reference = service_image(task, compose, name)
-        if not provider.has_image(reference):
-            source = "not on this engine" if service.build is None else f"service {name}"
-            missing.append(f"{reference} ({source})")
-    return missing
-
-
-def prepare_images(provider: DockerProvider, task: Task) -> None:
-    """Every service image of the task built (or found cached); an `image` the engine lacks is
-    an error naming the service: nothing is pulled."""
-    compose = task.compose
-    if compose is None:
-        return
-    timeout = task.config.environment.build_timeout_sec
-    for name, service in sorted(compose.services.items()):
-        reference = service_image(task, compose, name)
-        provider._copy_if_missing(reference)
-        if provider.has_image(reference):
-            continue
-        where = f"{compose.path}: service {name!r}"
-        if service.build is None:
-            raise InfraError(
-                f"{where}: image {reference!r} is not on this docker engine (nothing is pulled:"
-                " give the service a 'build', or load the image first)"
-            )
-        build = service.build
-        context = (compose.path.parent / build.context).resolve()
-        with provider._lock(reference, timeout):
-            if provider.has_image(reference):
-                continue
-            dockerfile = (context / build.dockerfile).read_text(errors="replace")
-            for base in base_images(dockerfile):
-                provider._copy_if_missing(base)
-            try:
-                provider.build_dockerfile(
-                    task,
-                    tag=reference,
-                    context=context,
-                    dockerfile=build.dockerfile,
-                    buildargs=build.args,
-                )
-            except InfraError as error:
-                raise InfraError(f"{where}: {error}".replace(f"{task.path}: ", "", 1)) from error
-
-
 @contextmanager
 def running(
-    provider: DockerProvider, task: Task, request: SandboxRequest, logs: Path
+    networks: Networks, task: Task, request: SandboxRequest, logs: Path
 ) -> Iterator[str | None]:
     """The task's services running and main's dependencies met: yields the trial network's
     name for the sandbox to join (None: the task has no services). Everything is removed on
@@ -133,7 +55,7 @@ def running(
     if compose is None or not compose.services:
         yield None
         return
-    client = provider.client
+    client = networks.client
     labels = {"hemra": "1", **request.labels}
     name = f"{request.name or 'hemra-' + uuid.uuid4().hex[:12]}-services"
     network: Any = None
@@ -145,17 +67,16 @@ def running(
                 name,
                 driver="bridge",
                 internal=True,
-                labels={**labels, NETWORK_LABEL: "1"},
+                labels={**labels, SERVICES_LABEL: "1"},
                 check_duplicate=True,
             )
             network.reload()
-            if provider.own_networks:
-                bridge = _guard(provider, network, request.gateway_port)
+            bridge = networks.guard_services(network, request.gateway_port)
             for service_name in compose.order():
                 service = compose.services[service_name]
                 _wait_for(containers, service.needed(), compose, service_name, logs)
                 containers[service_name] = _start(
-                    provider, task, request, network, service_name, service, labels
+                    networks, task, request, network, service_name, service, labels
                 )
             _wait_for(containers, compose.main.needed(), compose, "main", logs)
         except DOCKER_ERRORS as error:
@@ -169,11 +90,11 @@ def running(
             with contextlib.suppress(*DOCKER_ERRORS, OSError):
                 output = container.logs(stdout=True, stderr=True, tail=2000)[-LOG_BYTES:]
                 (logs / f"{service_name}.log").write_bytes(output)
-        _remove(provider, list(containers.values()), network, bridge)
+        _remove(list(containers.values()), network, bridge)
 
 
 def _start(
-    provider: DockerProvider,
+    networks: Networks,
     task: Task,
     request: SandboxRequest,
     network: Any,
@@ -182,7 +103,7 @@ def _start(
     labels: Mapping[str, str],
 ) -> Any:
     """One service container, created on the trial network (its name as alias) and started."""
-    client, limits = provider.client, request.limits
+    client, limits = networks.client, request.limits
     assert task.compose is not None
     options: dict[str, Any] = {
         "labels": {**labels, SERVICE_LABEL: name},
@@ -218,36 +139,12 @@ def _start(
     container = client.containers.create(image, **options)
     try:
         if request.network:  # its way out: the run's network (no inter-container traffic)
-            _join_egress(provider, container, request)
+            networks.join_egress(container, request)
         container.start()
     except BaseException:
         remove_container(container)
         raise
     return container
-
-
-def _guard(provider: DockerProvider, network: Any, gateway_port: int | None) -> str:
-    """The trial network's bridge behind the host firewall, as HEMRA's own networks are: no
-    host address but the gateway's port (main may route to it through this bridge too)."""
-    bridge = _bridge_of(network)
-    firewall.guard(bridge)
-    host = _gateway_of(provider._network(GATEWAY_NETWORK, internal=True, labels={}))
-    if gateway_port is not None and host:
-        firewall.admit(bridge, host, gateway_port)
-    return bridge
-
-
-def _join_egress(provider: DockerProvider, container: Any, request: SandboxRequest) -> None:
-    """A service of a task with internet joins the run's own network (HEMRA's: firewalled, no
-    inter-container traffic), else (an engine without HEMRA's networks) Docker's bridge."""
-    run_id = request.labels.get("hemra.run")
-    if not (provider.own_networks and run_id):
-        provider.client.networks.get("bridge").connect(container)
-        return
-    name = run_network(run_id)
-    with engine_lock(provider.engine, f"connect {name}", NETWORK_LOCK_SECS, shared=True):
-        network = provider._network(name, internal=False, labels={"hemra.run": run_id})
-        network.connect(container)
 
 
 def _docker_healthcheck(service: Service) -> dict[str, Any]:
@@ -350,9 +247,7 @@ def _tail(container: Any) -> str:
     return f": {text}" if text else ""
 
 
-def _remove(
-    provider: DockerProvider, containers: list[Any], network: Any, bridge: str | None
-) -> None:
+def _remove(containers: list[Any], network: Any, bridge: str | None) -> None:
     """Containers with force, then the network and its firewall rules; on every path."""
     for container in containers:
         with contextlib.suppress(*DOCKER_ERRORS):
@@ -363,19 +258,3 @@ def _remove(
         network.remove()
     if bridge is not None:
         firewall.unguard(bridge)
-
-
-def remove_networks(provider: DockerProvider, filters: list[str]) -> None:
-    """The services networks carrying every label of `filters` (a cancelled trial's, a run's),
-    removed once their containers are gone, their firewall rules with them."""
-    found = provider.client.networks.list(filters={"label": [*filters, NETWORK_LABEL]})
-    for network in found:
-        try:
-            network.reload()
-        except docker.errors.NotFound:
-            continue  # removed since it was listed (its trial's own teardown)
-        bridge = _bridge_of(network)
-        with contextlib.suppress(docker.errors.NotFound):
-            network.remove()
-        if provider.own_networks:
-            firewall.unguard(bridge)

@@ -26,7 +26,7 @@ from pytest_hemra.execute.installs import (
     locked,
 )
 from pytest_hemra.execute.kinds import AgentTurn
-from pytest_hemra.execute.sandbox import ExecResult
+from pytest_hemra.execute.sandbox import ExecResult, SandboxProvider
 from pytest_hemra.resolve.harnesses import Harness
 from pytest_hemra.resolve.plan import RecordedRun
 from pytest_hemra.resolve.spec import HarnessSpec, RunSpec
@@ -73,16 +73,18 @@ class HarborKind:
                     f" {spec.agent!r} in its own container)"
                 )
 
-    def check_run(self, harness: Harness, run: RunSpec, source: str) -> None:
+    def check_run(
+        self, harness: Harness, run: RunSpec, source: str, provider: SandboxProvider
+    ) -> None:
         if run.sandbox.engines:
             raise SpecError(
                 f"{harness.path}: a harbor harness runs in Harbor's own docker environment on the"
                 f" runner's engine, but the run ({source}) spreads over 'sandbox.engines'"
             )
-        if run.sandbox.provider != "docker":
+        if "docker" not in provider.capabilities:
             raise SpecError(
                 f"{harness.path}: a harbor harness runs in Harbor's own docker environment, but "
-                f"the run ({source}) asks for sandbox provider {run.sandbox.provider!r}"
+                f"the run's sandbox provider {provider.name!r} ({source}) is not docker's"
             )
 
     def install(self, harness: Harness) -> Installed:

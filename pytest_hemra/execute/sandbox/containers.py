@@ -1,0 +1,196 @@
+"""A trial's sandbox container on one docker engine: created locked down and started, on its
+network, and removed with force on every path.
+
+Containers run Docker's init (docker-init: it reaps every orphan) as PID 1, with `sleep infinity`
+(or the image's ENTRYPOINT) its child, as root with every capability but a few dropped; they stop
+with SIGKILL (a `sleep` ignores SIGTERM, and waiting out Docker's grace period costs ~10 s a
+trial). Killing PID 1 kills the whole PID namespace: that is how a sandbox is emptied
+(`DockerSandbox.empty`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import docker
+import docker.errors
+
+from pytest_hemra.core.errors import InfraError
+from pytest_hemra.execute.sandbox import ROOT_USER, WORKDIR, SandboxRequest
+from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS, EngineClient
+from pytest_hemra.execute.sandbox.container import DockerSandbox
+from pytest_hemra.execute.sandbox.networks import GATEWAY_NETWORK, Networks
+from pytest_hemra.execute.sandbox.removal import remove_container
+from pytest_hemra.resolve.compose import MAIN
+
+MIN_NANO_CPUS = 10_000_000  # Docker's smallest cpu quota (0.01 cpu)
+# What the sandbox's root may do: manage files it does not own and install packages (dpkg's
+# chown and modes, apt's switch to its own user), as a task's setup.sh or a verifier needs; no
+# CAP_KILL, no network or system administration. The agent's user holds none of them (a
+# process of a user other than root has no effective capabilities, and `no-new-privileges`
+# keeps setuid and file-capability programs from granting any).
+ROOT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID")
+KEEP_ALIVE = ["sh", "-c", "sleep infinity"]  # handed to an image's ENTRYPOINT, as Harbor does
+# How a daemon shutting down (`systemctl restart docker`) stops a sandbox: its `sleep` ignores
+# SIGTERM, and waiting out Docker's 10 s grace period for each would only hold the restart up.
+STOP_SIGNAL = "SIGKILL"
+
+
+class Containers:
+    """The sandboxes of one engine, on its `networks`; `answers` says whether the engine
+    answers a ping now (a removal slow for what a trial left is then waited for)."""
+
+    def __init__(
+        self, engine: EngineClient, networks: Networks, answers: Callable[[], bool]
+    ) -> None:
+        self.engine = engine
+        self.networks = networks
+        self.answers = answers
+
+    @property
+    def client(self) -> docker.DockerClient:
+        return self.engine.client
+
+    @contextmanager
+    def open(self, request: SandboxRequest) -> Iterator[DockerSandbox]:
+        """The sandbox, started: the image's ENTRYPOINT kept when it has one (its services may
+        run; the keep-alive is its command), else `sleep infinity` as PID 1."""
+        try:
+            entrypoint = self.client.images.get(request.image).attrs["Config"].get("Entrypoint")
+        except DOCKER_ERRORS as error:
+            raise InfraError(f"docker: cannot read image {request.image} ({error})") from error
+        options = _options(request, bool(entrypoint))
+        container = None
+        own = self.networks.own
+        try:
+            run_id = request.labels.get("hemra.run")
+            if own and run_id:
+                container = self._on_networks(request, options, run_id)
+            elif request.services_network and not request.network:  # a pool's, with services
+                container = self._on_services(request, options)
+            else:  # a pool's, or outside any run (tests, benchmarks): Docker's default bridge
+                container = self.client.containers.create(request.image, **options)
+                self._join_services(container, request)
+                container.start()
+            kept = (request.services_network,) if request.services_network else ()
+            yield DockerSandbox(
+                self.client,
+                container,
+                runs_services=bool(entrypoint),
+                entrypoint=tuple(entrypoint or ()),
+                kept=kept,
+                gateway_network=GATEWAY_NETWORK if own and run_id else None,
+                output_cap=request.output_cap,
+            )
+        except DOCKER_ERRORS as error:
+            raise InfraError(f"docker: sandbox failed ({error})") from error
+        finally:
+            if container is not None:  # slow for what the trial left, with the engine up: waited
+                remove_container(container, answers=self.answers)
+
+    def remove(self, labels: list[str]) -> int:
+        """Remove every container carrying all `labels` ("key=value"), a trial's services
+        included; return how many there were."""
+        filters = {"label": labels}
+        found = self.client.containers.list(all=True, filters=filters, ignore_removed=True)
+        for container in found:
+            remove_container(container)
+        return len(found)
+
+    def _on_networks(self, request: SandboxRequest, options: dict[str, Any], run_id: str) -> Any:
+        """The container on one network of HEMRA's: `hemra-gateway` (internal) without internet,
+        its run's own network with it; either way its firewall lets in the gateway's port on
+        `hemra-gateway`'s host address, the one address the gateway listens on. One network, one
+        endpoint to set up and one to cut for the verifier. A network removed meanwhile (its
+        run's last process released it between this one's create and start) is made again,
+        under the lock its remover takes, held until the container has started."""
+        del options["network_mode"]
+        try:
+            return self._place(request, options, run_id, whole=False)
+        except docker.errors.NotFound:
+            self.networks.forget(everything=False)  # one was removed meanwhile: find them again
+        if not request.network:
+            return self._place(request, options, run_id, whole=False)
+        with self.networks.run_lock(run_id):
+            return self._place(request, options, run_id, whole=True)
+
+    def _place(
+        self, request: SandboxRequest, options: dict[str, Any], run_id: str, *, whole: bool
+    ) -> Any:
+        """Create and start the container on its network (`_on_networks`); `whole`: the caller
+        holds the run network's lock, else it is taken while the container is created."""
+        network, lock = self.networks.sandbox_network(request, run_id, locked=whole)
+        container = None
+        try:
+            with lock:
+                container = self.client.containers.create(
+                    request.image, network=network.name, **options
+                )
+            self._join_services(container, request)
+            container.start()
+            return container
+        except BaseException:
+            if container is not None:
+                remove_container(container)
+            raise
+
+    def _on_services(self, request: SandboxRequest, options: dict[str, Any]) -> Any:
+        """A sandbox without internet on an engine without HEMRA's networks (a pool's): on its
+        trial's services network alone (internal: no way out), as `main`. It cannot join that
+        network later: a container created without a network has none to add to."""
+        name = request.services_network or ""
+        del options["network_mode"]
+        endpoint = self.client.api.create_endpoint_config(aliases=[MAIN])
+        container = self.client.containers.create(
+            request.image, network=name, networking_config={name: endpoint}, **options
+        )
+        try:
+            container.start()
+        except BaseException:
+            remove_container(container)
+            raise
+        return container
+
+    def _join_services(self, container: Any, request: SandboxRequest) -> None:
+        """A multi-container task's sandbox joins its trial's services network as `main`,
+        before it starts (its services are up by then: `DockerEngine.open_services`)."""
+        if request.services_network:
+            network = self.client.networks.get(request.services_network)
+            network.connect(container, aliases=[MAIN])
+
+
+def _options(request: SandboxRequest, has_entrypoint: bool) -> dict[str, Any]:
+    """The container's options: locked down, its limits, labels, name and mounts."""
+    limits = request.limits
+    options: dict[str, Any] = {
+        "entrypoint": None if has_entrypoint else ["sleep", "infinity"],
+        "command": KEEP_ALIVE if has_entrypoint else [],
+        "user": ROOT_USER,  # PID 1: root, so root's commands hold ROOT_CAPABILITIES
+        "init": True,  # docker-init as PID 1: it reaps, and its death empties the sandbox
+        "working_dir": WORKDIR,
+        "cap_drop": ["ALL"],
+        "cap_add": list(ROOT_CAPABILITIES),
+        "security_opt": ["no-new-privileges"],
+        "pids_limit": limits.pids,
+        "stop_signal": STOP_SIGNAL,
+        "network_mode": "bridge" if request.network else "none",
+        "labels": {"hemra": "1", **request.labels},
+        "environment": {},
+    }
+    if limits.memory_mb:
+        options["mem_limit"] = f"{limits.memory_mb}m"
+        options["memswap_limit"] = f"{limits.memory_mb}m"
+    if limits.cpus:
+        options["nano_cpus"] = max(int(limits.cpus * 1e9), MIN_NANO_CPUS)  # never 0: unlimited
+    if limits.disk_mb:
+        options["storage_opt"] = {"size": f"{limits.disk_mb}M"}
+    if request.name:
+        options["name"] = request.name
+    if request.mounts:
+        options["volumes"] = {
+            str(mount.source): {"bind": mount.target, "mode": "ro" if mount.read_only else "rw"}
+            for mount in request.mounts
+        }
+    return options
