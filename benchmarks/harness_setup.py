@@ -15,7 +15,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -80,7 +79,7 @@ def main() -> None:
                         host,
                     )
                     result = run_trial(context)
-                    store.finish_trial(trial_id, asdict(result))
+                    store.finish_trial(trial_id, result)
                     assert result.outcome == "pass", result
                     if round_:  # round 0 warms caches
                         agent = result.phases["agent"]

@@ -20,7 +20,7 @@ import statistics
 import tarfile
 import tempfile
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from pytest_hemra.core.records import PlannedTrial
@@ -78,7 +78,7 @@ def hemra_trial(
     trial_id = f"{run_id}.{seq:05d}"
     store.claim(trial_id, "bench", 600)
     result = run_trial(context)
-    store.finish_trial(trial_id, asdict(result))
+    store.finish_trial(trial_id, result)
     assert result.outcome == "pass", result
     return time.perf_counter() - started
 

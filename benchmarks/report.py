@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import sqlite3
 import tempfile
 import time
 from pathlib import Path
@@ -47,12 +48,14 @@ def fill(store: Store, harnesses: int, tasks: int, attempts: int) -> str:
             "pass" if passed else "fail", float(passed), rng.randint(1000, 90000),
             rng.random() / 10, rng.uniform(5, 300), f"bench.{seq:05d}",
         ))  # fmt: skip
-    with store.db.conn:
-        store.db.conn.executemany(
+    connection = sqlite3.connect(str(store.path))  # the file, written past the store's API
+    with connection:
+        connection.executemany(
             "UPDATE trials SET status = 'finished', outcome = ?, reward = ?, input_tokens = ?,"
             " cost = ?, cost_known = 1, duration = ?, rewards = '{}' WHERE id = ?",
             rows,
         )
+    connection.close()
     return "bench"
 
 

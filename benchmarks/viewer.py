@@ -16,6 +16,7 @@ import argparse
 import http.client
 import json
 import random
+import sqlite3
 import statistics
 import tempfile
 import time
@@ -58,18 +59,20 @@ def fill(store: Store, harnesses: int, tasks: int, attempts: int) -> None:
             outcome, None if error else float(passed), error, rng.randint(1000, 90000),
             rng.random() / 10, rng.uniform(5, 300), f"{RUN}.{seq:05d}",
         ))  # fmt: skip
-    with store.db.conn:
-        store.db.conn.executemany(
+    connection = sqlite3.connect(str(store.path))  # the file, written past the store's API
+    with connection:
+        connection.executemany(
             "UPDATE trials SET status = 'finished', outcome = ?, reward = ?, error = ?,"
             " input_tokens = ?, cost = ?, cost_known = 1, duration = ?, rewards = '{}'"
             " WHERE id = ?",
             rows,
         )
-        store.db.conn.execute(
+        connection.execute(
             "UPDATE trials SET status = 'running', outcome = NULL, reward = NULL"
             " WHERE run_id = ? AND seq >= ? AND seq < ?",
             [RUN, len(plan) - 220, len(plan) - 200],
         )
+    connection.close()
 
 
 def timed(connection: http.client.HTTPConnection, path: str) -> tuple[float, Any]:

@@ -16,6 +16,7 @@ from pytest_hemra.report.tables import build_report
 from pytest_hemra.resolve.datasets import bundled_dir
 from pytest_hemra.score.calibration import load_anchors
 from pytest_hemra.store import Store
+from tests.records import sql
 
 EXPECTED = {"none": 0.0, "some": 0.4, "most": 0.8, "all": 1.0}
 
@@ -56,7 +57,7 @@ def test_scores_equal_to_the_anchors_are_reliable_and_two_points_off_drift(
     assert off.ret == 1
     # +0.4 on every anchor, but clamped at 1: (0.4 + 0.4 + 0.2 + 0) / 4
     off.stdout.fnmatch_lines(["*mean absolute error 0.250 over 4 anchors*: drift"])
-    rows = Store(store).db.execute("SELECT mae, reliable FROM calibrations ORDER BY id")
+    rows = sql(Store(store), "SELECT mae, reliable FROM calibrations ORDER BY id")
     assert [tuple(r) for r in rows] == [(0.0, 1), (0.25, 0)]
 
 

@@ -16,6 +16,7 @@ from pytest_hemra.cli import main
 from pytest_hemra.core.records import PlannedTrial
 from pytest_hemra.report.health import Verdict, check_health, render_health
 from pytest_hemra.store import Store
+from tests.records import trial_result
 from tests.test_reports import result
 
 # a verifier that needs the network: with it cut (HEMRA's default), the name lookup fails here,
@@ -189,7 +190,7 @@ def recorded_check(
     for trial in store.trials("check"):
         found = outcomes[trial.task, trial.harness]
         if trial.attempt <= len(found):
-            store.finish_trial(trial.id, found[trial.attempt - 1])
+            store.finish_trial(trial.id, trial_result(found[trial.attempt - 1]))
     return store
 
 

@@ -15,6 +15,7 @@ from pytest_hemra.cli.running import pytest_argv
 from pytest_hemra.core.records import PlannedTrial
 from pytest_hemra.resolve.overrides import OVERRIDE_FLAGS
 from pytest_hemra.store import Store
+from tests.records import trial_result
 from tests.test_reports import TASKS, result, spec
 
 
@@ -25,12 +26,12 @@ def store(tmp_path: Path) -> Store:
     store = Store(tmp_path / "s.db")
     store.record_plan("old", "nightly", spec(["a"]), tmp_path, [PlannedTrial("ds", "t", "a", 1)])
     (old,) = store.trials("old")
-    store.finish_trial(old.id, result(1.0))
+    store.finish_trial(old.id, trial_result(result(1.0)))
     plan = [PlannedTrial("ds", task, "a", 1) for task in TASKS[:4]]
     plan.append(PlannedTrial("ds", TASKS[4], "b", 1))
     store.record_plan("busy", "busy", spec(["a", "b"]), tmp_path, plan, status="queued")
     passed, cancelled, running, _queued, deselected = store.trials("busy")
-    store.finish_trial(passed.id, result(1.0))
+    store.finish_trial(passed.id, trial_result(result(1.0)))
     store.cancel_trials([cancelled.id], "asked")
     store.claim(running.id, "gw0@host:1", 30)
     store.deselect_trials("busy", [deselected.item_id])

@@ -192,7 +192,7 @@ def place_each(store_path: str, trials: list[str], worker: str) -> list[dict[str
     owner = f"{worker}@{os.uname().nodename}:{os.getpid()}"
     seen = []
     for trial in trials:
-        assert store.claim(trial, owner, 30) == "leased"
+        assert store.claim(trial, owner, 30).state == "leased"
         while store.claim_engine(trial, owner, SLOTS, lambda holder: True) is None:
             time.sleep(0.001)
         seen.append(store.engine_load())

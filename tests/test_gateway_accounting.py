@@ -28,6 +28,7 @@ from pytest_hemra.report.formats import render
 from pytest_hemra.report.tables import build_report
 from pytest_hemra.resolve.upstreams import BUILTIN_UPSTREAMS, ModelApi
 from pytest_hemra.store import Store
+from tests.records import trial_result
 from tests.upstream import CHAT_MODEL, MODEL, OPENAI_USAGE, USAGE, Upstream
 
 KEY = "sk-accounting-3f9a7c2e51"
@@ -359,7 +360,7 @@ def test_reports_flag_the_share_of_calls_of_unknown_usage_and_the_cost_unknown(
         "error": None, "finished_at": 1.0, "duration": 2.0, "phases": {}, "trial_dir": "x",
         "usage": asdict(totals),
     }  # fmt: skip
-    store.finish_trial(trial.id, result)
+    store.finish_trial(trial.id, trial_result(result))
     (trial,) = store.trials("run")
     assert (trial.calls, trial.usage_unknown, trial.cost, trial.is_priced) == (3, 1, None, True)
     text = render(build_report(store, "run"), "text")

@@ -176,7 +176,7 @@ def test_the_docker_client_reads_no_environment_at_each_request(
     the environment once, when it is made: going through it afterwards is an error here."""
     import os
 
-    from pytest_hemra.execute.sandbox.docker import connect
+    from pytest_hemra.execute.sandbox.client import connect
 
     class NoWalking(dict[str, str]):
         def __iter__(self) -> Any:

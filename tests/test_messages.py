@@ -12,6 +12,7 @@ import pytest
 from pytest_hemra.cli import main
 from pytest_hemra.core.records import PlannedTrial
 from pytest_hemra.store import Store
+from tests.records import trial_result
 from tests.test_reports import result, spec
 
 RUN_ID = "20261201-125726-3be5a2"
@@ -26,7 +27,7 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     plan = [PlannedTrial("ds", "t", "a", 1), PlannedTrial("ds", "t", "b", 1)]
     store.record_plan(RUN_ID, "first", spec(["a", "b"]), tmp_path, plan)
     for trial in store.trials(RUN_ID):
-        store.finish_trial(trial.id, result(1.0))
+        store.finish_trial(trial.id, trial_result(result(1.0)))
     return tmp_path
 
 

@@ -20,6 +20,7 @@ from pytest_hemra.report.formats import render
 from pytest_hemra.report.gates import parse_gate, tripped
 from pytest_hemra.report.tables import build_report
 from pytest_hemra.store import Store
+from tests.records import trial_result
 
 TASKS = [f"task-{n}" for n in range(8)]
 
@@ -57,7 +58,7 @@ def record_run(store: Store, run_id: str, outcomes: dict[str, Any], **kwargs: An
     for trial in store.trials(run_id):
         found = outcomes[trial.harness](trial.task, trial.attempt)
         if found is not None:
-            store.finish_trial(trial.id, found)
+            store.finish_trial(trial.id, trial_result(found))
 
 
 @pytest.fixture
@@ -182,11 +183,12 @@ def test_pass_at_k_is_over_the_tasks_with_every_attempt_scored(tmp_path: Path) -
     store.record_plan("r", "r", recorded, store.path.parent, plan)
     for trial in store.trials("r"):
         if trial.task == "fails":
-            store.finish_trial(trial.id, result(0.0))
+            store.finish_trial(trial.id, trial_result(result(0.0)))
         elif trial.attempt < 3:
-            store.finish_trial(trial.id, result(1.0))
+            store.finish_trial(trial.id, trial_result(result(1.0)))
         else:
-            store.finish_trial(trial.id, {**result(0.0), "outcome": "infra_error", "reward": None})
+            infra = {**result(0.0), "outcome": "infra_error", "reward": None}
+            store.finish_trial(trial.id, trial_result(infra))
     report = build_report(store, "r")
     (row,) = report.datasets[0].harnesses
     assert row.pass_at_k == {1: 0.0, 2: 0.0, 3: 0.0}
@@ -359,7 +361,7 @@ def test_a_run_of_several_harnesses_on_ten_tasks_says_where_the_variance_comes_f
     for trial in store.trials("var"):
         hard = int(trial.task[1:]) % 3 == 0  # a third of the tasks nobody solves
         solved = not hard and (trial.harness == "better" or trial.attempt == 1)
-        store.finish_trial(trial.id, result(1.0 if solved else 0.0))
+        store.finish_trial(trial.id, trial_result(result(1.0 if solved else 0.0)))
     report = build_report(store, "var")
     (dataset,) = report.datasets
     assert dataset.variance is not None and dataset.variance.note is None

@@ -21,6 +21,7 @@ from pytest_hemra.resolve.spec import load_run_spec
 from pytest_hemra.resolve.taskconfig import TaskConfig
 from pytest_hemra.run.steps import rolled_up
 from pytest_hemra.store import Store
+from tests.records import trial_result
 
 
 @pytest.mark.parametrize(
@@ -121,11 +122,11 @@ def record_run(
         reward = trial_reward(found, plan_keys(run_key, (task_keys or {}).get(trial.task)))
         store.finish_trial(
             trial.id,
-            {
+            trial_result({
                 "outcome": "pass" if reward >= 1 else "fail", "reward": reward,
                 "rewards": found, "exit_code": 0, "error": None, "finished_at": 1.0,
                 "duration": 2.0, "phases": {}, "trial_dir": "x",
-            },
+            }),
         )  # fmt: skip
 
 

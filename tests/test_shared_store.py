@@ -17,6 +17,7 @@ from pytest_hemra.core.events import ENGINE_DOWN
 from pytest_hemra.core.records import CallRow, EngineSlot, PlannedTrial, TrialFilter
 from pytest_hemra.core.store_location import redacted, store_location
 from pytest_hemra.store import SCHEMA_VERSION, Store
+from tests.records import sql
 from tests.upstream import closed_port
 
 PLAN = [PlannedTrial("ds", f"task-{n}", "h", 1) for n in range(3)]
@@ -116,7 +117,7 @@ def test_workers_claiming_at_once_each_take_other_jobs_and_every_job_once(
         handle = Store(store.address)  # a worker of its own, as on another machine
         mine = taken.setdefault(worker, [])
         while (trial := handle.claim_next(worker, 30, "r1")) is not None:
-            mine.append(trial)
+            mine.append(trial.trial_id)
         handle.close()
 
     workers = [threading.Thread(target=work, args=(f"w{n}@host{n}:1",)) for n in range(4)]
@@ -127,7 +128,8 @@ def test_workers_claiming_at_once_each_take_other_jobs_and_every_job_once(
     claimed = [trial for mine in taken.values() for trial in mine]
     assert sorted(claimed) == sorted(t.id for t in store.trials("r1"))  # each exactly once
     assert store.job_counts("r1") == {"leased": 40}
-    assert store.claim_next("w", 30) == "r2.00000"  # then the next run's, oldest run first
+    claim = store.claim_next("w", 30)  # then the next run's, oldest run first
+    assert claim is not None and claim.trial_id == "r2.00000"
     store.cancel_run("r2", lambda owner: True)
     assert store.claim_next("w", 30) is None  # a cancelled run's jobs are not handed out
 
@@ -138,9 +140,8 @@ def test_a_schema_from_a_newer_hemra_is_refused_and_nothing_changes(
     store = Store(store_address)
     store.record_plan("r1", "run", {}, tmp_path, PLAN)
     newer = str(SCHEMA_VERSION + 1)
-    with store._transaction() as tx:
-        tx.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [newer])
-        tx.execute("ALTER TABLE trials DROP COLUMN model")  # what it would add again
+    sql(store, "UPDATE meta SET value = :newer WHERE key = 'schema_version'", newer=newer)
+    sql(store, "ALTER TABLE trials DROP COLUMN model")  # what it would add again
     store.close()
     with pytest.raises(StoreError, match="written by a newer HEMRA") as refused:
         Store(store_address)

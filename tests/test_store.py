@@ -3,13 +3,16 @@ both kinds of store (a SQLite file, a PostgreSQL database: `store_address` in co
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from sqlalchemy import inspect
 
 from pytest_hemra.core.errors import StoreError
 from pytest_hemra.core.records import PlannedTrial
 from pytest_hemra.store import SCHEMA_VERSION, Store
+from tests.records import OLD_PLAN, OLD_RUN, load_sqlite_dump, sql, trial_result
 
 PLAN = [PlannedTrial("ds", "t", "h", 1), PlannedTrial("ds", "t", "h", 2)]
 
@@ -35,26 +38,28 @@ def test_finished_trial_closes_its_job_and_the_run(tmp_path: Path, store_address
     store = Store(store_address)
     store.record_plan("r1", "run", {}, tmp_path, PLAN[:1])
     (trial,) = store.trials("r1")
-    assert store.claim(trial.id, "w", 30) == "leased"
+    assert store.claim(trial.id, "w", 30).state == "leased"
     assert store.run("r1").status == "running"
     store.finish_trial(
         trial.id,
-        {
-            "outcome": "pass",
-            "reward": 1.0,
-            "rewards": {"reward": 1.0},
-            "exit_code": 0,
-            "error": None,
-            "finished_at": 1.0,
-            "duration": 0.5,
-            "phases": {},
-            "trial_dir": "x",
-        },
+        trial_result(
+            {
+                "outcome": "pass",
+                "reward": 1.0,
+                "rewards": {"reward": 1.0},
+                "exit_code": 0,
+                "error": None,
+                "finished_at": 1.0,
+                "duration": 0.5,
+                "phases": {},
+                "trial_dir": "x",
+            }
+        ),
     )
     (done,) = store.trials("r1")
     assert done.is_finished and done.outcome == "pass" and done.rewards == {"reward": 1.0}
     assert store.run("r1").status == "finished"
-    assert store.db.execute("SELECT state FROM jobs").fetchone()[0] == "done"
+    assert sql(store, "SELECT state FROM jobs")[0][0] == "done"
 
 
 def test_a_job_is_leased_once_and_its_lease_is_renewed_by_its_owner_only(
@@ -63,8 +68,8 @@ def test_a_job_is_leased_once_and_its_lease_is_renewed_by_its_owner_only(
     store = Store(store_address)
     store.record_plan("r1", "run", {}, tmp_path, PLAN[:1])
     (trial,) = store.trials("r1")
-    assert store.claim(trial.id, "gw0@elsewhere:1", 30) == "leased"
-    assert store.claim(trial.id, "gw1@elsewhere:2", 30) == "taken"
+    assert store.claim(trial.id, "gw0@elsewhere:1", 30).state == "leased"
+    assert store.claim(trial.id, "gw1@elsewhere:2", 30).state == "taken"
     assert store.heartbeat(trial.id, "gw0@elsewhere:1", 30) == "leased"
     assert store.heartbeat(trial.id, "gw1@elsewhere:2", 30) is None
     assert store.stale_trials("r1", lambda owner: True) == []
@@ -78,8 +83,8 @@ def test_one_write_renews_many_leases_and_says_which_are_cancelling(
     store = Store(store_address)
     store.record_plan("r1", "run", {}, tmp_path, PLAN)
     first, second = store.trials("r1")
-    assert store.claim(first.id, "gw0@elsewhere:1", 30) == "leased"
-    assert store.claim(second.id, "gw1@elsewhere:2", 30) == "leased"
+    assert store.claim(first.id, "gw0@elsewhere:1", 30).state == "leased"
+    assert store.claim(second.id, "gw1@elsewhere:2", 30).state == "leased"
     assert store.cancel_run("r1", lambda owner: True) == (0, 2)
     beats = store.heartbeats([first.id, second.id], "gw0@elsewhere:1", 30)
     assert beats == {first.id: "cancelling", second.id: None}  # the second is not its lease
@@ -145,37 +150,26 @@ def test_a_dead_runners_trials_are_cancelled_at_once(tmp_path: Path, store_addre
 
 def test_a_sqlite_store_is_in_wal_mode(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.db")
-    assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert sql(store, "PRAGMA journal_mode")[0][0] == "wal"
     assert store.path == tmp_path / "s.db" and store.address == str(tmp_path / "s.db")
 
 
 def test_an_older_store_is_brought_forward_and_its_runs_stay_readable(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
-    store = Store(path)
-    store.record_plan("r1", "run", {}, tmp_path, PLAN)
-    store.db.execute("ALTER TABLE trials DROP COLUMN error_class")
-    store.db.execute("DROP INDEX idx_trials_run_id_plan_seq_seq")
-    store.db.execute("ALTER TABLE trials DROP COLUMN plan_seq")
-    store.db.execute("DROP TABLE steps")
-    store.db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
-    store.db.conn.commit()
-    store.close()
-
+    load_sqlite_dump(path, 2)  # a store HEMRA's schema 2 wrote (tests/stores/)
     again = Store(path)
-    assert [t.item_id for t in again.trials("r1")] == [p.item_id for p in PLAN]
-    assert again.db.execute("SELECT count(*) FROM trials WHERE plan_seq = seq").fetchone()[0] == 2
-    assert again.db.table("steps").exists() and "error_class" in {
-        c.name for c in again.db.table("trials").columns
-    }
-    assert again.db.execute("SELECT value FROM meta").fetchone()[0] == str(SCHEMA_VERSION)
-    assert again.db.execute("SELECT count(*) FROM events WHERE kind = 'migrated'").fetchone()[0]
+    assert [t.item_id for t in again.trials(OLD_RUN)] == [p.item_id for p in OLD_PLAN]
+    assert sql(again, "SELECT count(*) FROM trials WHERE plan_seq = seq")[0][0] == 4
+    columns = {column["name"] for column in inspect(again.engine).get_columns("trials")}
+    assert inspect(again.engine).has_table("steps") and "error_class" in columns
+    assert sql(again, "SELECT value FROM meta")[0][0] == str(SCHEMA_VERSION)
+    assert sql(again, "SELECT count(*) FROM events WHERE kind = 'migrated'")[0][0]
 
 
 def test_a_store_too_old_to_migrate_is_refused_clearly(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     store = Store(path)
-    store.db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
-    store.db.conn.commit()
+    sql(store, "UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     store.close()
     with pytest.raises(StoreError, match=r"s.db: store schema 1, expected \d+"):
         Store(path)
@@ -195,7 +189,7 @@ def test_a_shared_board_lock_holds_up_no_other_writer_and_one_holder_at_a_time(
         board.jobs.append({"name": "job-1"})
         # another process writes at once while the board is held (a heartbeat, a result)
         (trial,) = [t for t in other.trials("r1") if t.attempt == 1]
-        assert other.claim(trial.id, "w", 30) == "leased"
+        assert other.claim(trial.id, "w", 30).state == "leased"
 
         def second() -> None:
             with other.locked_shared_board("r1", "harbor", owner="b@here:2") as seen:
@@ -216,11 +210,28 @@ def test_a_dead_holders_board_lock_is_taken_over(tmp_path: Path, store_address: 
     store = Store(store_address)
     store.record_plan("r1", "run", {}, tmp_path, PLAN)
     dead = f"main@{socket.gethostname()}:999999999"
-    with store._transaction() as tx:
-        tx.execute(
-            "INSERT INTO shared_locks (id, owner, expires_at) VALUES (?, ?, ?)",
-            ["r1/harbor", dead, 4e9],
-        )
+    sql(
+        store,
+        "INSERT INTO shared_locks (id, owner, expires_at) VALUES (:id, :owner, :expires)",
+        id="r1/harbor",
+        owner=dead,
+        expires=4e9,
+    )
     with store.locked_shared_board("r1", "harbor", owner="a@here:1") as board:
         board.claims["job-1/trial"] = "r1.00001"
     assert store.shared_board("r1", "harbor").claims == {"job-1/trial": "r1.00001"}
+
+
+def test_opening_and_closing_a_store_many_times_leaves_no_file_open(store_address: str) -> None:
+    """Every connection a store opened (a file's, a server's socket) is closed with it."""
+    Store(store_address).close()
+
+    def open_files() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_files()
+    for _ in range(200):
+        with Store(store_address) as store:
+            store.trials("none")
+            store.record_event(None, None, "opened", {})
+    assert open_files() <= before

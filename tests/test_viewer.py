@@ -28,6 +28,7 @@ from pytest_hemra.core.records import CallRow, PlannedTrial
 from pytest_hemra.report.tables import build_report, report_dict
 from pytest_hemra.store import Store
 from pytest_hemra.viewer.server import ViewerThread
+from tests.records import sql, trial_result
 
 TASKS = ["alpha", "beta", "gamma"]
 HARNESSES = ["base", "rival"]
@@ -125,11 +126,11 @@ def make_store(root: Path, *, live: bool = True) -> Fixture:
         write_folder(folder, trial)
         store.record_call(call(done, trial.id))
         if trial.harness == "base" or trial.task == "alpha":
-            store.finish_trial(trial.id, result("pass", 1.0, folder))
+            store.finish_trial(trial.id, trial_result(result("pass", 1.0, folder)))
         elif trial.task == "gamma" and trial.attempt == 2:
-            store.finish_trial(trial.id, result("infra_error", None, folder))
+            store.finish_trial(trial.id, trial_result(result("infra_error", None, folder)))
         else:
-            store.finish_trial(trial.id, result("fail", 0.0, folder))
+            store.finish_trial(trial.id, trial_result(result("fail", 0.0, folder)))
     if live:
         live_dir = root / ".hemra" / "runs" / queued
         store.record_plan(queued, "live run", spec(datasets), live_dir, plan, status="queued")
@@ -196,7 +197,7 @@ def test_a_run_whose_trial_waits_for_its_engine_shows_waiting_until_it_answers(
 ) -> None:
     store = fixture.store
     trial = store.trials(fixture.live)[0]
-    assert store.claim(trial.id, "gw0@elsewhere:1", 30) == "leased"
+    assert store.claim(trial.id, "gw0@elsewhere:1", 30).state == "leased"
     down = {"engine": "tcp://box2:2375", "error": "Connection refused"}
     store.record_event(fixture.live, trial.id, "engine_down", down)
     for path in ("/api/runs", f"/api/runs/{fixture.live}"):
@@ -267,7 +268,7 @@ def test_report_is_the_report_module_s_built_once_per_state(fixture: Fixture, vi
     assert status == 200  # nothing scored yet: no difference from the baseline, and no error
     assert untouched["report"]["datasets"][0]["harnesses"][1]["versus"] is None
     live = fixture.store.trials(fixture.live)[0]
-    fixture.store.finish_trial(live.id, result("pass", 1.0, fixture.root))
+    fixture.store.finish_trial(live.id, trial_result(result("pass", 1.0, fixture.root)))
     _, changed = get(viewer, f"/api/runs/{fixture.live}/report")
     assert changed["cached"] is False
     harnesses = changed["report"]["datasets"][0]["harnesses"]
@@ -330,10 +331,8 @@ def test_files_outside_the_trial_folder_are_refused(fixture: Fixture, viewer: st
         status, data = get(viewer, f"{base}/{path}")
         assert status in (400, 404) and expected in data["error"], path
     # a trial whose folder the store puts outside the run's trials folder is not read at all
-    with fixture.store.db.conn:
-        fixture.store.db.conn.execute(
-            "UPDATE trials SET trial_dir = ? WHERE id = ?", [str(fixture.root), trial.id]
-        )
+    statement = "UPDATE trials SET trial_dir = :folder WHERE id = :trial"
+    sql(fixture.store, statement, folder=str(fixture.root), trial=trial.id)
     status, data = get(viewer, f"{base}/datasets/ds/alpha/instruction.md")
     assert status == 404 and "outside the run's trials folder" in data["error"]
 
@@ -605,7 +604,7 @@ def test_a_running_run_updates_without_reloading(
     page.wait_for_selector(row)
     assert page.text_content(f"{row} .count-finished") == "0"
     page.evaluate("window.kept = 'still the same page'")
-    fixture.store.finish_trial(live[0].id, result("pass", 1.0, fixture.root))
+    fixture.store.finish_trial(live[0].id, trial_result(result("pass", 1.0, fixture.root)))
     page.wait_for_function(
         f"document.querySelector('{row} .count-finished').textContent === '1'", timeout=15_000
     )
@@ -617,7 +616,7 @@ def test_a_running_run_updates_without_reloading(
     page.wait_for_selector("#progress .count-finished")
     page.wait_for_function("document.querySelectorAll('#grid a.cell.o-pass').length === 1")
     page.evaluate("window.kept = 'still the same page'")
-    fixture.store.finish_trial(live[1].id, result("fail", 0.0, fixture.root))
+    fixture.store.finish_trial(live[1].id, trial_result(result("fail", 0.0, fixture.root)))
     page.wait_for_function(
         "document.querySelector('#progress .count-finished').textContent === '2'", timeout=15_000
     )
@@ -672,7 +671,8 @@ def test_a_matrix_run_shows_its_harness_by_model_grid_linking_to_each_cells_tria
         folder = trials_dir / "ds" / trial.task / f"{trial.harness}_{trial.model}-1"
         write_folder(folder, trial)
         passed = trial.harness == "base" or trial.model == "m/b"  # rival fails under m/a only
-        store.finish_trial(trial.id, result("pass" if passed else "fail", float(passed), folder))
+        done = result("pass" if passed else "fail", float(passed), folder)
+        store.finish_trial(trial.id, trial_result(done))
     thread = ViewerThread(store.path, "127.0.0.1", 0)
     thread.start()
     try:

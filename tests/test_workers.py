@@ -26,6 +26,7 @@ from pytest_hemra.cli import main as hemra
 from pytest_hemra.core.records import PlannedTrial
 from pytest_hemra.store import Store
 from tests.dockerd import ExtraEngine, running_engines
+from tests.records import trial_result
 
 OFFLINE_TASK = "[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 30\n" + (
     "[environment]\nallow_internet = false\n"  # the extra engines have no bridge network
@@ -63,7 +64,7 @@ def test_a_trial_whose_runner_is_gone_is_taken_over_once(
 
     late = {"outcome": "pass", "reward": 1.0, "rewards": {}, "exit_code": 0, "error": None}
     late |= {"finished_at": time.time(), "duration": 1.0, "phases": {}, "trial_dir": None}
-    store.finish_trial(first.id, late)
+    store.finish_trial(first.id, trial_result(late))
     assert store.trial(first.id).status == "replaced"
     assert [t.id for t in store.trials("r1")] == [taken.id, dead.id]
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_hemra.core.lifecycle import TrialStatus
+from pytest_hemra.core.lifecycle import JobState, TrialStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.stored import StoredPlan
 from pytest_hemra.core.usage import TOKEN_FIELDS, Usage
@@ -177,6 +177,21 @@ class TrialDetail(Usage):
     worker: str | None
     calls: int
     job_state: str | None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a runner gets back when it claims a trial's job (`Store.claim`, `claim_next`):
+    `state` is the job's state after the claim, `leased` when it is now this runner's to run;
+    anything else says why not (`taken`, `lifecycle.TAKEN`: another live runner holds it)."""
+
+    trial_id: str
+    state: str
+
+    @property
+    def is_leased(self) -> bool:
+        """The job is now the claiming runner's to run."""
+        return self.state == JobState.LEASED
 
 
 @dataclass(frozen=True)

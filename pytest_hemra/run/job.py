@@ -23,12 +23,11 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from pytest_hemra.core import registry
 from pytest_hemra.core.backoff import engine_backoff, engine_settle_secs
 from pytest_hemra.core.errors import (
     HemraError,
@@ -44,9 +43,8 @@ from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.kinds import kind_of
 from pytest_hemra.execute.provisioning import ProviderFactory
 from pytest_hemra.execute.sandbox import SandboxProvider
-from pytest_hemra.execute.sandbox.docker import DockerProvider
 from pytest_hemra.execute.sandbox.health import is_engine_fault
-from pytest_hemra.execute.sandbox.pool import EnginePool
+from pytest_hemra.execute.sandbox.providers import sandbox_provider
 from pytest_hemra.resolve.plan import RecordedRun, missing_variables
 from pytest_hemra.resolve.spec import RunSpec, SandboxSettings
 from pytest_hemra.resolve.upstreams import configured_upstreams
@@ -65,27 +63,14 @@ def sandbox_for(
 ) -> SandboxProvider:
     """The run's sandbox provider, from the plug-in registry (or `found`, when already read):
     a pool of its `[[sandbox.engines]]` when it names some."""
-    return _provider_for(spec.sandbox, store, found)
+    return sandbox_provider(spec.sandbox, found, store=store, owner=owner_name())
 
 
 def run_provider(store: Store, run_id: str) -> SandboxProvider:
     """The sandbox provider a recorded run names (`hemra cancel`, `hemra serve`, the viewer's
     cancel): read from its `[sandbox]` table alone, so any recorded run can be cancelled."""
-    settings = store.run(run_id).plan.settings.get("sandbox") or {}
-    return _provider_for(SandboxSettings.model_validate(settings), store, None)
-
-
-def _provider_for(
-    settings: SandboxSettings, store: Store | None, found: dict[str, ProviderFactory] | None
-) -> SandboxProvider:
-    if settings.engines:
-        return EnginePool(settings.engines, store, owner_name())
-    factories = registry.sandbox_providers() if found is None else found
-    if settings.provider not in factories:
-        known = ", ".join(sorted(factories))
-        raise HemraError(f"sandbox provider '{settings.provider}' is not installed ({known})")
-    provider: SandboxProvider = factories[settings.provider]()
-    return provider
+    settings = SandboxSettings.model_validate(store.run(run_id).plan.settings.get("sandbox") or {})
+    return sandbox_provider(settings, store=store, owner=owner_name())
 
 
 @dataclass
@@ -105,6 +90,12 @@ class Runner:
     # what the threads of a process running several trials at once (`run/lanes.py`) make once
     _once: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _beats: dict[str, Heartbeat] = field(default_factory=dict, repr=False)  # running trials
+    # handles on the store of its own threads (the gateway's writer, budgets): closed by `close`
+    _stores: list[Store] = field(default_factory=list, repr=False)
+
+    def _opened(self, store: Store) -> Store:
+        self._stores.append(store)
+        return store
 
     def started_gateway(self) -> Gateway:
         """This process's gateway, started on first use: loopback plus where sandboxes reach."""
@@ -115,14 +106,13 @@ class Runner:
         if self.gateway is None:
             host = self.provider.gateway_host()
             hosts = ["127.0.0.1", *([host] if host and host != "127.0.0.1" else [])]
-            if isinstance(self.provider, EnginePool):  # every engine's sandboxes reach it
-                hosts = list(dict.fromkeys([*hosts, *self.provider.gateway_hosts()]))
-            writer = Store(self.store.address)  # its own connection, for the gateway's writer
+            hosts = list(dict.fromkeys([*hosts, *self.provider.gateway_hosts()]))  # a pool's
+            writer = self._opened(Store(self.store.address))  # the gateway writer's own
             upstreams = configured_upstreams(self.run.spec.providers)
             self.gateway = Gateway(upstreams, writer.record_call, hosts).start()
             self.gateway_host = host or "127.0.0.1"
             if self.run.spec.budget_usd is not None:
-                reader, run_id = Store(self.store.address), self.run.id
+                reader, run_id = self._opened(Store(self.store.address)), self.run.id
                 self.budget = RunBudget(self.run.spec.budget_usd, lambda: reader.run_cost(run_id))
         return self.gateway
 
@@ -139,7 +129,7 @@ class Runner:
 
     def _cell_budget(self, trial: TrialRecord, limit: float) -> None:
         if trial.cell not in self.cell_budgets:
-            reader, run_id = Store(self.store.address), self.run.id
+            reader, run_id = self._opened(Store(self.store.address)), self.run.id
             harness, model = trial.harness, trial.model
             self.cell_budgets[trial.cell] = RunBudget(
                 limit, lambda: reader.cell_cost(run_id, harness, model), "cell budget"
@@ -159,13 +149,13 @@ class Runner:
                 f"hemra: {trial.id} left queued: harness {trial.harness!r} needs environment "
                 f"variable {missing[0]}, which this runner's environment lacks"
             )
-        state = self._durably(lambda: self.store.claim(trial.id, self.worker, LEASE_SECS), trial)
-        if state == JobState.LEASED:
+        claim = self._durably(lambda: self.store.claim(trial.id, self.worker, LEASE_SECS), trial)
+        if claim.is_leased:
             self._run(trial)
-        elif state in (TAKEN, JobState.CANCELLING):
+        elif claim.state in (TAKEN, JobState.CANCELLING):
             return f"hemra: {trial.id} is running in another runner"
-        elif state in (JobState.REPLACED, JobState.DESELECTED):
-            return f"hemra: {trial.id} was {state} by another runner"
+        elif claim.state in (JobState.REPLACED, JobState.DESELECTED):
+            return f"hemra: {trial.id} was {claim.state} by another runner"
         return None
 
     def take_over(self, trial: str) -> TrialRecord | None:
@@ -201,7 +191,7 @@ class Runner:
             result = replace(result, outcome=Outcome.CANCELLED, reward=None, error=beat.reason)
         elif result.is_scored:
             result = self._with_upstream_refusals(trial, result)
-        self._durably(lambda: store.finish_trial(trial.id, asdict(result)), trial)
+        self._durably(lambda: store.finish_trial(trial.id, result), trial)
 
     def _run_waiting(
         self, trial: TrialRecord, trial_dir: Path, cancelled: threading.Event
@@ -269,7 +259,7 @@ class Runner:
             budget=self._budgets(trial),
             judges=run.judges,
             trial_dir=trial_dir,
-            pool=self.provider if isinstance(self.provider, EnginePool) else None,
+            pool=self.provider.placement(),
             dataset=trial.dataset,
         )
 
@@ -353,15 +343,13 @@ class Runner:
         if self.gateway is not None:
             url = self.gateway.base_urls.get(self.gateway_host)
             proxy = self.gateway.egress.urls.get(self.gateway_host)
-            if isinstance(self.provider, DockerProvider):  # its port closed, its run's network
-                with contextlib.suppress(HemraError):  # gone already: reaped by the next runner
-                    self.provider.release(
-                        self.run.id,
-                        urlsplit(url).port if url else None,
-                        urlsplit(proxy).port if proxy else None,
-                    )
+            ports = [urlsplit(found).port for found in (url, proxy) if found]
+            with contextlib.suppress(HemraError):  # gone already: reaped by the next runner
+                self.provider.release(self.run.id, [port for port in ports if port is not None])
             self.gateway.stop()  # after: while it holds its ports, no other runner is given one
             self.gateway = None
+        while self._stores:  # after the gateway: its writer writes until it stops
+            self._stores.pop().close()
 
 
 def _failed(trial_dir: Path, error: str, cause: Cause | None = None) -> TrialResult:

@@ -1,9 +1,10 @@
 """The store's database: opening it (creating or migrating the schema), transactions, events.
 
-A store is a SQLite file or a PostgreSQL database (`store/dialect.py` holds what differs). A
-write that finds the store's disk full, its lock held by another process for longer than the
-timeout (`HEMRA_STORE_TIMEOUT_SECS`, 30 s), or its server gone, raises `StoreUnavailable`: the
-runner waits it out (`run/outage.py`) rather than losing the write.
+A store is a SQLite file or a PostgreSQL database, reached through one SQLAlchemy engine
+(`store/dialect.py` holds what differs). A write that finds the store's disk full, its lock
+held by another process for longer than the timeout (`HEMRA_STORE_TIMEOUT_SECS`, 30 s), or its
+server gone, raises `StoreUnavailable`: the runner waits it out (`run/outage.py`) rather than
+losing the write.
 """
 
 from __future__ import annotations
@@ -12,36 +13,37 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
+
+from sqlalchemy import Connection, Engine, and_, exists, func, insert, inspect, select, update
 
 from pytest_hemra.core.backoff import seconds
-from pytest_hemra.core.errors import StoreError, StoreUnavailable
-from pytest_hemra.core.lifecycle import RunStatus, TrialStatus, sql_list
-from pytest_hemra.core.outcome import Cause, Outcome
-from pytest_hemra.core.store_location import is_server_address, store_address
-from pytest_hemra.store.dialect import (
-    Connection,
-    Dialect,
-    Postgres,
-    Reader,
-    SQLite,
-    index_name,
-)
+from pytest_hemra.core.errors import StoreError
+from pytest_hemra.core.lifecycle import RunStatus, TrialStatus
+from pytest_hemra.core.store_location import is_server_address, redacted, store_address
+from pytest_hemra.store import dialect
 from pytest_hemra.store.schema import (
     CURRENT,
-    INDEXES,
     OLDEST_MIGRATED,
-    SCHEMA,
     SCHEMA_VERSION,
+    events,
+    meta,
+    metadata,
+    runs,
+    trials,
 )
 
 TIMEOUT_SECS = ("HEMRA_STORE_TIMEOUT_SECS", 30.0)  # how long a write waits for another's lock
+SCHEMA_LOCK = "hemra schema"  # other processes creating or migrating the tables at once
 
 
 class StoreBase:
-    """A handle on one store; cheap to open. Each thread that uses it gets a connection of its
-    own (opened on first use), so threads of one process share a handle.
+    """A handle on one store; cheap to open, and a context manager: `close` (or the `with`
+    block's end) closes every connection it opened. Threads of one process share a handle:
+    each read or write takes a connection of the engine's pool for its length.
 
     `address` is what opens the same store again, in this process or another: a SQLite file's
     absolute path, or a `postgresql://` URL (with its password, if it has one: never print it;
@@ -50,39 +52,57 @@ class StoreBase:
     def __init__(self, address: str | Path) -> None:
         text = str(address)
         timeout = seconds(*TIMEOUT_SECS, os.environ)
-        self.dialect: Dialect
+        self.engine: Engine
         if is_server_address(text):
             self.address = store_address(text)
             self.path: Path | None = None
-            self.dialect = Postgres(self.address, timeout)
+            self.name = redacted(self.address)
+            self.engine = dialect.postgres_engine(self.address, timeout)
         else:
             self.address = str(Path(text).absolute())
             self.path = Path(self.address)
-            self.dialect = SQLite(self.path, timeout)
-        self.name = self.dialect.name
-        self.is_server = self.dialect.is_server
+            self.name = self.address
+            self.engine = dialect.sqlite_engine(self.path, timeout)
+        self.is_server = self.path is None
+        self._reader = dialect.reader(self.engine)
+        self._writer = dialect.writer(self.engine)
         try:
             self._create_schema()
         except BaseException:
             self.close()
             raise
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every connection this handle opened (a connection in use by another thread
+        is closed as that thread gives it back)."""
+        self.engine.dispose()
+
     def _create_schema(self) -> None:
-        """Create the tables once, in a write transaction taken up front: a reader that
-        upgraded to a writer while runners write would fail at once with 'database is locked'.
-        A schema from a newer HEMRA is refused before anything is written."""
+        """Create the tables once, in a write transaction taken up front. A schema from a
+        newer HEMRA is refused before anything is written; an older one is brought forward a
+        version at a time (`store/migrations.py`)."""
         found = self._schema_version()
         if found is None:
             with self._transaction() as tx:
-                self.dialect.lock(tx, "hemra schema")  # other processes creating it at once
-                for name, (columns, pk) in SCHEMA.items():
-                    self.dialect.create_table(tx, name, columns, pk)
-                for table, indexed in INDEXES:
-                    self.dialect.create_index(tx, table, indexed)
-                tx.execute(
-                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?)"
-                    " ON CONFLICT (key) DO NOTHING",
-                    [str(SCHEMA_VERSION)],
+                dialect.lock(tx, SCHEMA_LOCK)
+                metadata.create_all(tx)
+                dialect.upsert(
+                    tx,
+                    meta,
+                    {"key": "schema_version", "value": str(SCHEMA_VERSION)},
+                    ["key"],
+                    update=False,
                 )
             found = self._schema_version()
         if found is not None and found.isdigit() and int(found) > SCHEMA_VERSION:
@@ -95,82 +115,57 @@ class StoreBase:
             found = self._schema_version()
         if found != str(SCHEMA_VERSION):
             raise StoreError(f"{self.name}: store schema {found}, expected {SCHEMA_VERSION}")
-        self._add_missing_indexes()
 
     def _migrate(self, found: int) -> None:
-        """Bring an older store forward in place: every change since schema 2 adds tables and
-        columns (nothing is dropped or renamed), so old runs stay readable and resumable."""
-        with self._transaction() as tx:
-            self.dialect.lock(tx, "hemra schema")
-            present = self.dialect.tables()
-            for name, (columns, pk) in SCHEMA.items():
-                if name not in present:
-                    self.dialect.create_table(tx, name, columns, pk)
-                    continue
-                for column, kind in columns.items():
-                    if column not in present[name]:
-                        self.dialect.add_column(tx, name, column, kind)
-            tx.execute("UPDATE trials SET plan_seq = seq WHERE plan_seq IS NULL")
-            if found < 12:  # causes were kept in error_class, beside the SWE classes
-                causes = [str(cause) for cause in Cause if cause != Cause.TAMPERED]
-                tx.execute(
-                    "UPDATE trials SET cause = error_class, error_class = NULL"
-                    " WHERE error_class IN (SELECT value FROM json_each(?))",
-                    [json.dumps(causes)],
-                )
-                tx.execute(  # a reward cheat's class (a SWE trial's tampered stays its class)
-                    "UPDATE trials SET cause = error_class WHERE error_class = ?"
-                    " AND outcome = ?",
-                    [str(Cause.TAMPERED), str(Outcome.TAMPERED)],
-                )
-            tx.execute(
-                "UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION)]
-            )
-            self._event_any(tx, "migrated", {"from": found, "to": SCHEMA_VERSION})
+        """Bring an older store forward in place, one version per transaction; old runs stay
+        readable and resumable. Another process migrating at once waits for each step and
+        finds it done."""
+        from pytest_hemra.store.migrations import migrate
 
-    def _add_missing_indexes(self) -> None:
-        """Indexes added to INDEXES after a store was made are created once, on its next open;
-        a store that has them all is only read."""
-        names = self.dialect.index_names()
-        missing = [(t, c) for t, c in INDEXES if index_name(t, c) not in names]
-        if missing:
-            with contextlib.suppress(StoreUnavailable), self._transaction() as tx:
-                for table, indexed in missing:  # else on the next open: an index is no data
-                    self.dialect.create_index(tx, table, indexed)
+        for version in range(found + 1, SCHEMA_VERSION + 1):
+            with self._transaction() as tx:
+                dialect.lock(tx, SCHEMA_LOCK)
+                now = tx.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
+                if int(now.scalar_one()) >= version:
+                    continue
+                migrate(tx, version)
+                tx.execute(
+                    update(meta).where(meta.c.key == "schema_version").values(value=str(version))
+                )
+                if version == SCHEMA_VERSION:
+                    self._event_any(tx, "migrated", {"from": found, "to": SCHEMA_VERSION})
 
     def _schema_version(self) -> str | None:
-        try:
-            row = self.db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        except self.dialect.missing_table:  # no meta table yet
-            return None
-        return None if row is None else str(row[0])
+        with self._reading() as db:
+            if not inspect(db).has_table("meta"):
+                return None
+            found = db.execute(select(meta.c.value).where(meta.c.key == "schema_version"))
+            value = found.scalar()
+        return None if value is None else str(value)
 
-    @property
-    def db(self) -> Reader:
-        """This thread's connection to the store, for reads (sqlite_utils' `Database` on
-        SQLite)."""
-        return self.dialect.db
+    def _reading(self) -> contextlib.AbstractContextManager[Connection]:
+        """A connection for reads, outside any transaction, given back when the block ends."""
+        return dialect.reading(self._reader, self.name)
 
-    def close(self) -> None:
-        """Close every thread's connection."""
-        self.dialect.close()
-
-    def _transaction(self) -> contextlib.AbstractContextManager[Connection]:
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[Connection]:
         """A write transaction, all or nothing; `StoreUnavailable` when it cannot be made for
         now (nothing of it is written then)."""
-        return self.dialect.transaction()
+        with dialect.transaction(self._writer, self.name) as tx:
+            yield tx
 
     def _event(
         self,
         tx: Connection,
-        run_id: str,
+        run_id: str | None,
         trial: str | None,
         kind: str,
         data: dict[str, Any],
     ) -> None:
         tx.execute(
-            "INSERT INTO events (run_id, trial_id, at, kind, data) VALUES (?, ?, ?, ?, ?)",
-            [run_id, trial, time.time(), kind, json.dumps(data)],
+            insert(events).values(
+                run_id=run_id, trial_id=trial, at=time.time(), kind=kind, data=json.dumps(data)
+            )
         )
 
     def record_event(
@@ -178,32 +173,29 @@ class StoreBase:
     ) -> None:
         """An event of a run (and of one of its trials), in a transaction of its own."""
         with self._transaction() as tx:
-            tx.execute(
-                "INSERT INTO events (run_id, trial_id, at, kind, data) VALUES (?, ?, ?, ?, ?)",
-                [run_id, trial, time.time(), kind, json.dumps(data)],
-            )
+            self._event(tx, run_id, trial, kind, data)
 
     def _event_any(self, tx: Connection, kind: str, data: dict[str, Any]) -> None:
         """An event of the store itself, not of a run."""
-        tx.execute(
-            "INSERT INTO events (run_id, trial_id, at, kind, data) VALUES (NULL, NULL, ?, ?, ?)",
-            [time.time(), kind, json.dumps(data)],
-        )
+        self._event(tx, None, None, kind, data)
 
     def _close_run(self, tx: Connection, run_id: str) -> None:
         """A run with no unfinished trial left is `finished` (or stays `cancelled`). Its row
         is locked first on a server: two trials finishing at once would each see the other
         unfinished, and neither close the run."""
-        self.dialect.lock_row(tx, "runs", run_id)
+        dialect.lock_row(tx, runs, run_id)
+        unfinished = exists().where(
+            trials.c.run_id == run_id, CURRENT, trials.c.status.in_(TrialStatus.UNFINISHED)
+        )
         tx.execute(
-            f"UPDATE runs SET status = '{RunStatus.FINISHED}' WHERE id = ?"
-            f" AND status != '{RunStatus.CANCELLED}'"
-            f" AND NOT EXISTS (SELECT 1 FROM trials WHERE run_id = ? AND {CURRENT}"
-            f" AND status IN {sql_list(TrialStatus.UNFINISHED)})",
-            [run_id, run_id],
+            update(runs)
+            .where(and_(runs.c.id == run_id, runs.c.status != RunStatus.CANCELLED, ~unfinished))
+            .values(status=RunStatus.FINISHED)
         )
 
     def count(self, table: str) -> int:
-        if table not in SCHEMA:
+        if table not in metadata.tables:
             raise StoreError(f"{self.name}: no table {table!r}")
-        return int(self.db.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0])
+        with self._reading() as db:
+            found = db.execute(select(func.count()).select_from(metadata.tables[table]))
+            return int(found.scalar_one())

@@ -7,28 +7,38 @@ import json
 import time
 from collections.abc import Callable, Sequence
 
+from sqlalchemy import and_, exists, select
+
 from pytest_hemra.core.events import (
     ENGINE_DOWN,
     ENGINE_WAIT_ENDS,
     EngineWait,
     EventRecord,
 )
-from pytest_hemra.core.lifecycle import JobState, sql_list
+from pytest_hemra.core.lifecycle import JobState
 from pytest_hemra.store.base import StoreBase
 from pytest_hemra.store.owner import is_alive
+from pytest_hemra.store.schema import events, jobs
 
 
 class EventStore(StoreBase):
     def events(self, trials: Sequence[str]) -> list[EventRecord]:
         """Every event of these trials, oldest first."""
-        rows = self.db.execute(
-            "SELECT id, run_id, trial_id, at, kind, data FROM events"
-            " WHERE trial_id IN (SELECT value FROM json_each(?)) ORDER BY id",
-            [json.dumps(list(trials))],
-        )
+        e = events.c
+        query = select(e.id, e.run_id, e.trial_id, e.at, e.kind, e.data)
+        query = query.where(e.trial_id.in_(list(trials))).order_by(e.id)
+        with self._reading() as db:
+            rows = db.execute(query).all()
         return [
-            EventRecord(id=i, run_id=run, trial_id=trial, at=at, kind=kind, data=json.loads(data))
-            for i, run, trial, at, kind, data in rows
+            EventRecord(
+                id=row.id,
+                run_id=row.run_id,
+                trial_id=row.trial_id,
+                at=row.at,
+                kind=row.kind,
+                data=json.loads(row.data),
+            )
+            for row in rows
         ]
 
     def engine_waits(
@@ -37,29 +47,40 @@ class EventStore(StoreBase):
         """Runs (all, or `run_id`) with trials waiting for their engine now, by run: a trial
         whose last engine event is `engine_down` and whose runner still holds its job."""
         now = time.time()
-        rows = self.db.execute(
-            "SELECT e.run_id, e.at, e.data, j.lease_owner, j.lease_expires FROM events e"
-            " JOIN jobs j ON j.id = e.trial_id"
-            f" WHERE e.kind = ? AND j.state IN {sql_list(JobState.LIVE)}"
-            " AND (CAST(? AS TEXT) IS NULL OR e.run_id = ?)"
-            " AND NOT EXISTS (SELECT 1 FROM events l WHERE l.trial_id = e.trial_id"
-            "  AND l.kind IN (SELECT value FROM json_each(?)) AND l.id > e.id)"
-            " AND NOT EXISTS (SELECT 1 FROM events d WHERE d.trial_id = e.trial_id"
-            "  AND d.kind = e.kind AND d.id > e.id)"
-            " ORDER BY e.id",
-            [ENGINE_DOWN, run_id, run_id, json.dumps(ENGINE_WAIT_ENDS)],
-        ).fetchall()
+        down, later, j = events.alias("e"), events.alias("later"), jobs.c
+        ended = exists().where(
+            later.c.trial_id == down.c.trial_id,
+            later.c.kind.in_(list(ENGINE_WAIT_ENDS)),
+            later.c.id > down.c.id,
+        )
+        again = events.alias("again")
+        down_again = exists().where(
+            again.c.trial_id == down.c.trial_id,
+            again.c.kind == down.c.kind,
+            again.c.id > down.c.id,
+        )
+        query = (
+            select(down.c.run_id, down.c.at, down.c.data, j.lease_owner, j.lease_expires)
+            .select_from(down.join(jobs, j.id == down.c.trial_id))
+            .where(and_(down.c.kind == ENGINE_DOWN, j.state.in_(JobState.LIVE)))
+            .where(~ended, ~down_again)
+            .order_by(down.c.id)
+        )
+        if run_id is not None:
+            query = query.where(down.c.run_id == run_id)
+        with self._reading() as db:
+            rows = db.execute(query).all()
         found: dict[str, dict[str, EngineWait]] = {}
-        for run, at, data, owner, expires in rows:
-            if (expires or 0) < now or not alive(owner):
+        for row in rows:
+            if (row.lease_expires or 0) < now or not alive(row.lease_owner):
                 continue  # its runner is gone: the trial is not waiting, it is stale
-            detail = json.loads(data or "{}")
+            detail = json.loads(row.data or "{}")
             engine = str(detail.get("engine") or "docker")
-            waits = found.setdefault(run, {})
+            waits = found.setdefault(row.run_id, {})
             seen = waits.get(engine)
             waits[engine] = EngineWait(
                 engine,
-                at if seen is None else min(seen.since, at),
+                row.at if seen is None else min(seen.since, row.at),
                 1 if seen is None else seen.trials + 1,
                 detail.get("error"),
             )

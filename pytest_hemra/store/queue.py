@@ -8,21 +8,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Connection, Text, and_, bindparam, func, insert, select, update
+
 from pytest_hemra.core.errors import StoreError
 from pytest_hemra.core.events import CANCEL, RECORDED, RERUN, RESUME, RETRY
-from pytest_hemra.core.lifecycle import TAKEN, JobState, RunStatus, TrialStatus, sql_list
+from pytest_hemra.core.lifecycle import TAKEN, JobState, RunStatus, TrialStatus
 from pytest_hemra.core.outcome import Outcome
-from pytest_hemra.core.records import (
-    EngineSlot,
-    PlannedTrial,
-    TrialRecord,
-)
-from pytest_hemra.store.dialect import Connection
+from pytest_hemra.core.records import Claim, PlannedTrial, TrialRecord
+from pytest_hemra.store import dialect
 from pytest_hemra.store.results import ResultStore
-from pytest_hemra.store.schema import (
-    SCHEMA_VERSION,
-    trial_id,
-)
+from pytest_hemra.store.schema import SCHEMA_VERSION, jobs, runs, trial_id, trials
+
+J, T, R = jobs.c, trials.c, runs.c
 
 
 class QueueStore(ResultStore):
@@ -34,7 +31,7 @@ class QueueStore(ResultStore):
         name: str,
         spec: dict[str, Any],
         trials_dir: Path,
-        trials: Sequence[PlannedTrial],
+        planned: Sequence[PlannedTrial],
         status: RunStatus = RunStatus.RECORDED,
     ) -> None:
         """Write the run, its resolved spec, every trial and its job, all or nothing.
@@ -43,100 +40,108 @@ class QueueStore(ResultStore):
         now = time.time()
         with self._transaction() as tx:
             tx.execute(
-                "INSERT INTO runs (id, name, created_at, status, spec, trials_dir, schema_version)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    run_id,
-                    name,
-                    now,
-                    status,
-                    json.dumps(spec, sort_keys=True),
-                    str(trials_dir),
-                    SCHEMA_VERSION,
-                ],
+                insert(runs).values(
+                    id=run_id,
+                    name=name,
+                    created_at=now,
+                    status=status,
+                    spec=json.dumps(spec, sort_keys=True),
+                    trials_dir=str(trials_dir),
+                    schema_version=SCHEMA_VERSION,
+                )
             )
-            tx.executemany(
-                "INSERT INTO trials (id, run_id, seq, plan_seq, item_id, dataset, task, harness,"
-                " attempt, model, status)"
-                f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '{TrialStatus.PLANNED}')",
-                [
-                    (
-                        trial_id(run_id, seq),
-                        run_id,
-                        seq,
-                        seq,
-                        t.item_id,
-                        t.dataset,
-                        t.task,
-                        t.harness,
-                        t.attempt,
-                        t.model,
-                    )
-                    for seq, t in enumerate(trials)
-                ],
-            )
-            tx.executemany(
-                "INSERT INTO jobs (id, run_id, trial_id, state, created_at)"
-                f" VALUES (?, ?, ?, '{JobState.QUEUED}', ?)",
-                [
-                    (trial_id(run_id, seq), run_id, trial_id(run_id, seq), now)
-                    for seq in range(len(trials))
-                ],
-            )
-            self._event(tx, run_id, None, RECORDED, {"trials": len(trials)})
+            if planned:
+                tx.execute(
+                    insert(trials),
+                    [
+                        {
+                            "id": trial_id(run_id, seq),
+                            "run_id": run_id,
+                            "seq": seq,
+                            "plan_seq": seq,
+                            "item_id": t.item_id,
+                            "dataset": t.dataset,
+                            "task": t.task,
+                            "harness": t.harness,
+                            "attempt": t.attempt,
+                            "model": t.model,
+                            "status": TrialStatus.PLANNED,
+                        }
+                        for seq, t in enumerate(planned)
+                    ],
+                )
+                tx.execute(
+                    insert(jobs),
+                    [
+                        {
+                            "id": trial_id(run_id, seq),
+                            "run_id": run_id,
+                            "trial_id": trial_id(run_id, seq),
+                            "state": JobState.QUEUED,
+                            "created_at": now,
+                        }
+                        for seq in range(len(planned))
+                    ],
+                )
+            self._event(tx, run_id, None, RECORDED, {"trials": len(planned)})
 
-    def claim(self, trial: str, worker: str, lease_secs: float) -> str:
+    def claim(self, trial: str, worker: str, lease_secs: float) -> Claim:
         """Lease a trial's job to `worker` if it is queued; return the job's state after.
 
-        `leased` by `worker` means it is this worker's to run; anything else (`cancelled`,
-        `done`, `leased` by another live runner) means it is not. A job queued in a run
-        cancelled meanwhile (a retry made as `hemra cancel` ran) is cancelled, not leased."""
+        `leased` (`Claim.is_leased`) means it is this worker's to run; anything else
+        (`cancelled`, `done`, `taken`: leased by another live runner) means it is not. A job
+        queued in a run cancelled meanwhile (a retry made as `hemra cancel` ran) is
+        cancelled, not leased."""
         now = time.time()
         with self._transaction() as tx:
+            cancelled_runs = select(R.id).where(R.status == RunStatus.CANCELLED)
             late = tx.execute(
-                f"UPDATE jobs SET state = '{JobState.CANCELLED}' WHERE id = ?"
-                f" AND state = '{JobState.QUEUED}'"
-                f" AND run_id IN (SELECT id FROM runs WHERE status = '{RunStatus.CANCELLED}')",
-                [trial],
+                update(jobs)
+                .where(J.id == trial, J.state == JobState.QUEUED, J.run_id.in_(cancelled_runs))
+                .values(state=JobState.CANCELLED)
             ).rowcount
             if late:
                 tx.execute(
-                    f"UPDATE trials SET status = '{TrialStatus.CANCELLED}',"
-                    f" outcome = '{Outcome.CANCELLED}',"
-                    " error = 'cancelled by hemra cancel', finished_at = ?"
-                    f" WHERE id = ? AND status = '{TrialStatus.PLANNED}'",
-                    [now, trial],
+                    update(trials)
+                    .where(T.id == trial, T.status == TrialStatus.PLANNED)
+                    .values(
+                        status=TrialStatus.CANCELLED,
+                        outcome=Outcome.CANCELLED,
+                        error="cancelled by hemra cancel",
+                        finished_at=now,
+                    )
                 )
             if self._lease(tx, trial, worker, lease_secs, now):
-                return JobState.LEASED
-            found = tx.execute(
-                "SELECT state, lease_owner FROM jobs WHERE id = ?", [trial]
-            ).fetchone()
-        if found is None:
+                return Claim(trial, JobState.LEASED)
+            state = tx.execute(select(J.state).where(J.id == trial)).scalar()
+        if state is None:
             raise StoreError(f"{self.name}: no job for trial {trial!r}")
-        return TAKEN if found[0] == JobState.LEASED else str(found[0])
+        return Claim(trial, TAKEN if state == JobState.LEASED else str(state))
 
-    def claim_next(self, worker: str, lease_secs: float, run_id: str | None = None) -> str | None:
+    def claim_next(self, worker: str, lease_secs: float, run_id: str | None = None) -> Claim | None:
         """Lease the next queued job to `worker` (of `run_id`, else of any run still open,
-        the oldest run first) and return its trial's id; None when no job is queued.
+        the oldest run first); None when no job is queued.
 
         For workers on several machines working one queue: on PostgreSQL the job's row is
         taken `FOR UPDATE SKIP LOCKED`, so workers claiming at once each take another job
         without waiting on one another (on SQLite the write transaction holds the store)."""
         now = time.time()
+        query = (
+            select(J.id)
+            .select_from(jobs.join(runs, R.id == J.run_id))
+            .where(J.state == JobState.QUEUED, R.status.not_in(RunStatus.CLOSED))
+            .order_by(R.created_at, J.id)
+            .limit(1)
+            .with_for_update(of=jobs, skip_locked=True)
+        )
+        if run_id is not None:
+            query = query.where(J.run_id == run_id)
         with self._transaction() as tx:
-            found = tx.execute(
-                "SELECT jobs.id FROM jobs JOIN runs ON runs.id = jobs.run_id"
-                f" WHERE jobs.state = '{JobState.QUEUED}'"
-                f" AND runs.status NOT IN {sql_list(RunStatus.CLOSED)}"
-                " AND (CAST(? AS TEXT) IS NULL OR jobs.run_id = ?)"
-                " ORDER BY runs.created_at, jobs.id LIMIT 1" + self.dialect.skip_locked,
-                [run_id, run_id],
-            ).fetchone()
+            found = tx.execute(query).scalar()
             if found is None:
                 return None
-            self._lease(tx, str(found[0]), worker, lease_secs, now)
-        return str(found[0])
+            self._lease(tx, str(found), worker, lease_secs, now)
+        return Claim(str(found), JobState.LEASED)
 
     def _lease(
         self, tx: Connection, trial: str, worker: str, lease_secs: float, now: float
@@ -144,22 +149,27 @@ class QueueStore(ResultStore):
         """Lease a queued job (the job, then its trial, then its run: the order every write
         of the queue takes rows in, so that none waits on another in a cycle)."""
         claimed = tx.execute(
-            f"UPDATE jobs SET state = '{JobState.LEASED}', lease_owner = ?, lease_expires = ?,"
-            f" heartbeat_at = ? WHERE id = ? AND state = '{JobState.QUEUED}'",
-            [worker, now + lease_secs, now, trial],
+            update(jobs)
+            .where(J.id == trial, J.state == JobState.QUEUED)
+            .values(
+                state=JobState.LEASED,
+                lease_owner=worker,
+                lease_expires=now + lease_secs,
+                heartbeat_at=now,
+            )
         ).rowcount
         if not claimed:
             return False
         tx.execute(
-            f"UPDATE trials SET status = '{TrialStatus.RUNNING}', started_at = ?, worker = ?"
-            " WHERE id = ?",
-            [now, worker, trial],
+            update(trials)
+            .where(T.id == trial)
+            .values(status=TrialStatus.RUNNING, started_at=now, worker=worker)
         )
+        of_trial = select(T.run_id).where(T.id == trial).scalar_subquery()
         tx.execute(  # not when already running: each claim would wait on the run's row
-            f"UPDATE runs SET status = '{RunStatus.RUNNING}' WHERE id ="
-            " (SELECT run_id FROM trials WHERE id = ?)"
-            f" AND status NOT IN {sql_list((RunStatus.CANCELLED, RunStatus.RUNNING))}",
-            [trial],
+            update(runs)
+            .where(R.id == of_trial, R.status.not_in((RunStatus.CANCELLED, RunStatus.RUNNING)))
+            .values(status=RunStatus.RUNNING)
         )
         return True
 
@@ -169,46 +179,47 @@ class QueueStore(ResultStore):
         return self.heartbeats([trial], worker, lease_secs)[trial]
 
     def heartbeats(
-        self, trials: Sequence[str], worker: str, lease_secs: float
+        self, trial_ids: Sequence[str], worker: str, lease_secs: float
     ) -> dict[str, str | None]:
         """`heartbeat` for many trials of one worker, in one transaction: a process running
         hundreds of trials at once renews them all in one write a beat."""
         now = time.time()
         states: dict[str, str | None] = {}
         with self._transaction() as tx:
-            for trial in trials:
+            for trial in trial_ids:
+                mine = and_(J.id == trial, J.lease_owner == worker)
                 tx.execute(
-                    "UPDATE jobs SET lease_expires = ?, heartbeat_at = ?"
-                    f" WHERE id = ? AND lease_owner = ? AND state IN {sql_list(JobState.LIVE)}",
-                    [now + lease_secs, now, trial, worker],
+                    update(jobs)
+                    .where(mine, J.state.in_(JobState.LIVE))
+                    .values(lease_expires=now + lease_secs, heartbeat_at=now)
                 )
-                found = tx.execute(
-                    "SELECT state FROM jobs WHERE id = ? AND lease_owner = ?", [trial, worker]
-                ).fetchone()
-                states[trial] = None if found is None else str(found[0])
+                found = tx.execute(select(J.state).where(mine)).scalar()
+                states[trial] = None if found is None else str(found)
         return states
 
-    def cancel_trials(self, trials: Sequence[str], reason: str) -> int:
+    def cancel_trials(self, trial_ids: Sequence[str], reason: str) -> int:
         """Record unfinished trials cancelled (never failed); finished ones are left alone."""
         now = time.time()
         cancelled = 0
         with self._transaction() as tx:
-            for trial in trials:  # the job first, then the trial, as `claim` takes them
+            for trial in trial_ids:  # the job first, then the trial, as `claim` takes them
                 tx.execute(
-                    f"UPDATE jobs SET state = '{JobState.CANCELLED}', lease_owner = NULL"
-                    f" WHERE id = ? AND state IN {sql_list(JobState.OPEN)}",
-                    [trial],
+                    update(jobs)
+                    .where(J.id == trial, J.state.in_(JobState.OPEN))
+                    .values(state=JobState.CANCELLED, lease_owner=None)
                 )
                 cancelled += tx.execute(
-                    f"UPDATE trials SET status = '{TrialStatus.CANCELLED}',"
-                    f" outcome = '{Outcome.CANCELLED}', error = ?, finished_at = ?"
-                    f" WHERE id = ? AND status IN {sql_list(TrialStatus.UNFINISHED)}",
-                    [reason, now, trial],
+                    update(trials)
+                    .where(T.id == trial, T.status.in_(TrialStatus.UNFINISHED))
+                    .values(
+                        status=TrialStatus.CANCELLED,
+                        outcome=Outcome.CANCELLED,
+                        error=reason,
+                        finished_at=now,
+                    )
                 ).rowcount
-            for (run_id,) in tx.execute(
-                "SELECT DISTINCT run_id FROM trials WHERE id IN (SELECT value FROM json_each(?))",
-                [json.dumps(list(trials))],
-            ).fetchall():
+            of_trials = select(T.run_id).where(T.id.in_(list(trial_ids))).distinct()
+            for run_id in tx.execute(of_trials).scalars().all():
                 self._close_run(tx, run_id)
         return cancelled
 
@@ -219,27 +230,27 @@ class QueueStore(ResultStore):
         self.run(run_id)
         now = time.time()
         with self._transaction() as tx:
-            tx.execute(f"UPDATE runs SET status = '{RunStatus.CANCELLED}' WHERE id = ?", [run_id])
+            tx.execute(update(runs).where(R.id == run_id).values(status=RunStatus.CANCELLED))
             leased = tx.execute(
-                "SELECT id, lease_owner, lease_expires FROM jobs WHERE run_id = ?"
-                f" AND state IN {sql_list(JobState.LIVE)}",
-                [run_id],
-            ).fetchall()
-            live = [job for job, owner, expires in leased if is_alive(owner) and expires > now]
-            tx.executemany(
-                f"UPDATE jobs SET state = '{JobState.CANCELLING}' WHERE id = ?",
-                [(job,) for job in live],
-            )
+                select(J.id, J.lease_owner, J.lease_expires).where(
+                    J.run_id == run_id, J.state.in_(JobState.LIVE)
+                )
+            ).all()
+            live = [
+                job.id for job in leased if is_alive(job.lease_owner) and job.lease_expires > now
+            ]
+            for job in live:
+                tx.execute(update(jobs).where(J.id == job).values(state=JobState.CANCELLING))
             asked = {"running": len(live)}  # not a lifecycle state: the event's count
             self._event(tx, run_id, None, CANCEL, asked)
-        dead = [job for job, *_ in leased if job not in live]
-        queued = [
-            r[0]
-            for r in self.db.execute(
-                f"SELECT id FROM jobs WHERE run_id = ? AND state = '{JobState.QUEUED}'", [run_id]
+        dead = [job.id for job in leased if job.id not in live]
+        with self._reading() as db:
+            queued = (
+                db.execute(select(J.id).where(J.run_id == run_id, J.state == JobState.QUEUED))
+                .scalars()
+                .all()
             )
-        ]
-        return self.cancel_trials(queued + dead, "cancelled by hemra cancel"), len(live)
+        return self.cancel_trials([*queued, *dead], "cancelled by hemra cancel"), len(live)
 
     def replace_trial(self, trial: str, *, retry: bool, cause: str | None = None) -> TrialRecord:
         """Run a trial again under a new row linked to it (`replaces`): an infrastructure
@@ -257,83 +268,106 @@ class QueueStore(ResultStore):
         dead on this host) under a new row, queued: for a live runner to run it. None when
         its runner may still live, or it is not running any more (finished, or another runner
         took it over first: the check and the new row are one transaction)."""
-        if not self._is_stale(self.db, trial, is_alive):
-            return None  # read first: a runner waiting on a live one writes nothing
+        with self._reading() as db:
+            if not self._is_stale(db, trial, is_alive):
+                return None  # read first: a runner waiting on a live one writes nothing
         with self._transaction() as tx:
-            run_id = tx.execute("SELECT run_id FROM trials WHERE id = ?", [trial]).fetchone()
+            run_id = tx.execute(select(T.run_id).where(T.id == trial)).scalar()
             if run_id is None:
                 raise StoreError(f"{self.name}: no trial {trial!r}")
-            self.dialect.lock_row(tx, "runs", run_id[0])  # as `_replace` takes it, first
+            dialect.lock_row(tx, runs, run_id)  # as `_replace` takes it, first
             if not self._is_stale(tx, trial, is_alive):
                 return None
             new_id = self._replace(tx, trial, retry=False, cause=None)
         return self.trial(new_id)
 
     @staticmethod
-    def _is_stale(db: Any, trial: str, is_alive: Callable[[str], bool]) -> bool:
+    def _is_stale(db: Connection, trial: str, is_alive: Callable[[str], bool]) -> bool:
         found = db.execute(
-            "SELECT state, lease_owner, lease_expires FROM jobs WHERE id = ?", [trial]
-        ).fetchone()
-        if found is None or found[0] not in JobState.LIVE:
+            select(J.state, J.lease_owner, J.lease_expires).where(J.id == trial)
+        ).first()
+        if found is None or found.state not in JobState.LIVE:
             return False
-        _, owner, expires = found
-        return (expires or 0) < time.time() or not is_alive(owner)
+        return (found.lease_expires or 0) < time.time() or not is_alive(found.lease_owner)
 
     def replacement(self, trial: str) -> TrialRecord | None:
         """The row that runs a replaced trial again, if any."""
-        found = self.db.execute(
-            "SELECT r.id FROM trials t JOIN trials r ON r.run_id = t.run_id"
-            " AND r.plan_seq = t.plan_seq AND r.replaces = t.id WHERE t.id = ?",
-            [trial],
-        ).fetchone()
-        return None if found is None else self.trial(str(found[0]))
+        old, new = trials.alias("old"), trials.alias("new")
+        query = (
+            select(new.c.id)
+            .select_from(
+                old.join(
+                    new,
+                    and_(
+                        new.c.run_id == old.c.run_id,
+                        new.c.plan_seq == old.c.plan_seq,
+                        new.c.replaces == old.c.id,
+                    ),
+                )
+            )
+            .where(old.c.id == trial)
+        )
+        with self._reading() as db:
+            found = db.execute(query).scalar()
+        return None if found is None else self.trial(str(found))
 
     def _replace(self, tx: Connection, trial: str, *, retry: bool, cause: str | None) -> str:
         old = tx.execute(
-            "SELECT run_id, item_id, dataset, task, harness, attempt, coalesce(retries, 0),"
-            " plan_seq FROM trials WHERE id = ?",
-            [trial],
-        ).fetchone()
+            select(
+                T.run_id,
+                T.item_id,
+                T.dataset,
+                T.task,
+                T.harness,
+                T.attempt,
+                func.coalesce(T.retries, 0).label("retries"),
+                T.plan_seq,
+            ).where(T.id == trial)
+        ).first()
         if old is None:
             raise StoreError(f"{self.name}: no trial {trial!r}")
-        run_id = old[0]
-        self.dialect.lock_row(tx, "runs", run_id)  # the next seq is this one's alone
+        run_id = old.run_id
+        dialect.lock_row(tx, runs, run_id)  # the next seq is this one's alone
         done = tx.execute(
-            "SELECT id FROM trials WHERE run_id = ? AND plan_seq = ? AND replaces = ?",
-            [run_id, old[7], trial],
-        ).fetchone()
+            select(T.id).where(T.run_id == run_id, T.plan_seq == old.plan_seq, T.replaces == trial)
+        ).scalar()
         if done is not None:
-            return str(done[0])
-        seq = tx.execute("SELECT max(seq) + 1 FROM trials WHERE run_id = ?", [run_id])
-        new_id = trial_id(run_id, seq.fetchone()[0])
-        tx.execute(f"UPDATE trials SET status = '{TrialStatus.REPLACED}' WHERE id = ?", [trial])
+            return str(done)
+        seq = tx.execute(select(func.max(T.seq) + 1).where(T.run_id == run_id)).scalar_one()
+        new_id = trial_id(run_id, seq)
+        tx.execute(update(trials).where(T.id == trial).values(status=TrialStatus.REPLACED))
         tx.execute(
-            f"UPDATE jobs SET state = '{JobState.REPLACED}', lease_owner = NULL WHERE id = ?",
-            [trial],
+            update(jobs).where(J.id == trial).values(state=JobState.REPLACED, lease_owner=None)
         )
         tx.execute(
-            "INSERT INTO trials (id, run_id, seq, plan_seq, item_id, dataset, task, harness,"
-            " attempt, replaces, retries, status)"
-            f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '{TrialStatus.PLANNED}')",
-            [
-                new_id,
-                run_id,
-                int(new_id.rsplit(".", 1)[1]),
-                old[7],
-                *old[1:6],
-                trial,
-                old[6] + int(retry and cause is None),
-            ],
+            insert(trials).values(
+                id=new_id,
+                run_id=run_id,
+                seq=seq,
+                plan_seq=old.plan_seq,
+                item_id=old.item_id,
+                dataset=old.dataset,
+                task=old.task,
+                harness=old.harness,
+                attempt=old.attempt,
+                replaces=trial,
+                retries=old.retries + int(retry and cause is None),
+                status=TrialStatus.PLANNED,
+            )
         )
         tx.execute(
-            "INSERT INTO jobs (id, run_id, trial_id, state, created_at)"
-            f" VALUES (?, ?, ?, '{JobState.QUEUED}', ?)",
-            [new_id, run_id, new_id, time.time()],
+            insert(jobs).values(
+                id=new_id,
+                run_id=run_id,
+                trial_id=new_id,
+                state=JobState.QUEUED,
+                created_at=time.time(),
+            )
         )
         tx.execute(
-            f"UPDATE runs SET status = '{RunStatus.RUNNING}' WHERE id = ?"
-            f" AND status = '{RunStatus.FINISHED}'",
-            [run_id],
+            update(runs)
+            .where(R.id == run_id, R.status == RunStatus.FINISHED)
+            .values(status=RunStatus.RUNNING)
         )
         if cause is not None:
             self._event(tx, run_id, new_id, RERUN, {"replaces": trial, "cause": cause})
@@ -341,146 +375,79 @@ class QueueStore(ResultStore):
             self._event(tx, run_id, new_id, RETRY if retry else RESUME, {"replaces": trial})
         return new_id
 
-    def claim_engine(
-        self,
-        trial: str,
-        owner: str,
-        slots: Sequence[EngineSlot],
-        is_alive: Callable[[str], bool],
-    ) -> EngineSlot | None:
-        """Place a running trial on one of `slots` with a free slot: one that holds the trial's
-        image first, then the least loaded (by share of its capacity), then the first listed;
-        None when every one is full.
-
-        One write transaction, so runners placing at once never fill an engine past its
-        capacity; slots are counted by address across every run of the store. A placement ends
-        with `release_engine`, or when its trial's runner is gone (lease expired, process dead).
-        """
-        now = time.time()
-        with self._transaction() as tx:
-            self.dialect.lock(tx, "hemra placements")  # the count and the place, as one
-            held = tx.execute(
-                "SELECT p.trial_id, p.owner, j.state, j.lease_expires FROM placements p"
-                " LEFT JOIN jobs j ON j.id = p.trial_id"
-            ).fetchall()
-            gone = [
-                (placed,)
-                for placed, holder, state, expires in held
-                if state not in JobState.LIVE or (expires or 0) < now or not is_alive(holder)
-            ]
-            tx.executemany("DELETE FROM placements WHERE trial_id = ?", gone)
-            load = {
-                address: int(count)
-                for address, count in tx.execute(
-                    "SELECT address, count(*) FROM placements WHERE trial_id != ? GROUP BY address",
-                    [trial],
-                )
-            }
-            free = [slot for slot in slots if load.get(slot.address, 0) < slot.capacity]
-            if not free:
-                return None
-            listed = {slot.address: index for index, slot in enumerate(slots)}
-            chosen = min(
-                free,
-                key=lambda slot: (
-                    not slot.has_image,
-                    load.get(slot.address, 0) / slot.capacity,
-                    listed[slot.address],
-                ),
-            )
-            tx.execute(
-                "INSERT INTO placements (trial_id, run_id, engine, address, owner, at)"
-                " VALUES (?, (SELECT run_id FROM trials WHERE id = ?), ?, ?, ?, ?)"
-                " ON CONFLICT (trial_id) DO UPDATE SET run_id = excluded.run_id,"
-                " engine = excluded.engine, address = excluded.address, owner = excluded.owner,"
-                " at = excluded.at",
-                [trial, trial, chosen.name, chosen.address, owner, now],
-            )
-            tx.execute("UPDATE trials SET engine = ? WHERE id = ?", [chosen.name, trial])
-        return chosen
-
-    def release_engine(self, trial: str) -> None:
-        """A trial's engine slot is free again (its sandbox is gone)."""
-        with self._transaction() as tx:
-            tx.execute("DELETE FROM placements WHERE trial_id = ?", [trial])
-
-    def engine_load(self) -> dict[str, int]:
-        """Trials placed on each engine address right now (as the store counts slots)."""
-        rows = self.db.execute("SELECT address, count(*) FROM placements GROUP BY address")
-        return {address: int(count) for address, count in rows}
-
     def stale_trials(self, run_id: str, is_alive: Callable[[str], bool]) -> list[str]:
         """Running trials whose runner is gone: its lease expired, or its process is dead."""
         now = time.time()
-        rows = self.db.execute(
-            "SELECT id, lease_owner, lease_expires FROM jobs WHERE run_id = ?"
-            f" AND state IN {sql_list(JobState.LIVE)}",
-            [run_id],
-        ).fetchall()
-        return [job for job, owner, expires in rows if (expires or 0) < now or not is_alive(owner)]
+        with self._reading() as db:
+            rows = db.execute(
+                select(J.id, J.lease_owner, J.lease_expires).where(
+                    J.run_id == run_id, J.state.in_(JobState.LIVE)
+                )
+            ).all()
+        return [
+            row.id
+            for row in rows
+            if (row.lease_expires or 0) < now or not is_alive(row.lease_owner)
+        ]
 
     def runnable_runs(self, is_alive: Callable[[str], bool]) -> list[str]:
         """Runs `hemra serve` should work: queued jobs, or running ones whose runner is gone."""
-        ids = [
-            r[0]
-            for r in self.db.execute(
-                f"SELECT id FROM runs WHERE status NOT IN {sql_list(RunStatus.CLOSED)}"
-                " ORDER BY created_at"
+        with self._reading() as db:
+            ids = (
+                db.execute(
+                    select(R.id).where(R.status.not_in(RunStatus.CLOSED)).order_by(R.created_at)
+                )
+                .scalars()
+                .all()
             )
-        ]
-        return [
-            run_id
-            for run_id in ids
-            if self.db.execute(
-                f"SELECT 1 FROM jobs WHERE run_id = ? AND state = '{JobState.QUEUED}' LIMIT 1",
-                [run_id],
-            ).fetchone()
-            or self.stale_trials(run_id, is_alive)
-        ]
+            queued = {
+                run_id
+                for run_id in ids
+                if db.execute(
+                    select(J.id).where(J.run_id == run_id, J.state == JobState.QUEUED).limit(1)
+                ).first()
+            }
+        return [run_id for run_id in ids if run_id in queued or self.stale_trials(run_id, is_alive)]
 
     def is_trial_over(self, trial: str, is_alive: Callable[[str], bool]) -> bool:
         """Whether nobody runs a trial of this store any more (what it left on an engine may
         go): its job is not held, or the process holding it on this host is gone. A trial
         this store does not hold is not over: it is someone else's."""
-        found = self.db.execute(
-            "SELECT state, lease_owner FROM jobs WHERE id = ?", [trial]
-        ).fetchone()
+        with self._reading() as db:
+            found = db.execute(select(J.state, J.lease_owner).where(J.id == trial)).first()
         if found is None:
             return False
-        state, owner = found
-        return state not in JobState.LIVE or not is_alive(owner)
+        return found.state not in JobState.LIVE or not is_alive(found.lease_owner)
 
     def job_state(self, trial: str) -> str | None:
-        found = self.db.execute("SELECT state FROM jobs WHERE id = ?", [trial]).fetchone()
-        return None if found is None else str(found[0])
+        with self._reading() as db:
+            found = db.execute(select(J.state).where(J.id == trial)).scalar()
+        return None if found is None else str(found)
 
     def reopen_run(self, run_id: str) -> None:
         """A cancelled run asked to finish after all (`--hemra-resume-cancelled`)."""
         with self._transaction() as tx:
             tx.execute(
-                f"UPDATE runs SET status = '{RunStatus.RUNNING}' WHERE id = ?"
-                f" AND status = '{RunStatus.CANCELLED}'",
-                [run_id],
+                update(runs)
+                .where(R.id == run_id, R.status == RunStatus.CANCELLED)
+                .values(status=RunStatus.RUNNING)
             )
 
     def job_counts(self, run_id: str) -> dict[str, int]:
-        rows = self.db.execute(
-            "SELECT state, count(*) FROM jobs WHERE run_id = ? GROUP BY state", [run_id]
-        )
-        return {state: count for state, count in rows}
+        query = select(J.state, func.count().label("n")).where(J.run_id == run_id)
+        with self._reading() as db:
+            return {row.state: row.n for row in db.execute(query.group_by(J.state))}
 
     def deselect_trials(self, run_id: str, item_ids: Sequence[str]) -> None:
         """Trials left out by pytest's -k or -m: never run in this session, never scored."""
+        item = bindparam("item", type_=Text)
+        in_run = and_(T.run_id == run_id, T.item_id == item)
+        planned = update(trials).where(in_run, T.status == TrialStatus.PLANNED)
+        deselected = select(T.id).where(in_run, T.status == TrialStatus.DESELECTED)
+        queued = update(jobs).where(J.trial_id.in_(deselected), J.state == JobState.QUEUED)
+        rows = [{"item": found} for found in item_ids]
+        if not rows:
+            return
         with self._transaction() as tx:
-            tx.executemany(
-                f"UPDATE trials SET status = '{TrialStatus.DESELECTED}' WHERE run_id = ?"
-                f" AND item_id = ? AND status = '{TrialStatus.PLANNED}'",
-                [(run_id, item) for item in item_ids],
-            )
-            tx.executemany(
-                f"UPDATE jobs SET state = '{JobState.DESELECTED}' WHERE trial_id IN"
-                " (SELECT id FROM trials WHERE run_id = ? AND item_id = ?"
-                f" AND status = '{TrialStatus.DESELECTED}')"
-                f" AND state = '{JobState.QUEUED}'",
-                [(run_id, item) for item in item_ids],
-            )
+            tx.execute(planned.values(status=TrialStatus.DESELECTED), rows)
+            tx.execute(queued.values(state=JobState.DESELECTED), rows)

@@ -19,9 +19,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import Connection, delete, select
+
+from pytest_hemra.store import dialect
 from pytest_hemra.store.base import StoreBase
-from pytest_hemra.store.dialect import Connection
 from pytest_hemra.store.owner import is_alive, owner_name
+from pytest_hemra.store.schema import shared_claims, shared_jobs, shared_locks
 
 LOCK_SECS = 600.0  # a holder on another host that stopped answering is taken over after this
 LOCK_POLL_SECS = 0.1
@@ -42,20 +45,16 @@ class SharedJobStore(StoreBase):
 
     def shared_board(self, run_id: str, kind: str) -> SharedBoard:
         """The board as it is now (read only)."""
-        jobs = [
-            json.loads(row[0])
-            for row in self.db.execute(
-                "SELECT data FROM shared_jobs WHERE run_id = ? AND kind = ? ORDER BY seq",
-                [run_id, kind],
+        j, c = shared_jobs.c, shared_claims.c
+        with self._reading() as db:
+            data = db.execute(
+                select(j.data).where(j.run_id == run_id, j.kind == kind).order_by(j.seq)
+            ).scalars()
+            jobs = [json.loads(text) for text in data]
+            claimed = db.execute(
+                select(c.result, c.trial_id).where(c.run_id == run_id, c.kind == kind)
             )
-        ]
-        claims = {
-            str(row[0]): str(row[1])
-            for row in self.db.execute(
-                "SELECT result, trial_id FROM shared_claims WHERE run_id = ? AND kind = ?",
-                [run_id, kind],
-            )
-        }
+            claims = {str(row.result): str(row.trial_id) for row in claimed}
         return SharedBoard(jobs, claims)
 
     @contextmanager
@@ -91,7 +90,11 @@ class SharedJobStore(StoreBase):
                 self._write_board(tx, run_id, kind, board, before, claimed)
         finally:
             with self._transaction() as tx:
-                tx.execute("DELETE FROM shared_locks WHERE id = ? AND owner = ?", [lock_id, holder])
+                tx.execute(
+                    delete(shared_locks).where(
+                        shared_locks.c.id == lock_id, shared_locks.c.owner == holder
+                    )
+                )
         if failure is not None:
             raise failure
 
@@ -99,16 +102,24 @@ class SharedJobStore(StoreBase):
         while True:
             now = time.time()
             with self._transaction() as tx:
-                self.dialect.lock(tx, f"hemra shared lock {lock_id}")  # the read and the take
+                dialect.lock(tx, f"hemra shared lock {lock_id}")  # the read and the take
                 row = tx.execute(
-                    "SELECT owner, expires_at FROM shared_locks WHERE id = ?", [lock_id]
-                ).fetchone()
-                if row is None or row[1] < now or not is_alive(row[0]) or row[0] == holder:
-                    tx.execute(
-                        "INSERT INTO shared_locks (id, owner, expires_at) VALUES (?, ?, ?)"
-                        " ON CONFLICT (id) DO UPDATE SET owner = excluded.owner,"
-                        " expires_at = excluded.expires_at",
-                        [lock_id, holder, now + LOCK_SECS],
+                    select(shared_locks.c.owner, shared_locks.c.expires_at).where(
+                        shared_locks.c.id == lock_id
+                    )
+                ).first()
+                if (
+                    row is None
+                    or row.expires_at < now
+                    or not is_alive(row.owner)
+                    or row.owner == holder
+                ):
+                    dialect.upsert(
+                        tx,
+                        shared_locks,
+                        {"id": lock_id, "owner": holder, "expires_at": now + LOCK_SECS},
+                        ["id"],
+                        update=True,
                     )
                     return
             time.sleep(LOCK_POLL_SECS)
@@ -126,18 +137,34 @@ class SharedJobStore(StoreBase):
         for seq, job in enumerate(board.jobs):
             data = json.dumps(job, sort_keys=True)
             if before.get(job["name"]) != data:
-                tx.execute(
-                    "INSERT INTO shared_jobs (id, run_id, kind, name, seq, data, updated_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET seq ="
-                    " excluded.seq, data = excluded.data, updated_at = excluded.updated_at",
-                    [f"{run_id}/{job['name']}", run_id, kind, job["name"], seq, data, now],
+                dialect.upsert(
+                    tx,
+                    shared_jobs,
+                    {
+                        "id": f"{run_id}/{job['name']}",
+                        "run_id": run_id,
+                        "kind": kind,
+                        "name": job["name"],
+                        "seq": seq,
+                        "data": data,
+                        "updated_at": now,
+                    },
+                    ["id"],
+                    update=True,
                 )
-        tx.executemany(
-            "INSERT INTO shared_claims (id, run_id, kind, result, trial_id, at)"
-            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-            [
-                (f"{run_id}/{key}", run_id, kind, key, trial, now)
-                for key, trial in board.claims.items()
-                if key not in claimed
-            ],
-        )
+        for key, trial in board.claims.items():
+            if key not in claimed:
+                dialect.upsert(
+                    tx,
+                    shared_claims,
+                    {
+                        "id": f"{run_id}/{key}",
+                        "run_id": run_id,
+                        "kind": kind,
+                        "result": key,
+                        "trial_id": trial,
+                        "at": now,
+                    },
+                    ["id"],
+                    update=False,
+                )
