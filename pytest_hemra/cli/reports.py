@@ -107,6 +107,7 @@ def show_command(args: argparse.Namespace) -> int:
         f"trial {trial.id}: {trial.item_id}",
         f"  status {trial.status}, outcome {trial.outcome or '-'}, reward {reward}"
         + (f", class {trial.swe_class}" if trial.swe_class else "")
+        + (f", cause {trial.cause}" if trial.cause else "")
         + (f", retries {trial.retries} (replaces {trial.replaces})" if trial.replaces else ""),
         f"  rewards {json.dumps(trial.rewards, sort_keys=True)}"
         + _headline(

@@ -68,6 +68,7 @@ def open_controller(config: pytest.Config) -> Controller:
     if collect_only:
         return Controller(None, plan.trials, paths, gates)
     store = Store(store_location(config.getoption("hemra_store"), "--hemra-store").address)
+    config.add_cleanup(store.close)  # last: after the runner's close (cleanups run in reverse)
     _check_run_named(config, store, "hemra_compare")
     provider = sandbox_for(plan.spec, store, found)
     run = load_recorded(store, record_plan(plan, store))
@@ -93,6 +94,7 @@ def _resume(config: pytest.Config, found: dict[str, ProviderFactory]) -> Runner:
     if not location.exists():
         raise HemraError(f"--hemra-resume: no store at {location.describe()}")
     store = Store(location.address)
+    config.add_cleanup(store.close)
     _check_run_named(config, store, "hemra_resume")
     _check_run_named(config, store, "hemra_compare")
     run_id = config.getoption("hemra_resume")

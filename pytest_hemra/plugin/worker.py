@@ -45,6 +45,7 @@ def open_worker(config: pytest.Config, workerinput: dict[str, Any]) -> Worker:
     if "hemra_run_id" not in workerinput:
         raise HemraError("xdist worker got no run id from the controller")
     store = Store(workerinput["hemra_store"])
+    config.add_cleanup(store.close)  # after the runner's close (cleanups run in reverse)
     run = load_recorded(store, workerinput["hemra_run_id"])
     runner = Runner(store, run, sandbox_for(run.spec, store, providers(config)), owner_name())
     config.add_cleanup(runner.close)

@@ -127,6 +127,7 @@ class Worker:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            self.store.close()
         return 0
 
     def _sweep(self) -> None:

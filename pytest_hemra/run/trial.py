@@ -23,7 +23,7 @@ from pytest_hemra.core.errors import (
     outcome_of,
 )
 from pytest_hemra.core.network import OUTPUT_TAIL_BYTES, network_error
-from pytest_hemra.core.outcome import KILLED_LISTENERS, Cause, Outcome
+from pytest_hemra.core.outcome import KILLED_LISTENERS, Cause, Outcome, SweClass
 from pytest_hemra.core.reward import is_pass
 from pytest_hemra.core.trial import Judgment, TrialResult
 from pytest_hemra.execute.artifacts import collect as collect_artifacts
@@ -86,6 +86,8 @@ def run_trial(context: TrialContext) -> TrialResult:
         outcome, retried = outcome_of(failure)
         reward, rewards, error = 0.0, {"reward": 0.0}, str(failure)
         progress.cause = Cause.TAMPERED
+        if context.task.config.hemra.track == "swe":  # its class too, whichever check caught it
+            progress.swe_class = SweClass.TAMPERED
         _keep_evidence(context.trial_dir, failure)
     except HemraError as failure:
         outcome, retried = outcome_of(failure)
