@@ -8,6 +8,11 @@ Then `hemra --help`: the seconds spent importing (`python -X importtime`, every 
 import's cumulative time, minus what a bare `python -c pass` imports) and its wall time.
 Target: under 0.3 s of imports.
 
+Last, what a process of a run imports beyond pytest: an xdist worker (`plugin/worker.py`: what
+runs trials, no report) and the controller (`plugin/controller.py`: resolve, record, report),
+each in a fresh interpreter. Target for a worker: at most 0.5 s (issue 29 measured the whole
+plugin, which every worker imported, at 3.4-4.4 s on a loaded machine).
+
     python benchmarks/import_cost.py [--runs 7]
 """
 
@@ -23,6 +28,10 @@ from pathlib import Path
 
 ONE_TEST = "def test_one():\n    assert 1 + 1 == 2\n"
 HELP = "import sys; sys.argv = ['hemra', '--help']; from pytest_hemra.cli import main; main()"
+ROLES = {  # a run's processes: what each imports
+    "xdist worker": "pytest_hemra.plugin.worker",
+    "controller": "pytest_hemra.plugin.controller",
+}
 
 
 def wall(argv: list[str], cwd: Path | None = None) -> float:
@@ -84,6 +93,12 @@ def main() -> None:
     print("hemra --help:")
     print(f"  imports                {imports:.3f} s (target < 0.3 s)")
     print(f"  wall over bare python  {help_wall:.3f} s")
+    base = statistics.median(import_secs("import pytest") for _ in range(args.runs))
+    print("a run's processes, imports beyond pytest's:")
+    for role, module in ROLES.items():
+        secs = statistics.median(import_secs(f"import pytest, {module}") for _ in range(args.runs))
+        target = " (target <= 0.5 s)" if role == "xdist worker" else ""
+        print(f"  {role:<22} {secs - base:.3f} s{target}")
 
 
 if __name__ == "__main__":

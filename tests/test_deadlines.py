@@ -90,6 +90,21 @@ def test_the_plugin_loads_neither_pandas_nor_scipy_nor_statsmodels() -> None:
     assert loaded.strip() == "[]"
 
 
+def test_an_xdist_worker_imports_no_report_statistics_or_templates() -> None:
+    """A worker runs trials: the report, its statistics and templates load where the summary is
+    made (the controller), not in each of `-n`'s workers."""
+    heavy = ["numpy", "scipy", "jinja2", "tabulate", "pytest_hemra.report.tables"]
+    heavy += ["pytest_hemra.plugin.controller", "pytest_hemra.report.comparison"]
+    probe = (
+        "import sys, pytest_hemra.plugin.worker;"
+        f" print([name for name in {heavy!r} if name in sys.modules])"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert loaded.strip() == "[]"
+
+
 def test_image_builds_that_never_end_are_given_up_at_their_deadline(
     monkeypatch: pytest.MonkeyPatch, make_task: TaskMaker
 ) -> None:

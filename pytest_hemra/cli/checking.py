@@ -75,7 +75,8 @@ class RunSeen:
         self.store: str | None = None
 
     def pytest_sessionstart(self, session: Any) -> None:
-        from pytest_hemra.plugin import CONTROLLER, Controller
+        from pytest_hemra.plugin import CONTROLLER
+        from pytest_hemra.plugin.controller import Controller
 
         controller = session.config.pluginmanager.get_plugin(CONTROLLER)
         if isinstance(controller, Controller) and controller.runner is not None:

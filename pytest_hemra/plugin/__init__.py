@@ -17,10 +17,11 @@ from __future__ import annotations
 import pytest
 
 from pytest_hemra.core.errors import HemraError
-from pytest_hemra.plugin.controller import CONTROLLER, Controller, open_controller
-from pytest_hemra.plugin.worker import WORKER, Worker, open_worker
 
-__all__ = ["CONTROLLER", "WORKER", "Controller", "Worker", "register"]
+__all__ = ["CONTROLLER", "WORKER", "register"]
+
+CONTROLLER = "hemra-controller"  # the plug-ins' names in pytest's plugin manager
+WORKER = "hemra-worker"
 
 
 def register(config: pytest.Config) -> None:
@@ -33,9 +34,13 @@ def register(config: pytest.Config) -> None:
         return
     workerinput = getattr(config, "workerinput", None)
     try:
-        if workerinput is not None:
+        if workerinput is not None:  # an xdist worker imports only what runs trials
+            from pytest_hemra.plugin.worker import open_worker
+
             manager.register(open_worker(config, workerinput), WORKER)
         else:
+            from pytest_hemra.plugin.controller import open_controller
+
             manager.register(open_controller(config), CONTROLLER)
     except HemraError as error:
         raise pytest.UsageError(str(error)) from None

@@ -27,9 +27,10 @@ from pytest_hemra.core.store_location import store_location
 from pytest_hemra.core.text import printable, printable_lines
 from pytest_hemra.core.words import plural
 from pytest_hemra.execute.provisioning import ProviderFactory, provision
+from pytest_hemra.plugin import WORKER
 from pytest_hemra.plugin.items import TrialWork
 from pytest_hemra.plugin.protocol import rerun_status
-from pytest_hemra.plugin.worker import WORKER, Worker, providers
+from pytest_hemra.plugin.worker import Worker, providers
 from pytest_hemra.report.comparison import (
     RunComparison,
     compare_runs,
@@ -44,8 +45,6 @@ from pytest_hemra.resolve.plan import load_recorded, record_plan, resolve_plan
 from pytest_hemra.run.job import Runner, sandbox_for
 from pytest_hemra.store import Store
 from pytest_hemra.store.owner import is_alive, owner_name
-
-CONTROLLER = "hemra-controller"
 
 
 def open_controller(config: pytest.Config) -> Controller:

@@ -21,7 +21,7 @@ from pytest_hemra.core import registry
 from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.records import PlannedTrial, TrialRecord
 from pytest_hemra.execute.gateway.server import Gateway
-from pytest_hemra.execute.provisioning import ProviderFactory
+from pytest_hemra.execute.sandbox.providers import ProviderFactory
 from pytest_hemra.plugin.items import TrialItem, TrialWork, collect_trials
 from pytest_hemra.plugin.protocol import rerun_status, run_in_order, run_with_retries
 from pytest_hemra.resolve.plan import load_recorded
@@ -29,8 +29,6 @@ from pytest_hemra.run.job import Runner, sandbox_for
 from pytest_hemra.run.lanes import Lanes
 from pytest_hemra.store import Store
 from pytest_hemra.store.owner import owner_name
-
-WORKER = "hemra-worker"
 
 
 def providers(config: pytest.Config) -> dict[str, ProviderFactory]:
