@@ -9,7 +9,9 @@
 # `sudo systemctl restart docker`), prints `hemra runs` every second meanwhile (the run shows
 # `waiting for engine ...` while the engine is down), then how the run ended: every trial
 # finished in this one run, the lost ones rerun without using up a retry. `hemra show TRIAL`
-# on a rerun trial tells its engine_outage apart from a fault of its own.
+# on a rerun trial tells its engine_outage apart from a fault of its own. Last, `hemra clean`
+# lists, then removes, what the run left on the engine that no live trial owns (a restart also
+# clears the run networks Docker sometimes cannot remove under load).
 set -euo pipefail
 cd "$(dirname "$0")"
 export HEMRA_BACKOFF_MAX_SECS="${HEMRA_BACKOFF_MAX_SECS:-5}"  # ask a lost engine every <= 5 s
@@ -27,3 +29,5 @@ done
 if wait "$runner"; then echo "the run finished: every trial has a result"; else
   echo "the run exited $?: see examples/restart-drill/$log"; fi
 tail -n 3 "$log"
+hemra clean --store "$store" --dry-run
+hemra clean --store "$store"

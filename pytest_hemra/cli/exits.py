@@ -21,7 +21,8 @@ MEANINGS: dict[Exit, str] = {
     Exit.OK: "done: every trial has a result (failing tasks are results too), every check passed",
     Exit.VERDICT: "done, and the verdict is no: `hemra run` a cell did not finish (infra_error,"
     " verifier_error, cancelled) or a --fail-on gate tripped; `check` a task is broken;"
-    " `calibrate` the judge drifted; `canary` a count differs; `engines` no engine answers."
+    " `calibrate` the judge drifted; `canary` a count differs; `engines` no engine answers;"
+    " `clean` the engine does not answer, or something could not be removed."
     " (Plain `pytest --hemra-run` keeps pytest's rule: 1 when any trial failed.)",
     Exit.INTERRUPTED: "interrupted (Ctrl-C): what did not finish is recorded cancelled",
     Exit.INTERNAL: "an internal error: a bug in HEMRA or a plug-in; please report it",

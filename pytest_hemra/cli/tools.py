@@ -5,6 +5,7 @@ registry's and the cache's datasets (`datasets`), sandbox images and engines (`i
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,6 +74,15 @@ def add_commands(commands: Commands) -> None:
         "--store", metavar="PATH|URL", help=f"store whose placements to count ({STORE_DEFAULT})"
     )
     engines.set_defaults(handler=engines_command)
+
+    clean = commands.add_parser(
+        "clean", help="remove what HEMRA left on the engine that no live trial owns"
+    )
+    clean.add_argument(
+        "--store", metavar="PATH|URL", help=f"store whose trials to check ({STORE_DEFAULT})"
+    )
+    clean.add_argument("--dry-run", action="store_true", help="list what would go; remove nothing")
+    clean.set_defaults(handler=clean_command)
 
     canary = commands.add_parser(
         "canary", help="check the gateway counts what an upstream reports, per wire format"
@@ -291,6 +301,40 @@ def engines_command(args: argparse.Namespace) -> int:
     statuses = engine_statuses(spec.sandbox.engines, store)
     print(render_engines(statuses))
     return 0 if any(status.answers for status in statuses) else 1
+
+
+def clean_command(args: argparse.Namespace) -> int:
+    """What HEMRA left on the engine (DOCKER_HOST) that no live trial of the store owns, listed
+    and removed (`--dry-run`: listed only); containers of trials the store does not know stay.
+    Exits 1 when the engine does not answer, or something could not be removed."""
+    from pytest_hemra.execute.sandbox.providers import sandbox_provider
+    from pytest_hemra.resolve.spec import SandboxSettings
+    from pytest_hemra.store import Store
+    from pytest_hemra.store.owner import is_alive
+
+    location = store_location(args.store)
+    provider = sandbox_provider(SandboxSettings())
+    down = provider.engine_error()
+    if down is not None:
+        print(f"hemra clean: the engine does not answer ({down}); nothing removed")
+        return 1
+    with Store(location.address) if location.exists() else contextlib.nullcontext() as store:
+        found = provider.clean(
+            (lambda t: store.is_trial_over(t, is_alive)) if store else (lambda t: False),
+            dry_run=args.dry_run,
+        )
+    verb = "would remove" if args.dry_run else "removed"
+    for leftover in found:
+        if leftover.stuck:
+            print(f"could not remove {leftover.kind} {leftover.name}: {leftover.stuck}")
+        else:
+            print(f"{verb} {leftover.kind} {leftover.name}: {leftover.why}")
+    if not location.exists():
+        print(f"no store at {location.describe()}: containers of trials were left alone")
+    stuck = sum(1 for leftover in found if leftover.stuck)
+    done = plural(len(found) - stuck, "object")
+    print(f"hemra clean: {verb} {done}" + (f", {stuck} could not be removed" if stuck else ""))
+    return 1 if stuck else 0
 
 
 def canary_command(args: argparse.Namespace) -> int:

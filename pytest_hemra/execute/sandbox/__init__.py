@@ -22,6 +22,7 @@ from pytest_hemra.execute.output import DEFAULT_OUTPUT_CAP
 from pytest_hemra.resolve.datasets import Task
 
 if TYPE_CHECKING:
+    from pytest_hemra.execute.sandbox.cleaning import Leftover
     from pytest_hemra.resolve.spec import EngineSettings
     from pytest_hemra.store import Store
 
@@ -299,6 +300,12 @@ class SandboxProvider(Protocol):
         holds for trials that are over (`is_over`, by trial id); return how many sandboxes
         that was. Default: it leaves nothing behind (0)."""
         return 0
+
+    def clean(self, is_over: Callable[[str], bool], *, dry_run: bool) -> list[Leftover]:
+        """`hemra clean`: every object of HEMRA's on its engine that no live trial owns (of
+        trials that are over, by `is_over`; networks no sandbox uses; firewall rules of
+        runners gone), removed unless `dry_run`; what was found. Default: none."""
+        return []
 
     def placement(self) -> SandboxPool | None:
         """The pool that places each trial on one of several engines before its sandbox opens

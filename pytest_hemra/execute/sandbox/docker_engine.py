@@ -14,7 +14,14 @@ from typing import Any
 import docker
 
 from pytest_hemra.core.errors import InfraError
-from pytest_hemra.execute.sandbox import SandboxProvider, SandboxRequest, firewall, leftovers
+from pytest_hemra.execute.sandbox import (
+    SandboxProvider,
+    SandboxRequest,
+    cleaning,
+    firewall,
+    leftovers,
+)
+from pytest_hemra.execute.sandbox.cleaning import Leftover
 from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS, EngineClient
 from pytest_hemra.execute.sandbox.container import DockerSandbox
 from pytest_hemra.execute.sandbox.containers import Containers
@@ -103,6 +110,12 @@ class DockerEngine(SandboxProvider):
         their services networks; what this process remembers of the engine found again."""
         self.networks.forget()
         return leftovers.remove(self.networks, is_over)
+
+    def clean(self, is_over: Callable[[str], bool], *, dry_run: bool) -> list[Leftover]:
+        try:
+            return cleaning.clean(self.networks, is_over, dry_run=dry_run)
+        except DOCKER_ERRORS as error:
+            raise InfraError(f"docker: cannot clean the engine {self.engine} ({error})") from error
 
     def prepare(self, task: Task, default_image: str) -> str:
         """The task image with HEMRA's sandbox layer on top, built once per content digest, and

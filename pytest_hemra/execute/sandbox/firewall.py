@@ -161,15 +161,27 @@ def admitted(bridge: str) -> list[Admission]:
     return found
 
 
+def stale_admissions(bridge: str, listening: Callable[[str, int], bool]) -> list[Admission]:
+    """The admissions on `bridge` whose owner is gone and whose port nothing listens on (a
+    runner killed before it took its port back)."""
+    return [
+        rule
+        for rule in admitted(bridge)
+        if not (rule.owner and owner_alive(rule.owner)) and not listening(rule.host, rule.port)
+    ]
+
+
 def reap_admitted(bridge: str, listening: Callable[[str, int], bool]) -> None:
-    """Remove the admissions on `bridge` whose owner is gone and whose port nothing listens on
-    (a runner killed before it took its port back)."""
-    for rule in admitted(bridge):
-        if not (rule.owner and owner_alive(rule.owner)) and not listening(rule.host, rule.port):
-            if rule.owner:
-                revoke(bridge, rule.host, rule.port, rule.owner)
-            else:
-                _delete("iptables", chain_of(bridge), *_unowned_rule(rule.host, rule.port))
+    """Remove `stale_admissions`."""
+    for rule in stale_admissions(bridge, listening):
+        remove_admission(bridge, rule)
+
+
+def remove_admission(bridge: str, rule: Admission) -> None:
+    if rule.owner:
+        revoke(bridge, rule.host, rule.port, rule.owner)
+    else:
+        _delete("iptables", chain_of(bridge), *_unowned_rule(rule.host, rule.port))
 
 
 def _gateway_rule(host: str, port: int, owner: str) -> tuple[str, ...]:
@@ -195,14 +207,23 @@ def unguard(bridge: str) -> None:
             _delete("ip6tables", base, "-i", bridge, "-j", "DROP")
 
 
-def reap() -> None:
-    """Remove the rules of HEMRA bridges that are gone (a network removed by hand, say)."""
+def stale_bridges() -> list[str]:
+    """The bridges HEMRA has chains for that no longer exist (a network removed by hand, or
+    by a runner killed before it took its rules back)."""
     listed = _run("iptables", "-S")
     if listed.returncode != 0:
-        return
+        return []
+    found = []
     for line in listed.stdout.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0] == "-N" and parts[1].startswith(CHAIN_PREFIX):
             bridge = parts[1].removeprefix(CHAIN_PREFIX)
             if not Path("/sys/class/net", bridge).exists():
-                unguard(bridge)
+                found.append(bridge)
+    return found
+
+
+def reap() -> None:
+    """Remove the rules of HEMRA bridges that are gone (a network removed by hand, say)."""
+    for bridge in stale_bridges():
+        unguard(bridge)

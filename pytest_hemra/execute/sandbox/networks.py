@@ -69,7 +69,7 @@ class Networks:
                 gateway = self.network(GATEWAY_NETWORK, internal=True, labels={})
                 for network in self.client.networks.list(filters={"label": "hemra.run"}):
                     self.remove_run_network(network.attrs["Labels"]["hemra.run"])  # if empty
-                firewall.reap_admitted(bridge_of(gateway), _listening)  # runners gone
+                firewall.reap_admitted(bridge_of(gateway), listening)  # runners gone
                 return gateway_of(gateway)
             except DOCKER_ERRORS as error:
                 raise InfraError(f"docker: cannot create {GATEWAY_NETWORK} ({error})") from error
@@ -258,7 +258,7 @@ def gateway_of(network: Any) -> str | None:
     return None
 
 
-def _listening(host: str, port: int) -> bool:
+def listening(host: str, port: int) -> bool:
     """Whether something on this machine still accepts connections at host:port."""
     try:
         with socket.create_connection((host, port), timeout=1):

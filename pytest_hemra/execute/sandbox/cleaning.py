@@ -1,0 +1,129 @@
+"""`hemra clean`: every HEMRA object on an engine that no live trial owns, found and (unless
+only listed) removed.
+
+What is found, each named with why it may go:
+- containers labelled `hemra=1` of trials that are over (`is_over`, by trial id: the store
+  knows the trial and nobody runs it any more); containers of trials the store does not know
+  are another store's, and left alone;
+- a trial's services networks, once its trial is over;
+- run networks (`hemra-<run id>`) no container of their run sits on: an endpoint whose
+  container is gone (Docker sometimes keeps one under load, and then refuses to remove the
+  network) is disconnected with force first;
+- firewall chains of bridges that are gone, and gateway admissions whose runner is gone and
+  whose port nothing listens on.
+
+Task images are a cache, not leftovers: they stay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import docker.errors
+
+from pytest_hemra.execute.sandbox import firewall
+from pytest_hemra.execute.sandbox.leftovers import TRIAL_LABEL
+from pytest_hemra.execute.sandbox.networks import (
+    GATEWAY_NETWORK,
+    SERVICES_LABEL,
+    Networks,
+    bridge_of,
+    listening,
+)
+from pytest_hemra.execute.sandbox.removal import remove_container
+
+RUN_LABEL = "hemra.run"
+STUCK_NETWORK = (
+    "the engine refuses, holding an endpoint it no longer lists (a Docker fault under load);"
+    " restarting the Docker daemon clears it, and `hemra clean` then removes the network"
+)
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """One object `clean` found: what it is, its name, and why it may go."""
+
+    kind: str  # "container", "network", "firewall chain", "firewall rule"
+    name: str
+    why: str
+    stuck: str | None = None  # not removed: why, and what to do
+
+
+def clean(networks: Networks, is_over: Callable[[str], bool], *, dry_run: bool) -> list[Leftover]:
+    """Every leftover on the engine; removed unless `dry_run`."""
+    client = networks.client
+    found: list[Leftover] = []
+    over: dict[str, bool] = {}
+
+    def trial_over(trial: str) -> bool:
+        return over.setdefault(trial, is_over(trial))
+
+    for container in client.containers.list(
+        all=True, filters={"label": "hemra=1"}, ignore_removed=True
+    ):
+        trial = container.labels.get(TRIAL_LABEL)
+        if trial and trial_over(trial):
+            found.append(Leftover("container", container.name, f"trial {trial} is over"))
+            if not dry_run:
+                remove_container(container)
+    for network in client.networks.list(filters={"label": [TRIAL_LABEL, SERVICES_LABEL]}):
+        trial = (network.attrs.get("Labels") or {}).get(TRIAL_LABEL)
+        if trial and trial_over(trial):
+            found.append(Leftover("network", network.name, f"services of trial {trial}, over"))
+            if not dry_run:
+                with contextlib.suppress(docker.errors.NotFound):
+                    networks.remove_services_networks([f"{TRIAL_LABEL}={trial}"])
+    for network in client.networks.list(filters={"label": RUN_LABEL}):
+        run_id = (network.attrs.get("Labels") or {}).get(RUN_LABEL)
+        if run_id and not _run_has_containers(client, run_id):
+            why = f"no sandbox of run {run_id} is on it"
+            if not dry_run:
+                _drop_stale_endpoints(client, network)
+                networks.remove_run_network(run_id)
+                if networks.find(network.name) is not None:
+                    found.append(Leftover("network", network.name, why, STUCK_NETWORK))
+                    continue
+            found.append(Leftover("network", network.name, why))
+    found += _firewall(networks, dry_run)
+    return found
+
+
+def _run_has_containers(client: docker.DockerClient, run_id: str) -> bool:
+    filters = {"label": [f"{RUN_LABEL}={run_id}"]}
+    return bool(client.containers.list(all=True, filters=filters, ignore_removed=True))
+
+
+def _drop_stale_endpoints(client: docker.DockerClient, network: Any) -> None:
+    """Disconnect, with force, the endpoints of containers that no longer exist."""
+    with contextlib.suppress(docker.errors.NotFound):
+        network.reload()
+    for endpoint, attached in (network.attrs.get("Containers") or {}).items():
+        try:
+            client.containers.get(endpoint)
+        except docker.errors.NotFound:
+            with contextlib.suppress(docker.errors.APIError):
+                network.disconnect(attached.get("Name") or endpoint, force=True)
+
+
+def _firewall(networks: Networks, dry_run: bool) -> list[Leftover]:
+    if not networks.own:
+        return []  # a pool's engine: HEMRA keeps no firewall there
+    found = [
+        Leftover("firewall chain", firewall.chain_of(bridge), f"bridge {bridge} is gone")
+        for bridge in firewall.stale_bridges()
+    ]
+    if not dry_run:
+        firewall.reap()
+    gateway = networks.find(GATEWAY_NETWORK)
+    if gateway is not None:
+        bridge = bridge_of(gateway)
+        for rule in firewall.stale_admissions(bridge, listening):
+            owner = f"runner {rule.owner}" if rule.owner else "a runner"
+            why = f"{owner} is gone and nothing listens on the port"
+            found.append(Leftover("firewall rule", f"{rule.host}:{rule.port}", why))
+            if not dry_run:
+                firewall.remove_admission(bridge, rule)
+    return found

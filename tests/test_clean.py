@@ -1,0 +1,89 @@
+"""`hemra clean`: what HEMRA left on the engine that no live trial owns is listed (`--dry-run`)
+and removed; a live trial's sandbox and another store's are left alone."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import BASE_IMAGE
+from pytest_hemra.cli import main
+from pytest_hemra.core.records import PlannedTrial
+from pytest_hemra.store import Store
+from pytest_hemra.store.owner import owner_name
+
+pytestmark = pytest.mark.usefixtures("docker_test")
+
+
+@contextlib.contextmanager
+def leftovers(client: Any, run_id: str, trials: list[str]) -> Iterator[dict[str, Any]]:
+    """A sleeping container labelled as each trial's sandbox, a run network no sandbox is on,
+    and a firewall chain of a bridge that does not exist; all removed at the end, whatever
+    `hemra clean` did."""
+    made: dict[str, Any] = {}
+    chain = f"HEMRA-br-{uuid.uuid4().hex[:12]}"
+    try:
+        for trial in trials:
+            labels = {"hemra": "1", "hemra.run": run_id, "hemra.trial": trial}
+            made[trial] = client.containers.run(
+                BASE_IMAGE, ["sleep", "infinity"], detach=True, labels=labels, network_mode="none"
+            )
+        network_run = f"clean-{uuid.uuid4().hex[:8]}"
+        made["network"] = client.networks.create(
+            f"hemra-{network_run}", labels={"hemra": "1", "hemra.run": network_run}
+        )
+        subprocess.run(["iptables", "-w", "10", "-N", chain], check=True)
+        made["chain"] = chain
+        yield made
+    finally:
+        for trial in trials:
+            if trial in made:
+                with contextlib.suppress(Exception):
+                    made[trial].remove(force=True)
+        if "network" in made:
+            with contextlib.suppress(Exception):
+                made["network"].remove()
+        subprocess.run(["iptables", "-w", "10", "-X", chain], check=False, capture_output=True)
+
+
+def exists(client: Any, container: Any) -> bool:
+    return bool(client.containers.list(all=True, filters={"id": container.id}))
+
+
+def test_clean_lists_then_removes_only_what_no_live_trial_owns(
+    tmp_path: Path, docker_client: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store_path = tmp_path / "s.db"
+    run_id = f"clean-{uuid.uuid4().hex[:8]}"
+    with Store(store_path) as store:
+        plan = [PlannedTrial("ds", f"task-{n}", "oracle", 1) for n in range(2)]
+        store.record_plan(run_id, "run", {}, tmp_path, plan)
+        over, live = (f"{run_id}.{n:05d}" for n in range(2))
+        assert store.claim(live, owner_name(), 600).is_leased  # this process runs it
+    unknown = f"other-{uuid.uuid4().hex[:8]}.00000"  # another store's trial
+    with leftovers(docker_client, run_id, [over, live, unknown]) as made:
+        network, chain = made["network"].name, made["chain"]
+        assert main(["clean", "--dry-run", "--store", str(store_path)]) in (0, 1)
+        listed = capsys.readouterr().out
+        assert f"would remove container {made[over].name}: trial {over} is over" in listed
+        assert f"would remove network {network}: no sandbox of run" in listed
+        assert f"would remove firewall chain {chain}: bridge" in listed
+        assert made[live].name not in listed and made[unknown].name not in listed
+        assert exists(docker_client, made[over])  # a dry run removes nothing
+        assert docker_client.networks.list(names=[network])
+        code = main(["clean", "--store", str(store_path)])
+        done = capsys.readouterr().out
+        assert code == (1 if "could not remove" in done else 0), done
+        assert f"removed container {made[over].name}: trial {over} is over" in done
+        assert f"removed network {network}" in done and f"removed firewall chain {chain}" in done
+        assert not exists(docker_client, made[over])
+        assert exists(docker_client, made[live]) and exists(docker_client, made[unknown])
+        assert not docker_client.networks.list(names=[network])
+        listed_chains = subprocess.run(["iptables", "-S"], capture_output=True, text=True).stdout
+        assert f"-N {chain}" not in listed_chains
