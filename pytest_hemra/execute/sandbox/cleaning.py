@@ -25,15 +25,13 @@ from typing import Any
 import docker.errors
 
 from pytest_hemra.execute.sandbox import firewall
-from pytest_hemra.execute.sandbox.leftovers import TRIAL_LABEL
+from pytest_hemra.execute.sandbox.leftovers import over_trials
 from pytest_hemra.execute.sandbox.networks import (
     GATEWAY_NETWORK,
-    SERVICES_LABEL,
     Networks,
     bridge_of,
     listening,
 )
-from pytest_hemra.execute.sandbox.removal import remove_container
 
 RUN_LABEL = "hemra.run"
 STUCK_NETWORK = (
@@ -55,27 +53,11 @@ class Leftover:
 def clean(networks: Networks, is_over: Callable[[str], bool], *, dry_run: bool) -> list[Leftover]:
     """Every leftover on the engine; removed unless `dry_run`."""
     client = networks.client
-    found: list[Leftover] = []
-    over: dict[str, bool] = {}
-
-    def trial_over(trial: str) -> bool:
-        return over.setdefault(trial, is_over(trial))
-
-    for container in client.containers.list(
-        all=True, filters={"label": "hemra=1"}, ignore_removed=True
-    ):
-        trial = container.labels.get(TRIAL_LABEL)
-        if trial and trial_over(trial):
-            found.append(Leftover("container", container.name, f"trial {trial} is over"))
-            if not dry_run:
-                remove_container(container)
-    for network in client.networks.list(filters={"label": [TRIAL_LABEL, SERVICES_LABEL]}):
-        trial = (network.attrs.get("Labels") or {}).get(TRIAL_LABEL)
-        if trial and trial_over(trial):
-            found.append(Leftover("network", network.name, f"services of trial {trial}, over"))
-            if not dry_run:
-                with contextlib.suppress(docker.errors.NotFound):
-                    networks.remove_services_networks([f"{TRIAL_LABEL}={trial}"])
+    found = [
+        Leftover(kind, name, f"trial {trial} is over" if kind == "container"
+                 else f"services of trial {trial}, over")
+        for kind, name, trial in over_trials(networks, is_over, dry_run=dry_run)
+    ]  # fmt: skip
     for network in client.networks.list(filters={"label": RUN_LABEL}):
         run_id = (network.attrs.get("Labels") or {}).get(RUN_LABEL)
         if run_id and not _run_has_containers(client, run_id):

@@ -24,18 +24,30 @@ TRIAL_LABEL = "hemra.trial"
 def remove(networks: Networks, is_over: Callable[[str], bool]) -> int:
     """Remove the containers labelled `hemra=1` of trials that are over, then those trials'
     services networks; return how many containers there were."""
+    found = over_trials(networks, is_over, dry_run=False)
+    return sum(1 for kind, _, _ in found if kind == "container")
+
+
+def over_trials(
+    networks: Networks, is_over: Callable[[str], bool], *, dry_run: bool
+) -> list[tuple[str, str, str]]:
+    """What trials that are over left: (kind, name, trial) for each container labelled
+    `hemra=1` and each services network, removed unless `dry_run`."""
     client = networks.client
     found = client.containers.list(all=True, filters={"label": "hemra=1"}, ignore_removed=True)
     over: dict[str, bool] = {}
-    removed = 0
+    left: list[tuple[str, str, str]] = []
     for container in found:
         trial = container.labels.get(TRIAL_LABEL)
         if trial and over.setdefault(trial, is_over(trial)):
-            remove_container(container)
-            removed += 1
+            left.append(("container", container.name, trial))
+            if not dry_run:
+                remove_container(container)
     for network in client.networks.list(filters={"label": [TRIAL_LABEL, SERVICES_LABEL]}):
         trial = (network.attrs.get("Labels") or {}).get(TRIAL_LABEL)
         if trial and over.setdefault(trial, is_over(trial)):
-            with contextlib.suppress(docker.errors.NotFound):
-                networks.remove_services_networks([f"{TRIAL_LABEL}={trial}"])
-    return removed
+            left.append(("network", network.name, trial))
+            if not dry_run:
+                with contextlib.suppress(docker.errors.NotFound):
+                    networks.remove_services_networks([f"{TRIAL_LABEL}={trial}"])
+    return left
