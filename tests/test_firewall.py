@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -96,3 +98,34 @@ def test_only_admissions_of_runners_gone_whose_port_is_closed_are_reaped(
     finally:
         for owner, port in [(dead, closed), (other_runner, closed), (dead, open_port)]:
             firewall.revoke(bridge, host, port, owner=owner)
+
+
+def test_a_run_network_another_runner_removed_and_made_again_still_lets_this_gateway_in(
+    make_task: TaskMaker, tmp_path: Path
+) -> None:
+    """Runner A caches its run's network; another process reaps it while empty (between
+    trials) and runner B makes it again under the same name, letting only B's port in. A's
+    next sandbox must land on a network A let its own port into, not on B's by name."""
+    image = python_image(DockerProvider(), make_task)
+    a, b = DockerProvider(), DockerProvider()  # two runners of one run (two xdist workers)
+    host = a.gateway_host()
+    assert host is not None
+    run_id = f"fw-{uuid.uuid4().hex[:8]}"
+    labels = {"hemra.run": run_id, "hemra.trial": f"{run_id}.00000"}
+    with host_listener() as (port_a, _), host_listener() as (port_b, _):
+        request_a = SandboxRequest(
+            image=image, limits=Limits(), network=True, labels=labels, gateway_port=port_a
+        )
+        request_b = replace(request_a, gateway_port=port_b)
+        try:
+            with a.open(request_a):
+                pass  # A's run network made and cached; its sandbox gone (between trials)
+            assert DockerProvider().gateway_host() is not None  # another runner reaps it
+            # B makes it again, only B's port let in; then A's next sandbox
+            with b.open(request_b), a.open(request_a) as sandbox:
+                target = {"gateway": (host, port_a)}
+                found = probe(sandbox, target, tmp_path)["probes"]["gateway"]
+                assert found["result"] == "connected", found
+        finally:
+            a.release(run_id, [port_a])
+            b.release(run_id, [port_b])

@@ -124,9 +124,10 @@ class Containers:
         network, lock = self.networks.sandbox_network(request, run_id, locked=whole)
         container = None
         try:
-            with lock:
+            with lock:  # by id: never a network of the same name made since by another
+                # process, whose bridge this one never let its gateway's port into
                 container = self.client.containers.create(
-                    request.image, network=network.name, **options
+                    request.image, network=network.id, **options
                 )
             self._join_services(container, request)
             container.start()
