@@ -80,14 +80,7 @@ def test_the_plugin_loads_neither_pandas_nor_scipy_nor_statsmodels() -> None:
     """statsmodels (and pandas, which sqlite_utils imports when it is installed) and scipy load
     where the statistics need them, not in every process that opens the store."""
     heavy = ["pandas", "scipy", "statsmodels"]
-    probe = (
-        "import sys, pytest_hemra.plugin, pytest_hemra.report.tables;"
-        f" print([name for name in {heavy!r} if name in sys.modules])"
-    )
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
-    ).stdout
-    assert loaded.strip() == "[]"
+    assert loaded_after("pytest_hemra.plugin, pytest_hemra.report.tables", heavy) == "[]"
 
 
 def test_an_xdist_worker_imports_no_report_statistics_or_templates() -> None:
@@ -95,14 +88,14 @@ def test_an_xdist_worker_imports_no_report_statistics_or_templates() -> None:
     made (the controller), not in each of `-n`'s workers."""
     heavy = ["numpy", "scipy", "jinja2", "tabulate", "pytest_hemra.report.tables"]
     heavy += ["pytest_hemra.plugin.controller", "pytest_hemra.report.comparison"]
-    probe = (
-        "import sys, pytest_hemra.plugin.worker;"
-        f" print([name for name in {heavy!r} if name in sys.modules])"
-    )
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
-    ).stdout
-    assert loaded.strip() == "[]"
+    assert loaded_after("pytest_hemra.plugin.worker", heavy) == "[]"
+
+
+def loaded_after(modules: str, heavy: list[str]) -> str:
+    """Which of `heavy` a fresh interpreter has loaded once it imported `modules`, printed."""
+    probe = f"import sys, {modules}; print([name for name in {heavy!r} if name in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
 
 
 def test_image_builds_that_never_end_are_given_up_at_their_deadline(
