@@ -17,20 +17,24 @@ runner is gone (its lease expired, or its process seen dead on this host), this 
 the trial over (`settle`): a new row, run here, whose result the item reports; every trial of
 the run such a runner held is taken over at once, each on a lane. One item, one result.
 
-A retry (a new attempt after an infrastructure error) runs on the thread of the item that
-asked for it. `stop` ends the lanes: trials not started are never started, running ones are
-stopped and recorded cancelled, and it returns once every lane has recorded its trial.
+A retry (a new attempt after an infrastructure error) is queued on the lanes by the lane whose
+trial failed, as soon as it fails: retries run as many at once as first attempts, never one
+after another on the items' thread (which, without pytest-xdist, is pytest's main loop). The
+item still reports the failed attempt as a rerun, then follows its retry. `stop` ends the
+lanes: trials not started are never started, running ones are stopped and recorded cancelled,
+and it returns once every lane has recorded its trial.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.core.lifecycle import JobState
+from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.run.job import Runner
 from pytest_hemra.store.owner import is_alive
@@ -49,6 +53,7 @@ class Lanes:
     size: int
     futures: dict[str, Future[str | None]] = field(default_factory=dict)
     started: dict[str, float] = field(default_factory=dict)  # when a lane took each trial
+    retried: set[str] = field(default_factory=set)  # trials whose retry a lane queued
     stopping: str | None = None  # why the lanes were stopped
     pool: ThreadPoolExecutor = field(init=False)
 
@@ -66,12 +71,36 @@ class Lanes:
         self.started[trial.id] = time.monotonic()
         if self.stopping is not None:
             return f"hemra: {trial.id} not started: {self.stopping}"
-        return self.runner.work(trial)
+        note = self.runner.work(trial)
+        self._queue_retry(trial)
+        return note
+
+    def _queue_retry(self, trial: TrialRecord) -> None:
+        """A trial that ended in an infrastructure error with retries left: its new attempt
+        queued on the lanes now (the item that reports it follows it there)."""
+        record = self.runner.store.trial(trial.id)
+        if self.stopping is not None or record.outcome != Outcome.INFRA_ERROR:
+            return
+        retry = self.runner.next_attempt(record)
+        if retry is None or self.stopping is not None:
+            return
+        self.retried.add(trial.id)
+        try:
+            self.futures[retry.id] = self.pool.submit(self._work, retry)
+        except RuntimeError:  # the lanes shut down meanwhile: the item runs it, or resume does
+            self.retried.discard(trial.id)
 
     def work(self, trial: TrialRecord) -> TrialRecord | str:
         """An item's trial to its result: the row that holds it (the trial's own, or the one
         that took it over), or a text saying why it has none."""
-        return settle(self.runner, trial, self._in_lane, wait=True, on_stale=self._take_over_all)
+        return settle(
+            self.runner,
+            trial,
+            self._in_lane,
+            wait=True,
+            on_stale=self._take_over_all,
+            retried=self.retried,
+        )
 
     def _in_lane(self, trial: TrialRecord) -> str | None:
         """`Runner.work` for an item: on its lane when the lanes queued the trial, else (a
@@ -135,13 +164,16 @@ def settle(
     *,
     wait: bool,
     on_stale: Callable[[], bool] | None = None,
+    retried: Container[str] = (),
 ) -> TrialRecord | str:
     """A trial to its result: `run` (`Runner.work`, here or on a lane) claims and runs it; a
     trial another runner holds is waited for while that runner lives (with `wait`; else the
     text says it runs elsewhere), taken over when it is gone (`on_stale` first: every trial
     it held taken over at once), and followed to the row that replaced it. Returns the row
     with the trial's result, or a text saying why it has none (deselected, left queued,
-    stopped)."""
+    stopped). A row whose retry a lane queued (`retried`) is returned as it ended, for the
+    item to report it as a rerun and follow its retry (`Runner.next_attempt` gives the row the
+    lane made)."""
     store = runner.store
     current = trial
     note = run(current)
@@ -151,6 +183,8 @@ def settle(
             return detail.trial
         state = detail.job_state
         if state == JobState.REPLACED:
+            if current.id in retried and detail.trial.outcome == Outcome.INFRA_ERROR:
+                return detail.trial
             following = store.replacement(current.id)
             if following is None:
                 return note or f"hemra: {current.id} was replaced, and its new row is gone"
