@@ -70,3 +70,50 @@ def test_a_run_from_the_repository_root_is_found_by_runs_report_show_and_view(
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert found.stdout.split() == [run_id]
+
+
+def test_init_example_writes_a_bundled_example_as_the_checkout_has_it_and_overwrites_nothing(
+    tmp_path: Path,
+) -> None:
+    """`hemra init --example NAME` is how a pip user gets what the docs run from a clone's
+    examples/: the same files at the same paths under ./examples/, so the same commands run."""
+
+    def hemra(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["hemra", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+
+    listed = hemra("init", "--example")
+    assert listed.returncode == 0, listed.stderr
+    names = [line.split()[0] for line in listed.stdout.splitlines()[:-1]]
+    checkout = sorted(p.stem for p in (REPO / "examples").iterdir() if p.suffix in ("", ".toml"))
+    assert sorted(names) == checkout and "oracle-vs-nop" in names
+
+    written = hemra("init", "--example", "oracle-vs-nop")
+    assert written.returncode == 0, written.stderr
+    assert written.stdout.splitlines() == [
+        "wrote examples/oracle-vs-nop.toml",
+        "next: hemra run examples/oracle-vs-nop.toml --dry-run   (its comments say what it needs)",
+    ]
+    copied = tmp_path / "examples" / "oracle-vs-nop.toml"
+    assert copied.read_bytes() == (REPO / "examples" / "oracle-vs-nop.toml").read_bytes()
+    planned = hemra("run", "examples/oracle-vs-nop.toml", "--dry-run")
+    assert planned.returncode == 0, planned.stderr
+    assert "trials: " in planned.stdout and not (tmp_path / ".hemra").exists()
+
+    folder = hemra("init", "--example", "restart-drill")
+    assert folder.returncode == 0, folder.stderr
+    drill = tmp_path / "examples" / "restart-drill" / "drill.sh"
+    assert drill.read_bytes() == (REPO / "examples" / "restart-drill" / "drill.sh").read_bytes()
+    assert drill.stat().st_mode & 0o111
+
+    again = hemra("init", "--example", "oracle-vs-nop")
+    assert again.returncode == 4
+    assert (
+        "examples/oracle-vs-nop.toml: already exists; hemra init overwrites nothing" in again.stderr
+    )
+    unknown = hemra("init", "--example", "oracle-vs-np")
+    assert unknown.returncode == 4 and not unknown.stdout
+    assert "no bundled example named 'oracle-vs-np' (did you mean 'oracle-vs-nop'?" in (
+        unknown.stderr
+    )

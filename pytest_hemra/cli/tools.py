@@ -20,9 +20,22 @@ if TYPE_CHECKING:
 
 
 def add_commands(commands: Commands) -> None:
-    init = commands.add_parser("init", help="write a starter run file, harness and dataset")
+    init = commands.add_parser(
+        "init",
+        help="write a starter run file, harness and dataset (or a bundled example)",
+        description="Write a starter run file, harness and dataset that run as they are; with"
+        " --example NAME, the bundled example NAME (a run file or a folder) into examples/ of"
+        " the folder instead. Nothing is overwritten.",
+    )
     init.add_argument(
         "directory", nargs="?", default=".", help="folder to write into (default: this one)"
+    )
+    init.add_argument(
+        "--example",
+        nargs="?",
+        const="",
+        metavar="NAME",
+        help="write the bundled example NAME into DIRECTORY/examples/; without NAME, list them",
     )
     init.set_defaults(handler=init_command)
 
@@ -132,11 +145,43 @@ def add_commands(commands: Commands) -> None:
 def init_command(args: argparse.Namespace) -> int:
     from pytest_hemra.cli.scaffold import write_starter
 
+    if args.example is not None:
+        return _init_example(args.example, Path(args.directory))
     target = Path(args.directory)
     for path in write_starter(target):
         print(f"wrote {path}")
     run_file = target / "run.toml"
     print(f"next: hemra run {run_file}   (then: hemra report; or: pytest --hemra-run {run_file})")
+    return 0
+
+
+def _init_example(name: str, target: Path) -> int:
+    """`hemra init --example NAME`: the example written; without NAME, the list of them."""
+    import shutil
+
+    from pytest_hemra.cli.scaffold import bundled_examples, write_example
+
+    if not name:
+        examples = bundled_examples().values()
+        named = max(len(example.name) for example in examples)
+        fits = max(shutil.get_terminal_size().columns - named - 2, 20)  # a line a summary
+        for example in examples:
+            summary = example.summary
+            summary = summary if len(summary) <= fits else summary[: fits - 3] + "..."
+            print(f"{example.name:<{named}}  {summary}".rstrip())
+        print(f"write one: hemra init --example NAME   (into {target / 'examples'}/)")
+        return 0
+    written = write_example(name, target)
+    for path in written:
+        print(f"wrote {path}")
+    folder = target / "examples" / name
+    readme, run_file = folder / "README.md", folder / "run.toml"
+    if len(written) == 1:
+        print(f"next: hemra run {written[0]} --dry-run   (its comments say what it needs)")
+    elif readme in written:
+        print(f"next: {readme} says how to run it")
+    elif run_file in written:
+        print(f"next: hemra run {run_file} --dry-run   (its comments say what it needs)")
     return 0
 
 
