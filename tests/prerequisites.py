@@ -1,4 +1,5 @@
-"""What the test suite needs from the machine, checked before it starts (`tox` runs this first).
+"""What the test suite needs from the machine, checked before it starts (`tox` runs this first
+for the suite; the quick check, `tox -e example`, needs none of it but Docker).
 
 The suite runs real Docker sandboxes, the real harness CLIs (installed from npm on the host),
 opens the HTML report and the viewer in Debian's chromium, and starts a throwaway PostgreSQL
