@@ -18,6 +18,7 @@ from pytest_hemra.cli.arguments import (
 )
 from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.store_location import store_location
+from pytest_hemra.core.terminal import output_width
 from pytest_hemra.core.text import printable, printable_lines
 from pytest_hemra.core.words import plural
 from pytest_hemra.report import FORMATS
@@ -39,6 +40,7 @@ def add_commands(commands: Commands) -> None:
         help="text (the terminal's tables) or a file format (default: text)",
     )
     report.add_argument("-o", "--output", help="write to this file (default: stdout)")
+    add_wide_argument(report)
     report.set_defaults(handler=report_command)
 
     show = commands.add_parser("show", help="one trial: outcome, rewards, phases, usage, calls")
@@ -60,6 +62,7 @@ def report_command(args: argparse.Namespace) -> int:
     from pytest_hemra.report.tables import build_report
 
     store = open_store(args.store)
+    width = None if args.output else output_width(args.wide)  # a file gets every column
     run_id = (
         find_run(store, args.store, args.run_id) if args.run_id else _latest_run(store, args.store)
     )
@@ -70,9 +73,9 @@ def report_command(args: argparse.Namespace) -> int:
                 f"hemra report {run_id} {run_id}: a run compared with itself; name"
                 " an earlier run first and a later one second"
             )
-        text = render_comparison(compare_runs(store, run_id, args.other_run), args.format)
+        text = render_comparison(compare_runs(store, run_id, args.other_run), args.format, width)
     else:
-        text = render(build_report(store, run_id), args.format)
+        text = render(build_report(store, run_id), args.format, width)
     if args.format != "json":  # an agent's words shown, never obeyed (JSON escapes its own)
         text = printable_lines(text)
     if args.output:
@@ -187,6 +190,15 @@ def tampered_lines(trial_dir: str | None) -> list[str]:
     if len(evidence) > MAX_SHOWN_EVIDENCE:
         lines.append(f"    ... {len(evidence) - MAX_SHOWN_EVIDENCE} more in tampered.json")
     return lines
+
+
+def add_wide_argument(parser: argparse.ArgumentParser) -> None:
+    """`--wide`: every column of the command's tables, however wide the terminal."""
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="print every column (default: the columns that fit the terminal; a pipe gets all)",
+    )
 
 
 def view_command(args: argparse.Namespace) -> int:

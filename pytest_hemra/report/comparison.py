@@ -13,10 +13,9 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tabulate import tabulate
-
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.core.stored import StoredPlan
+from pytest_hemra.core.terminal import fit_table, left_out_line, wrap_line
 from pytest_hemra.core.words import plural
 from pytest_hemra.report.fairness import Flag
 from pytest_hemra.report.stats import Comparison, Estimate, mean_ci, paired_difference
@@ -146,11 +145,22 @@ def comparison_dict(comparison: RunComparison) -> dict[str, Any]:
     return data
 
 
-def render_comparison(comparison: RunComparison, fmt: str = "text") -> str:
+# the columns a narrow terminal keeps, most important first (`core.terminal.fit_table`)
+COMPARISON_COLUMNS = ("harness", "change [95% CI]", "verdict", "p", "after", "before", "tasks")
+
+
+def render_comparison(
+    comparison: RunComparison, fmt: str = "text", width: int | None = None
+) -> str:
+    """The comparison as text (fitting `width` columns; None: every column), markdown or JSON."""
     if fmt == "json":
         return json.dumps(comparison_dict(comparison), indent=2, sort_keys=True) + "\n"
+    if fmt == "markdown":
+        width = None
     tablefmt = "github" if fmt == "markdown" else "simple"
-    sections = [f"HEMRA runs compared: {comparison.before} (before) -> {comparison.after} (after)"]
+    header = f"HEMRA runs compared: {comparison.before} (before) -> {comparison.after} (after)"
+    sections = [wrap_line(header, width)]
+    dropped: dict[str, None] = {}
     for dataset in comparison.datasets:
         rows = [
             [
@@ -164,14 +174,13 @@ def render_comparison(comparison: RunComparison, fmt: str = "text") -> str:
             ]
             for change in dataset.harnesses
         ]
-        table = tabulate(
-            rows,
-            headers=["harness", "before", "after", "change [95% CI]", "p", "tasks", ""],
-            tablefmt=tablefmt,
-            disable_numparse=True,
-        )
-        flags = "".join(f"\n{flag}" for flag in dataset.flags)
-        sections.append(f"\n{dataset.name}\n{table}{flags}")
+        headers = ["harness", "before", "after", "change [95% CI]", "p", "tasks", "verdict"]
+        fitted = fit_table(headers, rows, width, keep=COMPARISON_COLUMNS, tablefmt=tablefmt)
+        dropped.update(dict.fromkeys(fitted.dropped))
+        flags = "".join(f"\n{wrap_line(str(flag), width)}" for flag in dataset.flags)
+        sections.append(f"\n{dataset.name}\n{fitted.text}{flags}")
+    if dropped:
+        sections.append("\n" + left_out_line(list(dropped), width))
     return "\n".join(sections)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 from tabulate import tabulate
 
+from pytest_hemra.core.terminal import fit_table, left_out_line, wrap_line
 from pytest_hemra.core.text import printable_lines
 from pytest_hemra.core.words import plural
 from pytest_hemra.report import FORMATS
@@ -24,7 +25,8 @@ from pytest_hemra.report.tables import DatasetReport, HarnessSummary, RunReport,
 from pytest_hemra.report.variance import render_variance
 
 
-def render(report: RunReport, fmt: str) -> str:
+def render(report: RunReport, fmt: str, width: int | None = None) -> str:
+    """`report` in format `fmt`; text fits `width` columns (None: every column)."""
     renderers: dict[str, Callable[[RunReport], str]] = {
         "text": render_text,
         "markdown": render_markdown,
@@ -32,6 +34,8 @@ def render(report: RunReport, fmt: str) -> str:
         "json": render_json,
         "html": render_html,
     }
+    if fmt == "text":
+        renderers["text"] = lambda found: render_text(found, width=width, more="--wide")
     text = renderers[fmt](report)
     # JSON escapes control characters itself; elsewhere an agent's words (a model's name it
     # asked for) are shown, never obeyed by the terminal or page that shows them
@@ -118,31 +122,13 @@ def table(dataset: DatasetReport) -> tuple[list[str], list[list[str]]]:
     return [names[i] for i in keep], [[row[i] for i in keep] for row in rows]
 
 
-# the columns a narrow terminal keeps, most important first; the rest are dropped from the
-# end of this list (and then any other column) until the table fits, and stay in `hemra report`
-# and the exports
+# the columns a narrow terminal keeps, most important first; the others are dropped first,
+# then these from the end of the list, until the table fits (`core.terminal.fit_table`); every
+# column stays in `--wide` and the exports
 TERMINAL_COLUMNS = (
     "harness", "model", "mean reward [95% CI]", "vs baseline [95% CI]", "p", "trials",
     "passes", "cost/trial", "tokens/trial", "outcomes", "pass@1", "duration/trial",
 )  # fmt: skip
-
-
-def fit(names: list[str], rows: list[list[str]], width: int) -> tuple[list[str], list[list[str]]]:
-    """The table with columns dropped, least important first, until it is `width` wide."""
-    order = [n for n in names if n not in TERMINAL_COLUMNS]
-    order += [n for n in reversed(TERMINAL_COLUMNS) if n in names]
-    keep = list(names)
-    while len(keep) > 1 and _width(names, rows, keep) > width:
-        keep.remove(order.pop(0))
-    index = [names.index(n) for n in keep]
-    return keep, [[row[i] for i in index] for row in rows]
-
-
-def _width(names: list[str], rows: list[list[str]], keep: list[str]) -> int:
-    """How wide the table of `keep`'s columns prints (as `render_text` lays it out)."""
-    index = [names.index(n) for n in keep]
-    text = tabulate([[row[i] for i in index] for row in rows], headers=keep, disable_numparse=True)
-    return max(len(line) for line in text.splitlines())
 
 
 def title(dataset: DatasetReport) -> str:
@@ -154,25 +140,27 @@ def title(dataset: DatasetReport) -> str:
     return f"{dataset.name}@{dataset.digest[:12]} {tasks}{view}"
 
 
-def render_text(report: RunReport, tablefmt: str = "simple", width: int | None = None) -> str:
-    """The terminal summary: with `width`, each table's columns fit it (`fit`); the columns
-    left out are named once at the end."""
-    sections = [f"HEMRA run {report.run_id} ({report.name}) - store {report.store}"]
+def render_text(
+    report: RunReport,
+    tablefmt: str = "simple",
+    width: int | None = None,
+    more: str = "hemra report --wide",
+) -> str:
+    """The terminal's tables: with `width`, each table's columns fit it (`fit_table`) and every
+    other line wraps at word boundaries; the columns left out are named once at the end, with
+    `more`, the command that shows them."""
+    header = f"HEMRA run {report.run_id} ({report.name}) - store {report.store}"
+    sections = [wrap_line(header, width)]
     dropped: dict[str, None] = {}
     for dataset in report.datasets:
         names, rows = table(dataset)
-        if width is not None:
-            kept, rows = fit(names, rows, width)
-            dropped.update(dict.fromkeys(n for n in names if n not in kept))
-            names = kept
-        table_text = tabulate(rows, headers=names, tablefmt=tablefmt, disable_numparse=True)
-        flags = "".join(f"\n{flag}" for flag in dataset.flags)
-        variance = "".join(f"\n{line}" for line in variance_lines(dataset))
-        sections.append(f"\n{title(dataset)}\n{table_text}{flags}{variance}")
+        fitted = fit_table(names, rows, width, keep=TERMINAL_COLUMNS, tablefmt=tablefmt)
+        dropped.update(dict.fromkeys(fitted.dropped))
+        lines = [str(flag) for flag in dataset.flags] + variance_lines(dataset)
+        below = "".join(f"\n{wrap_line(line, width)}" for line in lines)
+        sections.append(f"\n{wrap_line(title(dataset), width)}\n{fitted.text}{below}")
     if dropped:
-        sections.append(
-            f"\n(left out to fit {width} columns: {', '.join(dropped)}; hemra report shows them)"
-        )
+        sections.append("\n" + left_out_line(list(dropped), width, more))
     return "\n".join(sections)
 
 

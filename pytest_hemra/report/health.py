@@ -342,9 +342,10 @@ def _task_toml(dataset_path: str | None, task: str) -> dict[str, Any]:
         return {}
 
 
-def render_health(health: DatasetHealth) -> str:
-    """The check as text: one row a task, each finding under the table, then the summary."""
-    from tabulate import tabulate
+def render_health(health: DatasetHealth, width: int | None = None) -> str:
+    """The check as text: one row a task (fitting `width` columns; None: every column), each
+    finding under the table, then the summary."""
+    from pytest_hemra.core.terminal import fit_table, left_out_line, wrap_line
 
     rows = [
         [
@@ -361,15 +362,17 @@ def render_health(health: DatasetHealth) -> str:
     if not any(t.trial for t in health.tasks):  # every task healthy: no trial to look at
         headers, rows = headers[:-1], [row[:-1] for row in rows]
     digest = health.digest[:12]
+    fitted = fit_table(headers, rows, width)
     lines = [
         f"hemra check: {health.dataset}{'@' + digest if digest else ''},"
         f" {plural(len(health.tasks), 'task')}, oracle and nop x"
         f" {plural(health.attempts, 'attempt')}"
         f" (run {health.run_id})",
         "",
-        tabulate(rows, headers=headers),
+        fitted.text,
+        *([left_out_line(fitted.dropped, width)] if fitted.dropped else []),
     ]
-    findings = [f"{t.task}: {note}" for t in health.tasks for note in t.notes]
+    findings = [wrap_line(f"{t.task}: {note}", width) for t in health.tasks for note in t.notes]
     if findings:
         lines += ["", *findings]
     counts = ", ".join(f"{count} {verdict}" for verdict, count in health.counts().items())
