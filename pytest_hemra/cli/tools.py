@@ -7,11 +7,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from pytest_hemra.cli.reports import add_wide_argument
 from pytest_hemra.core.errors import HemraError, SpecError
 from pytest_hemra.core.names import unknown_name
 from pytest_hemra.core.store_location import STORE_DEFAULT, store_location
+from pytest_hemra.core.terminal import fit_table, left_out_line, output_width
 from pytest_hemra.core.words import plural
 from pytest_hemra.resolve.overrides import Overrides
 
@@ -41,6 +43,7 @@ def add_commands(commands: Commands) -> None:
 
     listing = commands.add_parser("harnesses", help="list harnesses and what HEMRA observes")
     listing.add_argument("--dir", default=".", help="folder whose harnesses/ is searched first")
+    add_wide_argument(listing)
     listing.set_defaults(handler=harnesses_command)
 
     datasets = commands.add_parser(
@@ -49,6 +52,7 @@ def add_commands(commands: Commands) -> None:
     datasets.add_argument(
         "--format", choices=("table", "json"), default="table", help="json: an object, for scripts"
     )
+    add_wide_argument(datasets)
     datasets.set_defaults(handler=datasets_command)
 
     harness = commands.add_parser("harness", help="harness installs")
@@ -186,8 +190,6 @@ def _init_example(name: str, target: Path) -> int:
 
 
 def harnesses_command(args: argparse.Namespace) -> int:
-    from tabulate import tabulate
-
     from pytest_hemra.resolve.harness_spec import HarnessSpec
     from pytest_hemra.resolve.harnesses import Harness, available_harnesses, observability
     from pytest_hemra.resolve.validation import read_toml
@@ -211,8 +213,16 @@ def harnesses_command(args: argparse.Namespace) -> int:
             ]
         )
     headers = ["harness", "kind", "version", "package", "gateway usage", "own usage"]
-    print(tabulate(rows, headers=[*headers, "transcript", "file"]))
+    print_table([*headers, "transcript", "file"], rows, output_width(args.wide))
     return 0
+
+
+def print_table(headers: list[str], rows: list[list[Any]], width: int | None) -> None:
+    """A table fitting `width` columns, then the line naming the columns left out."""
+    fitted = fit_table(headers, rows, width)
+    print(fitted.text)
+    if fitted.dropped:
+        print(left_out_line(fitted.dropped, width))
 
 
 def datasets_command(args: argparse.Namespace) -> int:
@@ -220,8 +230,6 @@ def datasets_command(args: argparse.Namespace) -> int:
     dataset fetched (when, its size, its folder) and the git repositories kept for them."""
     import json
     from dataclasses import asdict
-
-    from tabulate import tabulate
 
     from pytest_hemra.resolve.cache import (
         cached_datasets,
@@ -267,7 +275,7 @@ def datasets_command(args: argparse.Namespace) -> int:
         print(f"registry: {registry.location}")
         rows = [[d.name, d.version, len(d.tasks), _first_line(d.description)] for d in listed]
         headers = ["dataset", "version", "tasks", "description"]
-        print(tabulate(rows, headers=headers, disable_numparse=True))
+        print_table(headers, rows, output_width(args.wide))
     print(f"\ncache: {datasets_dir()}")
     if cached:
         rows = [
@@ -282,7 +290,7 @@ def datasets_command(args: argparse.Namespace) -> int:
             for c in cached
         ]
         headers = ["dataset", "version", "tasks", "fetched", "size", "folder"]
-        print(tabulate(rows, headers=headers, disable_numparse=True))
+        print_table(headers, rows, output_width(args.wide))
     else:
         print("no datasets fetched yet")
     print(f"git: {len(kept)} repositories, {_size(git_bytes)} in {repositories}")
