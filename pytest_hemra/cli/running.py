@@ -18,6 +18,7 @@ from pytest_hemra.cli.arguments import (
     open_store,
 )
 from pytest_hemra.cli.exits import Exit, exit_codes_text
+from pytest_hemra.cli.reports import add_wide_argument
 from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.lifecycle import RUN_WAITING, JobState, RunStatus, TrialStatus
 from pytest_hemra.core.outcome import Outcome
@@ -110,6 +111,7 @@ def add_commands(commands: Commands) -> None:
         "--format", choices=("table", "json"), default="table", help="json: a list, for scripts"
     )
     runs.add_argument("-q", "--quiet", action="store_true", help="run ids only, one a line")
+    add_wide_argument(runs)
     runs.set_defaults(handler=runs_command)
 
 
@@ -249,8 +251,9 @@ def cancel_command(args: argparse.Namespace) -> int:
 
 
 def runs_command(args: argparse.Namespace) -> int:
-    """Every run, oldest first: a table, a JSON list (`--format json`) or ids (`-q`)."""
-    from tabulate import tabulate
+    """Every run, oldest first: a table (fitting the terminal), a JSON list (`--format json`)
+    or ids (`-q`)."""
+    from pytest_hemra.core.terminal import fit_table, left_out_line, output_width
 
     store = open_store(args.store)
     if args.quiet:
@@ -276,7 +279,12 @@ def runs_command(args: argparse.Namespace) -> int:
         for run in listed
     ]
     headers = ["run", "name", "status", DONE, RUNNING, QUEUED, CANCELLED]
-    print(tabulate(rows, headers=[*headers, "harnesses", "datasets"]))
+    width = output_width(args.wide)
+    keep = ["run", "status", DONE, "name", RUNNING, QUEUED, CANCELLED]
+    fitted = fit_table([*headers, "harnesses", "datasets"], rows, width, keep=keep)
+    print(fitted.text)
+    if fitted.dropped:
+        print(left_out_line(fitted.dropped, width))
     return 0
 
 
