@@ -1,7 +1,8 @@
 """`hemra`: a thin command line over the pytest plugin, plus the store's views.
 
 `hemra run` maps its flags onto the plugin's `--hemra-*` options and runs pytest in-process;
-everything after `--` goes to pytest unchanged (`-- -v --junitxml=report.xml`).
+pytest's `-k`, `-n`, `--junitxml` and `-v` are `hemra run` flags too, and everything after `--`
+goes to pytest unchanged (`-- --maxfail=3`). A flag no command knows is refused naming it.
 
 One module per command group (`running`: run and the queue; `reports`: what a run left;
 `checking`: a dataset's health; `tools`: set-up and checks), each adding its commands with
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -39,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=exit_codes_text(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"hemra {installed_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add_commands in (
         add_running_commands,
@@ -50,6 +53,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def installed_version() -> str:
+    """The installed distribution's version (a wheel's, or an editable install's)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pytest-hemra")
+    except PackageNotFoundError:  # run from a source tree never installed
+        from pytest_hemra import __version__
+
+        return __version__
+
+
+def unknown_flags(command: str, words: Sequence[str], unknown: Sequence[str]) -> str:
+    """The refusal of flags the command does not know (`unknown`, of the command line `words`),
+    saying what to type instead."""
+    named = " ".join(unknown)
+    if command == "run":
+        kept = list(words)
+        for word in unknown:
+            kept.remove(word)
+        return (
+            f"hemra run: unknown flag {named}; put pytest's flags after --:"
+            f" {shlex.join(['hemra', *kept, '--', *unknown])}"
+        )
+    if command == "check" and "-k" in unknown:
+        return "hemra check: unknown flag -k (attempts per task: --attempts N)"
+    return f"hemra {command}: unknown argument {named} (hemra {command} --help lists its flags)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     ours, passed = (
@@ -57,7 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "--" in words
         else (words, [])
     )
-    args = build_parser().parse_args(ours)
+    args, unknown = build_parser().parse_known_args(ours)
+    if unknown:
+        print(f"hemra: {unknown_flags(args.command, ours, unknown)}", file=sys.stderr)
+        return int(Exit.REFUSED)
     args.pytest_args = passed
     try:
         return int(args.handler(args))
@@ -72,4 +107,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(Exit.OK)
 
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "installed_version", "main"]

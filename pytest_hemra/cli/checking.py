@@ -26,7 +26,10 @@ def add_commands(commands: Commands) -> None:
     check.add_argument(
         "dataset", help="dataset name, name@digest, name@version or path (as `hemra run -d`)"
     )
-    check.add_argument("-k", "--attempts", type=positive_int, default=1, help="attempts per task")
+    # not -k: that is pytest's selection, in `hemra run` as in pytest
+    check.add_argument(
+        "--attempts", type=positive_int, default=1, metavar="N", help="attempts per task"
+    )
     check.add_argument(
         "-n", "--concurrency", type=positive_int, help="trials at once (threads of one process)"
     )
@@ -90,7 +93,7 @@ def run_words(args: argparse.Namespace, kept: Sequence[str] = ()) -> list[str]:
     from pytest_hemra.report.health import NOP, ORACLE
 
     harnesses = ["-H", ORACLE] if kept else ["-H", ORACLE, "-H", NOP]
-    words = ["run", *harnesses, f"--dataset={args.dataset}", f"-k{args.attempts}"]
+    words = ["run", *harnesses, f"--dataset={args.dataset}", f"--attempts={args.attempts}"]
     if kept:
         words += [w for name in kept for w in ("-t", name.split("::", 1)[1])]
         words += [w for name in kept for w in ("--keep-agent-processes", name)]

@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
+from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 # `hemra runs`' counts, its table's columns and its JSON's keys: trials `done` (with an outcome),
 # jobs `running` (held by a runner) and `queued`, trials `cancelled`
 DONE, RUNNING, QUEUED, CANCELLED = "done", "running", "queued", "cancelled"  # not a lifecycle state
+# `hemra run`'s pytest flags, which a session alone has: (flag, its `args` name)
+SESSION_FLAGS = (("-k", "keyword"), ("-n", "numprocesses"), ("--junitxml", "junitxml"))
 
 
 def add_commands(commands: Commands) -> None:
@@ -41,7 +44,8 @@ def add_commands(commands: Commands) -> None:
         "run",
         help="evaluate harnesses on datasets (a pytest session)",
         description="Evaluate harnesses on datasets: a pytest session, its trials recorded in"
-        " the store. Everything after -- goes to pytest (-- -v --junitxml=report.xml).",
+        " the store. -k, -n, --junitxml and -v are pytest's; any other pytest flag goes after"
+        " -- (hemra run run.toml -- --maxfail=3).",
         epilog=exit_codes_text(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -79,6 +83,29 @@ def add_commands(commands: Commands) -> None:
     )
     run.add_argument("--compare", metavar="RUN_ID", help="compare with an earlier run's harnesses")
     run.add_argument("--summary", metavar="PATH", help="write the report as JSON here, for CI")
+    pytests = run.add_argument_group("pytest's flags (any other goes after --)")
+    pytests.add_argument(
+        "-k",
+        dest="keyword",
+        metavar="EXPR",
+        help="run only the trials whose names match (pytest's -k: -k 'oracle and fix-test')",
+    )
+    pytests.add_argument(
+        "-n",
+        dest="numprocesses",
+        metavar="N",
+        help="worker processes sharing the run (pytest-xdist's -n: a number, or auto)",
+    )
+    pytests.add_argument(
+        "--junitxml", metavar="PATH", help="write a JUnit XML file: one testcase per trial"
+    )
+    pytests.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="pytest's own output (its session, failures and summary) instead of HEMRA's lines",
+    )
     run.set_defaults(handler=run_command)
 
     worker = commands.add_parser(
@@ -148,6 +175,14 @@ def pytest_argv(args: argparse.Namespace) -> list[str]:
     ):
         if value is not None:
             argv += [option, str(value)]
+    for option, value in (
+        ("-k", args.keyword),
+        ("-n", args.numprocesses),
+        ("--junitxml", args.junitxml),
+    ):
+        if value is not None:
+            argv += [f"{option}={value}"]
+    argv += ["-v"] * args.verbose
     # a run's session measures nothing with pytest-benchmark, which warns under xdist when
     # installed beside HEMRA: kept out, so a refusal stays one line
     return ["-p", "no:cacheprovider", "-p", "no:benchmark", *argv, *args.pytest_args]
@@ -160,9 +195,17 @@ def run_command(args: argparse.Namespace) -> int:
     if not (args.run_file or args.harnesses or args.datasets or args.resume):
         print("hemra run: name a run file, or harnesses (-H) and datasets (-d)", file=sys.stderr)
         return int(Exit.REFUSED)
+    session_only = [flag for flag, value in SESSION_FLAGS if getattr(args, value)]
+    if (args.detach or args.dry_run) and session_only:
+        mode = "--detach" if args.detach else "--dry-run"
+        raise HemraError(f"{', '.join(session_only)}: a pytest session's, not {mode}'s")
     if args.detach or args.dry_run:
         return detach_command(args)  # nothing runs: a refusal is hemra's own (exit 4 too)
-    return int(pytest.main(pytest_argv(args)))
+    if args.numprocesses is not None and find_spec("xdist") is None:
+        raise HemraError("-n needs pytest-xdist: pip install 'pytest-hemra[xdist]'")
+    from pytest_hemra.plugin.reporter import Output
+
+    return int(pytest.main(pytest_argv(args), plugins=[Output()]))
 
 
 def detach_command(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ its `WorkerInteractor`:
   started in);
 - `worker.py`: where trials run (an xdist worker; without xdist, the controller's process too);
 - `items.py`: the collectors and items both collect from the recorded plan;
+- `reporter.py`: `hemra run`'s output, a line per trial and the tables (`hemra run` registers it);
 - `protocol.py`: the run-test protocol of retries and finish order, the one module that goes past
   pytest's public API.
 
@@ -14,9 +15,12 @@ for. Working a trial's job (claim, heartbeat, run, retry, cancel) is `run.job.Ru
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from pytest_hemra.core.errors import HemraError
+from pytest_hemra.plugin.reporter import OUTPUT
 
 __all__ = ["CONTROLLER", "WORKER", "register"]
 
@@ -43,4 +47,7 @@ def register(config: pytest.Config) -> None:
 
             manager.register(open_controller(config), CONTROLLER)
     except HemraError as error:
+        if manager.has_plugin(OUTPUT):  # `hemra run`: its refusals' one format, no blank lines
+            print(f"hemra: {error}", file=sys.stderr)
+            raise pytest.UsageError() from None  # pytest prints each of its args: none
         raise pytest.UsageError(str(error)) from None

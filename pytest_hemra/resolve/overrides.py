@@ -141,7 +141,7 @@ OVERRIDE_FLAGS = (
     OverrideFlag(
         "attempts",
         "--hemra-attempts",
-        ("-k", "--attempts"),
+        ("--attempts",),  # not -k: pytest's selection, in `hemra run` as in pytest
         "N",
         "attempts per task",
         repeats=False,
