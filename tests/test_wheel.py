@@ -1,6 +1,7 @@
-"""The README's path for pip users, as one would walk it: HEMRA's wheel built from this checkout
-and installed into a fresh virtualenv outside it, then every command the README marks runnable,
-in order, from an empty folder, each exiting as the README says.
+"""The README's path for users, as one would walk it: HEMRA's wheel built from this checkout
+(what the README's install line, a clone and `pip install ./pytest-hemra`, builds) and installed
+into a fresh virtualenv outside it, then every command the README marks runnable, in order, from
+an empty folder, each exiting as the README says.
 
 The wheel is installed with `--no-deps` into a virtualenv that also sees the site-packages of the
 Python running the tests (a `.pth` line, like `--system-site-packages` but for this environment,
@@ -16,6 +17,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,9 @@ import pytest
 from conftest import REPO
 from tests.docs_runner import Reader
 
-INSTALL = "pip install pytest-hemra"
+# The README's install line: the repository of [project.urls], cloned, and pip building it.
+HOMEPAGE = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]["Homepage"]
+INSTALL = f"git clone {HOMEPAGE} && pip install ./{HOMEPAGE.rsplit('/', 1)[1]}"
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +78,8 @@ def test_the_readme_path_runs_from_an_empty_folder_with_the_wheel_installed(
     folder.mkdir()
 
     def installed_instead(command: str) -> str | None:
-        """`pip install pytest-hemra` is what installed the wheel above: check it took."""
+        """The clone and `pip install` are what built and installed the wheel above: check it
+        took (the clone's address is the package's own; the folder pip is given, the clone's)."""
         return (
             f'test "$(command -v hemra)" = {venv / "bin" / "hemra"}'
             if command == INSTALL
@@ -82,8 +87,13 @@ def test_the_readme_path_runs_from_an_empty_folder_with_the_wheel_installed(
         )
 
     readme = (REPO / "README.md").read_text()
-    assert f"```bash runnable\n{INSTALL}\n```" in readme
+    assert f"```bash runnable\n{INSTALL}\n" in readme
+    # PyPI's line is said, as the way after a release, and run nowhere: it finds nothing yet
+    assert "`pip install pytest-hemra`" in readme
+    assert not any("pip install pytest-hemra" in block for block in readme.split("```")[1::2])
     done = Reader(folder, env, replace=installed_instead).run(readme)
     assert any(line.startswith("hemra run my-eval/run.toml") for line in done), done
+    assert any(line.startswith("hemra init --example") for line in done), done
+    assert (folder / "examples" / "oracle-vs-nop.toml").is_file()  # the wheel's example
     assert any("after Ctrl-C" in line for line in done), done
     assert (folder / "report.html").is_file() and (folder / ".hemra" / "hemra.db").is_file()
