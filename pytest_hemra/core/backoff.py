@@ -15,6 +15,9 @@ read when a runner starts (an xdist worker inherits them):
 |                              |         | answering for that to count as the trial's own fault   |
 | `HEMRA_REMOVE_TIMEOUT_SECS`  | 120     | one request to remove a sandbox: its answer awaited    |
 | `HEMRA_REMOVE_PATIENCE_SECS` | 600     | a removal slowed by the sandbox's content, in all      |
+| `HEMRA_ENGINE_TIMEOUT_SECS`  | 120     | any other request to the engine: its answer awaited    |
+| `HEMRA_START_SLOW_SECS`      | 10      | a sandbox start answered later slows the starts        |
+|                              |         | in flight on its engine (`run/admission.py`)           |
 
 Each wait is drawn between half and all of its bound (jitter), so runners that lost an engine at
 the same moment do not all ask it again at the same moment.
@@ -43,6 +46,8 @@ SETTLE_POLL_SECS = 0.25
 # trial's own time, never an outage.
 REMOVE_TIMEOUT_SECS = ("HEMRA_REMOVE_TIMEOUT_SECS", 120.0)
 REMOVE_PATIENCE_SECS = ("HEMRA_REMOVE_PATIENCE_SECS", 600.0)
+ENGINE_TIMEOUT_SECS = ("HEMRA_ENGINE_TIMEOUT_SECS", 120.0)
+START_SLOW_SECS = ("HEMRA_START_SLOW_SECS", 10.0)
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,17 @@ def removal_secs(environ: Mapping[str, str] | None = None) -> tuple[float, float
     `HEMRA_REMOVE_PATIENCE_SECS`)."""
     environ = os.environ if environ is None else environ
     return seconds(*REMOVE_TIMEOUT_SECS, environ), seconds(*REMOVE_PATIENCE_SECS, environ)
+
+
+def engine_timeout_secs(environ: Mapping[str, str] | None = None) -> float:
+    """How long a request to the engine waits for its answer (`HEMRA_ENGINE_TIMEOUT_SECS`)."""
+    return seconds(*ENGINE_TIMEOUT_SECS, os.environ if environ is None else environ)
+
+
+def start_slow_secs(environ: Mapping[str, str] | None = None) -> float:
+    """A sandbox start answered later than this slows its engine's starts
+    (`HEMRA_START_SLOW_SECS`)."""
+    return seconds(*START_SLOW_SECS, os.environ if environ is None else environ)
 
 
 def store_backoff(environ: Mapping[str, str] | None = None) -> Backoff:

@@ -8,6 +8,8 @@ Kinds a runner writes while it waits out an outage (docs/runs.md, "Faults"):
 | `engine_down` | engine, error                          | a trial's engine stopped answering      |
 | `engine_back` | engine, waited, removed                | ... answered again (leftovers removed)  |
 | `engine_gone` | engine, waited, error                  | ... not within HEMRA_ENGINE_GIVE_UP_SECS|
+| `engine_busy` | engine, starts, error                  | answering pings, it did not answer a    |
+|               |                                        | start in time: `starts` in flight now   |
 | `store_wait`  | waited, error                          | a store write waited for space or lock  |
 | `rerun`       | replaces, cause                        | run again without using up a retry      |
 | `retry`       | replaces                               | run again for its own infra_error       |
@@ -23,6 +25,7 @@ from typing import Any
 ENGINE_DOWN = "engine_down"
 ENGINE_BACK = "engine_back"
 ENGINE_GONE = "engine_gone"
+ENGINE_BUSY = "engine_busy"
 STORE_WAIT = "store_wait"
 RERUN = "rerun"
 RETRY = "retry"

@@ -75,6 +75,8 @@ class Cause(StrEnum):
     verdict (a trial's `cause`; None when it has none)."""
 
     ENGINE_OUTAGE = "engine_outage"  # its engine stopped answering, and came back
+    # its engine, answering pings, did not answer the sandbox's start in time (overloaded)
+    ENGINE_BUSY = "engine_busy"
     RUNNER_DISK_FULL = "runner_disk_full"  # the disk of the runner's store and trial folders
     ENGINE_GONE = "engine_gone"  # its engine did not answer within HEMRA_ENGINE_GIVE_UP_SECS
     VERIFIER_OFFLINE = "verifier_offline"  # its verifier tried the network with it cut
@@ -83,7 +85,7 @@ class Cause(StrEnum):
     WAITED_OUT: ClassVar[frozenset[Cause]]  # not the trial's doing: run again, no retry used
 
 
-Cause.WAITED_OUT = frozenset({Cause.ENGINE_OUTAGE, Cause.RUNNER_DISK_FULL})
+Cause.WAITED_OUT = frozenset({Cause.ENGINE_OUTAGE, Cause.ENGINE_BUSY, Cause.RUNNER_DISK_FULL})
 
 
 class SweClass(StrEnum):

@@ -33,6 +33,7 @@ from pytest_hemra.core.errors import (
     HemraError,
     StoreUnavailable,
 )
+from pytest_hemra.core.events import ENGINE_BUSY
 from pytest_hemra.core.lifecycle import TAKEN, JobState, RunStatus
 from pytest_hemra.core.outcome import Cause, Outcome
 from pytest_hemra.core.records import UPSTREAM_REFUSED, TrialRecord
@@ -43,11 +44,13 @@ from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.kinds import kind_of
 from pytest_hemra.execute.provisioning import ProviderFactory
 from pytest_hemra.execute.sandbox import SandboxProvider
+from pytest_hemra.execute.sandbox.client import LOCAL_ENGINE
 from pytest_hemra.execute.sandbox.health import is_engine_fault
 from pytest_hemra.execute.sandbox.providers import sandbox_provider
 from pytest_hemra.resolve.plan import RecordedRun, missing_variables
 from pytest_hemra.resolve.spec import RunSpec, SandboxSettings
 from pytest_hemra.resolve.upstreams import configured_upstreams
+from pytest_hemra.run.admission import admission
 from pytest_hemra.run.lease import LEASE_SECS, Heartbeat
 from pytest_hemra.run.outage import EngineWatch, durably
 from pytest_hemra.run.trial import run_trial
@@ -208,13 +211,16 @@ class Runner:
                 return _failed(trial_dir, waited.note(), Cause.ENGINE_GONE)
         started = time.monotonic()
         try:
-            context = self._context(trial, trial_dir)
+            context = replace(self._context(trial, trial_dir), stopped=cancelled)
         except HemraError as error:  # its task's files changed, the gateway cannot listen...
             outage = Cause.ENGINE_OUTAGE if is_engine_fault(error) else None
             result = _failed(trial_dir, str(error), outage)
         else:
             result = self._run_kind(context, trial)
         if result.outcome != Outcome.INFRA_ERROR or result.cause == Cause.RUNNER_DISK_FULL:
+            return result
+        if result.cause == Cause.ENGINE_BUSY:  # it answers: nothing to wait for
+            self._record_busy(trial, result)
             return result
         down = None if cancelled.is_set() else watch.error(result.engine)
         went = result.cause == Cause.ENGINE_OUTAGE or watch.was_down_since(started)
@@ -225,6 +231,17 @@ class Runner:
             return result
         cause = Cause.ENGINE_OUTAGE if waited.is_back else Cause.ENGINE_GONE
         return replace(result, cause=cause, error=f"{waited.note()}: {result.error}")
+
+    def _record_busy(self, trial: TrialRecord, result: TrialResult) -> None:
+        """`engine_busy`: the engine, answering pings, answered the trial's start too late;
+        with how many starts this process now lets be in flight there."""
+        engine = result.engine or self.provider.engine or LOCAL_ENGINE
+        data = {"engine": engine, "starts": int(admission(engine).limit), "error": result.error}
+        with contextlib.suppress(StoreUnavailable):  # the trial's own row says it too
+            durably(
+                self.store,
+                lambda: self.store.record_event(self.run.id, trial.id, ENGINE_BUSY, data),
+            )
 
     def _engine_watch(self) -> EngineWatch:
         """The process's watch on its engine, made (and what earlier runs of this store left on
@@ -320,7 +337,7 @@ class Runner:
         if cause is None and record.retries >= self.run.spec.max_infra_retries:
             return None
         try:
-            if self.store.run(self.run.id).status == RunStatus.CANCELLED:
+            if self.store.run(self.run.id).status in RunStatus.STOPPED:
                 return None
             return self._durably(
                 lambda: self.store.replace_trial(record.id, retry=True, cause=cause), record

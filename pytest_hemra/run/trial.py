@@ -36,12 +36,14 @@ from pytest_hemra.execute.sandbox import (
     Sandbox,
     SandboxRequest,
 )
+from pytest_hemra.execute.sandbox.client import LOCAL_ENGINE
 from pytest_hemra.execute.sandbox.health import (
     is_engine_answer,
     is_engine_fault,
     is_slow_answer,
 )
 from pytest_hemra.resolve.limits import task_limits, with_run_defaults
+from pytest_hemra.run.admission import admission
 from pytest_hemra.run.outage import is_runner_disk_full, settled, write_durably
 from pytest_hemra.run.steps import run_steps
 from pytest_hemra.run.turn import (
@@ -64,6 +66,8 @@ from pytest_hemra.score.verification import (
     verify_swe,
 )
 
+# the phases of a trial before its agent runs (each recorded as it ends)
+BEFORE_AGENT = frozenset({"place", "image", "start"})
 TAMPER_WAIT_SECS = 600.0  # the engine's diff of a sandbox (each request has its own timeout)
 
 
@@ -177,12 +181,14 @@ def _outage_cause(
     """The cause of an infrastructure error that was not the trial's doing: its engine could
     not be reached, or stopped answering within HEMRA_ENGINE_SETTLE_SECS of refusing it (a
     daemon shutting down); or the runner's own disk (where its folder is) was full. An answer
-    that did not come in time from an engine that still answers pings is not an outage: it was
-    slow for what the trial left (a retry used, never a free rerun)."""
+    that did not come in time from an engine that still answers pings is not an outage: before
+    the agent ran (its sandbox's start), the engine was busy, which no trial can shape (run
+    again, no retry used); after, it was slow for what the trial left (a retry used)."""
     if is_engine_fault(failure):
         provider = context.pool or context.provider
         if is_slow_answer(failure) and settled(provider, progress.engine, 0) is None:
-            return None
+            # an engine overloaded with starts (`run/admission.py`), before the agent ran
+            return Cause.ENGINE_BUSY if set(progress.phases) <= BEFORE_AGENT else None
         return Cause.ENGINE_OUTAGE
     if is_engine_answer(failure):
         provider = context.pool or context.provider
@@ -262,8 +268,10 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
         output_cap=context.spec.sandbox.output_cap_mb << 20,
         pass_env=tuple(context.spec.sandbox.pass_env),
     )
+    _raise_if_stopped(context, "before its sandbox started")
     sandboxes = ExitStack()
-    with progress.phase("start"):
+    starts = admission(progress.engine or context.provider.engine or LOCAL_ENGINE)
+    with progress.phase("start"), starts.start():
         try:  # a multi-container task's services first: the sandbox starts once they are up
             network = sandboxes.enter_context(_services(context, request))
             request = replace(request, services_network=network)
@@ -272,6 +280,8 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
             sandboxes.close()
             raise
     try:
+        # stopped while its sandbox came up: the runner's removal may have missed it
+        _raise_if_stopped(context, "as its sandbox started")
         with progress.phase("healthcheck"):
             healthy(context, sandbox, environment.healthcheck, "[environment] healthcheck")
         if task.config.steps:
@@ -313,6 +323,13 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
     finally:
         with progress.phase("teardown"):
             sandboxes.close()
+
+
+def _raise_if_stopped(context: TrialContext, when: str) -> None:
+    """A trial stopped (cancelled, interrupted) goes no further: what it opened is closed on
+    the way out, and its runner records it cancelled."""
+    if context.stopped.is_set():
+        raise InfraError(f"the trial was stopped {when}")
 
 
 def _noting_offline(

@@ -8,6 +8,7 @@ import docker
 import docker.errors
 import requests
 
+from pytest_hemra.core.backoff import engine_timeout_secs
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.execute.sandbox.health import fixed_environment
 
@@ -19,7 +20,7 @@ LOCAL_ENGINE = "unix:///var/run/docker.sock"
 def connect() -> docker.DockerClient:
     """A client of the runner's own engine (DOCKER_HOST, else the local socket), seen to answer."""
     try:
-        client = docker.from_env(timeout=120, max_pool_size=POOL_CONNECTIONS)
+        client = docker.from_env(timeout=engine_timeout_secs(), max_pool_size=POOL_CONNECTIONS)
         fixed_environment(client.api)
         client.ping()
     except DOCKER_ERRORS as error:
