@@ -17,7 +17,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 STORE_VARIABLE = "HEMRA_STORE"
 TRIALS_DIR_VARIABLE = "HEMRA_TRIALS_DIR"  # where trial folders go, when a run file names none
@@ -57,8 +57,8 @@ class StoreLocation:
         HEMRA looked."""
         if self.is_default:
             return (
-                f"{self.address} (the default store: .hemra/hemra.db in the current folder;"
-                f" --store PATH or {STORE_VARIABLE} names another)"
+                f"{redacted(self.address)} (the default store: .hemra/hemra.db in the current"
+                f" folder; --store PATH or {STORE_VARIABLE} names another)"
             )
         return f"{redacted(self.address)} (from {self.named_by})"
 
@@ -108,22 +108,23 @@ def is_server_address(address: str) -> bool:
 
 
 def redacted(address: str) -> str:
-    """An address fit to print: a URL's password (and any `password=` parameter) as `***`."""
-    if not is_server_address(address):
-        return address
-    try:
-        parts = urlsplit(address)
-    except ValueError:
-        parts = None
+    """An address fit to print, whatever its scheme or typo: a `scheme://user:password@` form's
+    password (everything up to its last `@`, when it does not parse) and any `password=`
+    parameter as `***`; the user name is kept."""
+    head, sep, rest = address.partition("://")
     text = address
-    if parts is not None and parts.password is not None:
-        user, _, host = parts.netloc.rpartition("@")
-        name = user.partition(":")[0]
-        text = urlunsplit(parts._replace(netloc=f"{name}:***@{host}"))
-    elif "@" in address:  # too malformed to parse: hide all that could be a password
-        head, _, rest = address.partition("://")
-        text = f"{head}://***@{rest.rpartition('@')[2]}"
-    return re.sub(r"(?i)(password=)[^&]*", r"\1***", text)
+    if sep and "@" in rest:
+        userinfo, _, host = rest.rpartition("@")
+        name, colon, _ = userinfo.partition(":")
+        if colon or "/" in userinfo or "?" in userinfo:
+            text = f"{head}://{name if colon and '/' not in name else ''}:***@{host}"
+    elif not sep:  # `postgresql:/user:pw@host`, `mysql:user:pw@host`: a scheme's typo
+        text = UNPARSED_CREDENTIALS.sub(r"\1:***@", address)
+    return PASSWORD_PARAMETER.sub(r"\1***", text)
+
+
+UNPARSED_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):[^@\s]*@")
+PASSWORD_PARAMETER = re.compile(r"(?i)((?:password|passwd|pwd)=)[^&\s]*")
 
 
 STORE_DEFAULT = f"default: ${STORE_VARIABLE}, else .hemra/hemra.db in the current folder"
