@@ -78,13 +78,16 @@ def test_init_example_writes_a_bundled_example_as_the_checkout_has_it_and_overwr
     """`hemra init --example NAME` is how a pip user gets what the docs run from a clone's
     examples/: the same files at the same paths under ./examples/, so the same commands run."""
 
-    def hemra(*argv: str) -> subprocess.CompletedProcess[str]:
+    def hemra(*argv: str, columns: str = "") -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "HEMRA_STORE")}
         return subprocess.run(
-            ["hemra", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120
-        )
+            ["hemra", *argv], cwd=tmp_path, env=env | ({"COLUMNS": columns} if columns else {}),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
 
-    listed = hemra("init", "--example")
+    listed = hemra("init", "--example", columns="80")  # one line an example, fitting
     assert listed.returncode == 0, listed.stderr
+    assert max(len(line) for line in listed.stdout.splitlines()) <= 80, listed.stdout
     names = [line.split()[0] for line in listed.stdout.splitlines()[:-1]]
     checkout = sorted(p.stem for p in (REPO / "examples").iterdir() if p.suffix in ("", ".toml"))
     assert sorted(names) == checkout and "oracle-vs-nop" in names

@@ -161,17 +161,18 @@ def init_command(args: argparse.Namespace) -> int:
 
 def _init_example(name: str, target: Path) -> int:
     """`hemra init --example NAME`: the example written; without NAME, the list of them."""
-    import shutil
-
     from pytest_hemra.cli.scaffold import bundled_examples, write_example
+    from pytest_hemra.core.terminal import terminal_width
 
     if not name:
         examples = bundled_examples().values()
         named = max(len(example.name) for example in examples)
-        fits = max(shutil.get_terminal_size().columns - named - 2, 20)  # a line a summary
+        width = terminal_width()
+        fits = max(width - named - 2, 20) if width else None  # a line an example, on a terminal
         for example in examples:
             summary = example.summary
-            summary = summary if len(summary) <= fits else summary[: fits - 3] + "..."
+            if fits and len(summary) > fits:
+                summary = summary[: fits - 3] + "..."
             print(f"{example.name:<{named}}  {summary}".rstrip())
         print(f"write one: hemra init --example NAME   (into {target / 'examples'}/)")
         return 0
