@@ -10,7 +10,7 @@ tuples, in the enum's order, so SQL built from them (`sql_list`) reads the same 
 | `TrialStatus` | `trials.status` | planned, running, finished, cancelled, deselected, replaced   |
 | `JobState`    | `jobs.state`    | queued, leased, cancelling, cancelled, done, deselected,      |
 |               |                 | replaced                                                      |
-| `RunStatus`   | `runs.status`   | recorded, queued, running, cancelled, finished                |
+| `RunStatus`   | `runs.status`   | recorded, queued, running, cancelled, interrupted, finished   |
 
 A trial's outcome (`Outcome`) is another thing: a cancelled trial has status `cancelled` and
 outcome `cancelled`, one word in two types.
@@ -71,14 +71,20 @@ class RunStatus(StrEnum):
     QUEUED = "queued"  # planned detached, for `hemra serve` to work
     RUNNING = "running"  # a trial of it claimed
     CANCELLED = "cancelled"  # `hemra cancel`; reopened by `--hemra-resume-cancelled`
+    # its session stopped (Ctrl-C) with trials left, which it recorded cancelled; reopened by
+    # `--hemra-resume`, which runs them: cancelled by the interrupt, not by anyone's choice
+    INTERRUPTED = "interrupted"
     FINISHED = "finished"  # no current trial left unfinished
 
     OPEN: ClassVar[tuple[RunStatus, ...]]
     CLOSED: ClassVar[tuple[RunStatus, ...]]
+    STOPPED: ClassVar[tuple[RunStatus, ...]]
 
 
 RunStatus.OPEN = (RunStatus.RECORDED, RunStatus.QUEUED, RunStatus.RUNNING)
-RunStatus.CLOSED = (RunStatus.CANCELLED, RunStatus.FINISHED)
+RunStatus.CLOSED = (RunStatus.CANCELLED, RunStatus.INTERRUPTED, RunStatus.FINISHED)
+# stopped before its end: a trial's row is not leased, and the run not finished, in one of these
+RunStatus.STOPPED = (RunStatus.CANCELLED, RunStatus.INTERRUPTED)
 
 # what a running run shows while trials of it wait for their engine: shown, never stored
 RUN_WAITING: Final = "waiting"

@@ -3,6 +3,7 @@ scorer and the runner: the types one trial's course passes between phases."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,6 +42,9 @@ class TrialContext:
 
     step_timeout: float | None = None  # a multi-step task's step: its own [steps.agent]
     dataset: str = ""  # the trial's dataset, by name
+    # set when the trial is stopped (`hemra cancel`, Ctrl-C): a sandbox that came up after its
+    # runner removed the trial's sandboxes is removed by the trial itself (`run/trial.py`)
+    stopped: threading.Event = field(default_factory=threading.Event, compare=False)
 
     @property
     def keeps_processes(self) -> bool:

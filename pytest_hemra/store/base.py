@@ -180,16 +180,17 @@ class StoreBase:
         self._event(tx, None, None, kind, data)
 
     def _close_run(self, tx: Connection, run_id: str) -> None:
-        """A run with no unfinished trial left is `finished` (or stays `cancelled`). Its row
-        is locked first on a server: two trials finishing at once would each see the other
-        unfinished, and neither close the run."""
+        """A run with no unfinished trial left is `finished` (or stays `cancelled` or
+        `interrupted`: what it left is for a resume). Its row is locked first on a server: two
+        trials finishing at once would each see the other unfinished, and neither close the
+        run."""
         dialect.lock_row(tx, runs, run_id)
         unfinished = exists().where(
             trials.c.run_id == run_id, CURRENT, trials.c.status.in_(TrialStatus.UNFINISHED)
         )
         tx.execute(
             update(runs)
-            .where(and_(runs.c.id == run_id, runs.c.status != RunStatus.CANCELLED, ~unfinished))
+            .where(and_(runs.c.id == run_id, runs.c.status.not_in(RunStatus.STOPPED), ~unfinished))
             .values(status=RunStatus.FINISHED)
         )
 

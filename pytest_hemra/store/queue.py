@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Text, and_, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Text, and_, bindparam, exists, func, insert, select, update
 
 from pytest_hemra.core.errors import StoreError
 from pytest_hemra.core.events import CANCEL, RECORDED, RERUN, RESUME, RETRY
@@ -17,9 +17,14 @@ from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import Claim, PlannedTrial, TrialRecord
 from pytest_hemra.store import dialect
 from pytest_hemra.store.results import ResultStore
-from pytest_hemra.store.schema import SCHEMA_VERSION, jobs, runs, trial_id, trials
+from pytest_hemra.store.schema import CURRENT, SCHEMA_VERSION, jobs, runs, trial_id, trials
 
 J, T, R = jobs.c, trials.c, runs.c
+# the `error` of a trial a stopped run cancelled, by the run's status: why it has no result
+STOP_REASONS = {
+    RunStatus.CANCELLED: "cancelled by hemra cancel",
+    RunStatus.INTERRUPTED: "interrupted (Ctrl-C)",
+}
 
 
 class QueueStore(ResultStore):
@@ -90,27 +95,28 @@ class QueueStore(ResultStore):
 
         `leased` (`Claim.is_leased`) means it is this worker's to run; anything else
         (`cancelled`, `done`, `taken`: leased by another live runner) means it is not. A job
-        queued in a run cancelled meanwhile (a retry made as `hemra cancel` ran) is
-        cancelled, not leased."""
+        queued in a run stopped meanwhile (a retry made as `hemra cancel` ran, a trial an
+        xdist worker reached as Ctrl-C stopped the session) is cancelled, not leased."""
         now = time.time()
         with self._transaction() as tx:
-            cancelled_runs = select(R.id).where(R.status == RunStatus.CANCELLED)
-            late = tx.execute(
-                update(jobs)
-                .where(J.id == trial, J.state == JobState.QUEUED, J.run_id.in_(cancelled_runs))
-                .values(state=JobState.CANCELLED)
-            ).rowcount
-            if late:
-                tx.execute(
-                    update(trials)
-                    .where(T.id == trial, T.status == TrialStatus.PLANNED)
-                    .values(
-                        status=TrialStatus.CANCELLED,
-                        outcome=Outcome.CANCELLED,
-                        error="cancelled by hemra cancel",
-                        finished_at=now,
+            for stopped, reason in STOP_REASONS.items():
+                stopped_runs = select(R.id).where(R.status == stopped)
+                late = tx.execute(
+                    update(jobs)
+                    .where(J.id == trial, J.state == JobState.QUEUED, J.run_id.in_(stopped_runs))
+                    .values(state=JobState.CANCELLED)
+                ).rowcount
+                if late:
+                    tx.execute(
+                        update(trials)
+                        .where(T.id == trial, T.status == TrialStatus.PLANNED)
+                        .values(
+                            status=TrialStatus.CANCELLED,
+                            outcome=Outcome.CANCELLED,
+                            error=reason,
+                            finished_at=now,
+                        )
                     )
-                )
             if self._lease(tx, trial, worker, lease_secs, now):
                 return Claim(trial, JobState.LEASED)
             state = tx.execute(select(J.state).where(J.id == trial)).scalar()
@@ -168,7 +174,7 @@ class QueueStore(ResultStore):
         of_trial = select(T.run_id).where(T.id == trial).scalar_subquery()
         tx.execute(  # not when already running: each claim would wait on the run's row
             update(runs)
-            .where(R.id == of_trial, R.status.not_in((RunStatus.CANCELLED, RunStatus.RUNNING)))
+            .where(R.id == of_trial, R.status.not_in((*RunStatus.STOPPED, RunStatus.RUNNING)))
             .values(status=RunStatus.RUNNING)
         )
         return True
@@ -199,28 +205,63 @@ class QueueStore(ResultStore):
 
     def cancel_trials(self, trial_ids: Sequence[str], reason: str) -> int:
         """Record unfinished trials cancelled (never failed); finished ones are left alone."""
-        now = time.time()
-        cancelled = 0
         with self._transaction() as tx:
-            for trial in trial_ids:  # the job first, then the trial, as `claim` takes them
-                tx.execute(
-                    update(jobs)
-                    .where(J.id == trial, J.state.in_(JobState.OPEN))
-                    .values(state=JobState.CANCELLED, lease_owner=None)
-                )
-                cancelled += tx.execute(
-                    update(trials)
-                    .where(T.id == trial, T.status.in_(TrialStatus.UNFINISHED))
-                    .values(
-                        status=TrialStatus.CANCELLED,
-                        outcome=Outcome.CANCELLED,
-                        error=reason,
-                        finished_at=now,
-                    )
-                ).rowcount
+            cancelled = self._cancel(tx, trial_ids, reason)
             of_trials = select(T.run_id).where(T.id.in_(list(trial_ids))).distinct()
             for run_id in tx.execute(of_trials).scalars().all():
                 self._close_run(tx, run_id)
+        return cancelled
+
+    @staticmethod
+    def _cancel(tx: Connection, trial_ids: Sequence[str], reason: str) -> int:
+        now = time.time()
+        cancelled = 0
+        for trial in trial_ids:  # the job first, then the trial, as `claim` takes them
+            tx.execute(
+                update(jobs)
+                .where(J.id == trial, J.state.in_(JobState.OPEN))
+                .values(state=JobState.CANCELLED, lease_owner=None)
+            )
+            cancelled += tx.execute(
+                update(trials)
+                .where(T.id == trial, T.status.in_(TrialStatus.UNFINISHED))
+                .values(
+                    status=TrialStatus.CANCELLED,
+                    outcome=Outcome.CANCELLED,
+                    error=reason,
+                    finished_at=now,
+                )
+            ).rowcount
+        return cancelled
+
+    def interrupt_run(self, run_id: str) -> int:
+        """A session of the run stopped by Ctrl-C: its unfinished trials recorded cancelled
+        (never failed), and the run `interrupted` while any trial is left without a result, so
+        that `--hemra-resume` runs them again (a run `hemra cancel` cancelled stays
+        `cancelled`: its trials were stopped on purpose). Returns the trials cancelled."""
+        reason = STOP_REASONS[RunStatus.INTERRUPTED]
+        with self._transaction() as tx:
+            dialect.lock_row(tx, runs, run_id)  # first: no trial's write closes it meanwhile
+            left = (
+                tx.execute(
+                    select(T.id).where(
+                        T.run_id == run_id,
+                        T.status.in_(TrialStatus.UNFINISHED),
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            cancelled = self._cancel(tx, left, reason)
+            without_result = exists().where(
+                T.run_id == run_id, CURRENT, T.status == TrialStatus.CANCELLED
+            )
+            tx.execute(
+                update(runs)
+                .where(R.id == run_id, R.status != RunStatus.CANCELLED, without_result)
+                .values(status=RunStatus.INTERRUPTED)
+            )
+            self._close_run(tx, run_id)
         return cancelled
 
     def cancel_run(self, run_id: str, is_alive: Callable[[str], bool]) -> tuple[int, int]:
@@ -425,13 +466,16 @@ class QueueStore(ResultStore):
         return None if found is None else str(found)
 
     def reopen_run(self, run_id: str) -> None:
-        """A cancelled run asked to finish after all (`--hemra-resume-cancelled`)."""
+        """A stopped run taken up again, its cancelled trials queued anew: an interrupted one
+        (`--hemra-resume`), a cancelled one asked to finish after all
+        (`--hemra-resume-cancelled`). With nothing left to run it is finished at once."""
         with self._transaction() as tx:
             tx.execute(
                 update(runs)
-                .where(R.id == run_id, R.status == RunStatus.CANCELLED)
+                .where(R.id == run_id, R.status.in_(RunStatus.STOPPED))
                 .values(status=RunStatus.RUNNING)
             )
+            self._close_run(tx, run_id)
 
     def job_counts(self, run_id: str) -> dict[str, int]:
         query = select(J.state, func.count().label("n")).where(J.run_id == run_id)
