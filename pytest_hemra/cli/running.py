@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 # `hemra runs`' counts, its table's columns and its JSON's keys: trials `done` (with an outcome),
 # jobs `running` (held by a runner) and `queued`, trials `cancelled`
 DONE, RUNNING, QUEUED, CANCELLED = "done", "running", "queued", "cancelled"  # not a lifecycle state
+LEFT = "left"  # its JSON's trials without a result: cancelled, or not run yet
 # `hemra run`'s pytest flags, which a session alone has: (flag, its `args` name)
 SESSION_FLAGS = (("-k", "keyword"), ("-n", "numprocesses"), ("--junitxml", "junitxml"))
 
@@ -332,15 +333,21 @@ def runs_command(args: argparse.Namespace) -> int:
 
 
 def _status(run: dict[str, Any]) -> str:
+    """The run's status as the table shows it: an interrupted run's with what a resume runs."""
     engines = ", ".join(str(wait["engine"]) for wait in run["waiting"])
-    return f"{run['status']} for engine {engines}" if engines else str(run["status"])
+    if engines:
+        return f"{run['status']} for engine {engines}"
+    if run["status"] == RunStatus.INTERRUPTED:
+        return f"{run['status']} ({run[LEFT]} left)"
+    return str(run["status"])
 
 
 def run_summary(store: Store, run: RunRecord) -> dict[str, Any]:
     """One run as `hemra runs` lists it: `done` of its `trials` (deselected ones left out), the
-    jobs `running` and `queued` now, the trials `cancelled`, its harnesses and datasets; a
-    running run some of whose trials wait for their engine is `waiting` (`waiting` says for
-    which engine, since when and how many trials)."""
+    jobs `running` and `queued` now, the trials `cancelled`, those `left` without a result
+    (what a resume of an interrupted run runs), its harnesses and datasets; a running run
+    some of whose trials wait for their engine is `waiting` (`waiting` says for which engine,
+    since when and how many trials)."""
     counted = [t for t in store.trials(run.id) if t.status != TrialStatus.DESELECTED]
     states = store.job_counts(run.id)
     waits = store.engine_waits(run.id).get(run.id, []) if run.status == RunStatus.RUNNING else []
@@ -355,6 +362,7 @@ def run_summary(store: Store, run: RunRecord) -> dict[str, Any]:
         RUNNING: sum(states.get(state, 0) for state in JobState.LIVE),
         QUEUED: states.get(JobState.QUEUED, 0),
         CANCELLED: sum(1 for t in counted if t.outcome == Outcome.CANCELLED),
+        LEFT: sum(1 for t in counted if t.status != TrialStatus.FINISHED),
         "harnesses": list(run.plan.harness_names),
         "datasets": list(run.plan.datasets),
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,16 +21,17 @@ import pytest
 
 from pytest_hemra.core.errors import HemraError, InputWarning
 from pytest_hemra.core.ids import unknown_run
-from pytest_hemra.core.lifecycle import TrialStatus
+from pytest_hemra.core.lifecycle import RunStatus, TrialStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import PlannedTrial
-from pytest_hemra.core.store_location import store_location
+from pytest_hemra.core.store_location import redacted, store_location
 from pytest_hemra.core.text import printable, printable_lines
 from pytest_hemra.core.words import plural
 from pytest_hemra.execute.provisioning import ProviderFactory, provision
 from pytest_hemra.plugin import WORKER
 from pytest_hemra.plugin.items import TrialWork
 from pytest_hemra.plugin.protocol import rerun_status
+from pytest_hemra.plugin.reporter import OUTPUT
 from pytest_hemra.plugin.worker import Worker, providers
 from pytest_hemra.report.comparison import (
     RunComparison,
@@ -87,8 +89,9 @@ def _terminal_line(config: pytest.Config) -> Callable[[str], None]:
 
 
 def _resume(config: pytest.Config, found: dict[str, ProviderFactory]) -> Runner:
-    """Finish a recorded run: trials whose runner is gone, that hit an infrastructure error
-    (or were cancelled, if asked) run again under new rows; finished ones are reported."""
+    """Finish a recorded run: trials whose runner is gone, that hit an infrastructure error,
+    that an interrupt cancelled (an `interrupted` run's), or that were cancelled on purpose
+    (if asked) run again under new rows; finished ones are reported."""
     location = store_location(config.getoption("hemra_store"), "--hemra-store")
     if not location.exists():
         raise HemraError(f"--hemra-resume: no store at {location.describe()}")
@@ -103,13 +106,39 @@ def _resume(config: pytest.Config, found: dict[str, ProviderFactory]) -> Runner:
         if store.take_over(stale, is_alive) is not None:  # unless another worker just did
             provider.remove_sandboxes({"hemra.trial": stale})
     again = {t.id for t in run.trials if t.outcome == Outcome.INFRA_ERROR}
-    if config.getoption("hemra_resume_cancelled"):
+    # a `hemra cancel`led run's cancelled trials stay so unless asked; an interrupted run's
+    # were cancelled by the interrupt alone
+    reopen = config.getoption("hemra_resume_cancelled") or (
+        store.run(run_id).status == RunStatus.INTERRUPTED
+    )
+    if reopen:
         again |= {t.id for t in run.trials if t.outcome == Outcome.CANCELLED}
-        store.reopen_run(run_id)
     for trial in sorted(again):
         provider.remove_sandboxes({"hemra.trial": trial})
         store.replace_trial(trial, retry=False)  # once: another worker's resume gets its row
+    if reopen:  # after its trials are queued again: with none left, it is finished
+        store.reopen_run(run_id)
     return Runner(store, load_recorded(store, run_id), provider, owner_name())
+
+
+def resume_line(config: pytest.Config, store: Store, run_id: str) -> str:
+    """What an interrupted session says: how many trials have a result, and the command that
+    finishes the run, in the form the session was started in (`hemra run`, or pytest)."""
+    trials = [t for t in store.trials(run_id) if t.status != TrialStatus.DESELECTED]
+    done = sum(1 for t in trials if t.status == TrialStatus.FINISHED)
+    said = f"hemra: interrupted: {done} of {plural(len(trials), 'trial')} have a result"
+    if done == len(trials):
+        return f"{said}; run {run_id} is finished"
+    if config.pluginmanager.has_plugin(OUTPUT):  # `hemra run`
+        words, prefix = ["hemra", "run", "--resume", run_id], "--"
+    else:
+        words, prefix = ["pytest", "--hemra-resume", run_id], "--hemra-"
+    if store.run(run_id).status == RunStatus.CANCELLED:  # `hemra cancel` too: asked to resume
+        words.append(f"{prefix}resume-cancelled")
+    named = config.getoption("hemra_store")  # else the default store, or HEMRA_STORE's
+    if named:
+        words += [f"{prefix}store", redacted(named)]
+    return f"{said}; finish the run with: {shlex.join(words)}"
 
 
 def _check_run_named(config: pytest.Config, store: Store, option: str) -> None:
@@ -142,6 +171,7 @@ class Controller:
         self.gate_reasons: list[str] = []
         self.report: RunReport | None = None
         self.comparison: RunComparison | None = None
+        self.interrupted_line: str | None = None  # how to go on, once Ctrl-C stopped the session
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -176,16 +206,18 @@ class Controller:
         if runner is None:
             return
         store, run_id = runner.store, runner.run.id
-        if exitstatus == pytest.ExitCode.INTERRUPTED:
-            # Ctrl-C: what did not finish is cancelled (never failed), its sandboxes removed
-            left = [t.id for t in store.trials(run_id) if t.status in TrialStatus.UNFINISHED]
-            store.cancel_trials(left, "interrupted (Ctrl-C)")
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        if interrupted:
+            # Ctrl-C: what did not finish is cancelled (never failed), its sandboxes removed,
+            # the run `interrupted` for a resume to finish; no gate is tripped by it
+            store.interrupt_run(run_id)
             with contextlib.suppress(HemraError):  # its engine down: removed when one is back
                 runner.provider.remove_sandboxes({"hemra.run": run_id})
+            self.interrupted_line = resume_line(session.config, store, run_id)
         self.report = build_report(store, run_id)
         previous = session.config.getoption("hemra_compare")
         self.comparison = compare_runs(store, previous, run_id) if previous else None
-        if self.gates:
+        if self.gates and not interrupted:
             trials = store.trials(run_id)
             self.gate_reasons = tripped(self.gates, trials, self.report, self.comparison)
             if exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
@@ -199,6 +231,13 @@ class Controller:
             if self.comparison is not None:
                 data["comparison"] = comparison_dict(self.comparison)
             Path(summary_path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """After an interrupt, the last line said: how to finish the run (after pytest's own
+        lines, `!!! KeyboardInterrupt !!!` under plain pytest)."""
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if self.interrupted_line is not None and reporter is not None:
+            reporter.write_line(self.interrupted_line, yellow=True)
 
     def pytest_terminal_summary(
         self, terminalreporter: pytest.TerminalReporter, config: pytest.Config
