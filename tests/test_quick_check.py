@@ -20,16 +20,22 @@ SUITE_ONLY = re.compile(r"chrom|^initdb$|^psql$|^postgres$|^pg_")
 
 
 def path_without_suite_tools(folder: Path) -> str:
-    """A PATH of one folder holding a link to every program on this PATH but the suite's own."""
-    folder.mkdir()
-    for directory in os.environ["PATH"].split(os.pathsep):
-        for program in sorted(Path(directory).glob("*")) if Path(directory).is_dir() else []:
-            link = folder / program.name
-            if SUITE_ONLY.search(program.name) or link.exists() or link.is_symlink():
-                continue
-            if program.is_file() and os.access(program, os.X_OK):
-                link.symlink_to(program.resolve())
-    return str(folder)
+    """This PATH with the suite's programs taken out: each folder holding one is replaced, in
+    place, by a folder of links to its other programs (a folder without any, a virtualenv's
+    among them, stays itself: a link to a virtualenv's python would lose the virtualenv)."""
+    entries = []
+    for index, directory in enumerate(os.environ["PATH"].split(os.pathsep)):
+        programs = sorted(Path(directory).iterdir()) if Path(directory).is_dir() else []
+        if not any(SUITE_ONLY.search(program.name) for program in programs):
+            entries.append(directory)
+            continue
+        links = folder / str(index)
+        links.mkdir(parents=True)
+        for program in programs:
+            if not SUITE_ONLY.search(program.name) and program.is_file():
+                (links / program.name).symlink_to(program)
+        entries.append(str(links))
+    return os.pathsep.join(entries)
 
 
 def example_commands(*posargs: str) -> list[str]:
