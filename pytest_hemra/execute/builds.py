@@ -9,12 +9,14 @@ the images that built are cached for the next run.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
 from collections.abc import Callable
 
 from pytest_hemra.core.errors import HemraError, InfraError, SpecError
+from pytest_hemra.core.progress import Progress
 from pytest_hemra.execute.kinds import kind_of
 from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.resolve.datasets import Task
@@ -54,7 +56,14 @@ def build_images(
     to_build = {
         task.environment_digest() for task in tasks if missing and missing(task, default_image)
     }
-    outcomes = _prepare_all(provider, tasks, default_image, at_once)
+    progress = Progress("task images", total=len(to_build), unit="built")  # n of N, as each ends
+
+    def finished(task: Task) -> None:
+        if task.environment_digest() in to_build:
+            progress.advance(detail=task.name)
+
+    with progress if to_build else contextlib.nullcontext():
+        outcomes = _prepare_all(provider, tasks, default_image, at_once, finished)
     built = {
         task.environment_digest(): secs
         for task, (_, secs) in zip(tasks, outcomes, strict=True)
@@ -72,10 +81,15 @@ def build_images(
 
 
 def _prepare_all(
-    provider: SandboxProvider, tasks: list[Task], default_image: str, at_once: int
+    provider: SandboxProvider,
+    tasks: list[Task],
+    default_image: str,
+    at_once: int,
+    finished: Callable[[Task], None] = lambda task: None,
 ) -> list[tuple[tuple[str, str] | None, float]]:
     """`provider.prepare` for every task, `at_once` threads pulling from one queue; for each
-    task (in order) None, or its path and what it failed with, and the seconds it took. Ctrl-C
+    task (in order) None, or its path and what it failed with, and the seconds it took; each
+    task `finished` as its image is built or found. Ctrl-C
     stops what has not started; the threads are daemons, so a build running then ends with the
     process."""
     results: list[tuple[tuple[str, str] | None, float]] = [(None, 0.0)] * len(tasks)
@@ -93,6 +107,7 @@ def _prepare_all(
             started = time.monotonic()
             failure = _failure(provider, tasks[index], default_image)
             results[index] = (failure, round(time.monotonic() - started, 3))
+            finished(tasks[index])
 
     threads = [
         threading.Thread(target=work, name=f"hemra-build-{n}", daemon=True) for n in range(at_once)

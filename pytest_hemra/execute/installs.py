@@ -30,6 +30,7 @@ from pytest_hemra.core.cache import cache_root, user_home
 from pytest_hemra.core.environment import snapshot
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.core.filelock import file_lock
+from pytest_hemra.core.progress import Progress
 from pytest_hemra.execute.sandbox import Mount
 from pytest_hemra.resolve.harnesses import Harness
 
@@ -89,7 +90,8 @@ def ensure_package(harness: Harness) -> Installed | None:
             shutil.rmtree(directory, ignore_errors=True)
             directory.mkdir(parents=True)
             try:
-                _install(kind, spec, directory)
+                with Progress(f"installing harness {harness.name} ({package})") as progress:
+                    _install(kind, spec, directory, progress)
             except (OSError, subprocess.SubprocessError) as error:
                 shutil.rmtree(directory, ignore_errors=True)
                 raise InfraError(f"{harness.path}: installing {package} failed ({error})") from None
@@ -98,7 +100,8 @@ def ensure_package(harness: Harness) -> Installed | None:
     return _installed(kind, directory)
 
 
-def _install(kind: str, spec: str, directory: Path) -> None:
+def _install(kind: str, spec: str, directory: Path, progress: Progress) -> None:
+    progress.update(0, f"{'npm' if kind == 'npm' else 'pip'} install {spec}")
     if kind == "npm":
         argv = ["npm", "install", "--prefix", str(directory), "--no-audit", "--no-fund"]
         _run([*argv, "--omit=dev", "--loglevel=error", spec])
@@ -119,23 +122,22 @@ def _install(kind: str, spec: str, directory: Path) -> None:
         ]
     )
     _write_launchers(site, directory / "bin")
-    _bundle_libraries([Path(sys.base_prefix), site], directory / "lib")
+    _bundle_libraries([Path(sys.base_prefix), site], directory / "lib", progress)
 
 
-def _bundle_libraries(roots: list[Path], target: Path) -> None:
+def _bundle_libraries(roots: list[Path], target: Path, progress: Progress) -> None:
     """Copy the system libraries the interpreter's and packages' extensions load (libssl,
     libffi...) beside the install: task images need not have them. glibc's own stay out."""
     target.mkdir(exist_ok=True)
     needed: set[str] = set()
-    for root in roots:
-        for extension in root.rglob("*.so*"):
-            if not extension.is_file():
-                continue
-            listing = subprocess.run(["ldd", str(extension)], capture_output=True, text=True)
-            for line in listing.stdout.splitlines():
-                parts = line.split("=>")
-                if len(parts) == 2 and parts[1].strip().startswith("/"):
-                    needed.add(parts[1].split("(")[0].strip())
+    extensions = [e for root in roots for e in root.rglob("*.so*") if e.is_file()]
+    for count, extension in enumerate(extensions, 1):
+        progress.update(0, f"libraries the extensions load: {count} of {len(extensions)} read")
+        listing = subprocess.run(["ldd", str(extension)], capture_output=True, text=True)
+        for line in listing.stdout.splitlines():
+            parts = line.split("=>")
+            if len(parts) == 2 and parts[1].strip().startswith("/"):
+                needed.add(parts[1].split("(")[0].strip())
     for library in sorted(needed):
         source = Path(library)
         inside = any(str(source).startswith(str(root)) for root in roots)  # mounted already

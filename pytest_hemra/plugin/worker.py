@@ -19,6 +19,7 @@ import pytest
 
 from pytest_hemra.core import registry
 from pytest_hemra.core.errors import HemraError
+from pytest_hemra.core.progress import keep_stderr
 from pytest_hemra.core.records import PlannedTrial, TrialRecord
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.sandbox.providers import ProviderFactory
@@ -71,6 +72,9 @@ class Worker:
         reports_in_finish_order: bool = False,
     ) -> None:
         self.work = work
+        # made at pytest_configure or pytest_sessionstart, while pytest captures nothing: an
+        # install's progress lines, printed from within a trial's item, still reach the user
+        keep_stderr()
         self.planned = tuple(planned)
         self.dataset_paths = dataset_paths
         self.workers = workers

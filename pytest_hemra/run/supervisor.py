@@ -35,6 +35,7 @@ from types import FrameType
 
 from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.lifecycle import JobState
+from pytest_hemra.core.progress import Progress
 from pytest_hemra.core.store_location import STORE_VARIABLE
 from pytest_hemra.execute.sandbox.providers import sandbox_provider
 from pytest_hemra.resolve.plan import load_recorded, missing_variables
@@ -44,6 +45,7 @@ from pytest_hemra.store import Store
 from pytest_hemra.store.owner import is_alive
 
 POLL_SECS = 1.0
+COUNT_SECS = 2.0  # how often a worked run's jobs are counted, for its progress
 KILL_WAIT_SECS = 30.0  # a session killed with SIGKILL: how long its exit is waited for
 USAGE_EXITS = (2, 3, 4)  # interrupted, internal error, usage error: do not try the run again
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
@@ -57,6 +59,20 @@ def session_argv(run_id: str, concurrency: int | None) -> list[str]:
     # it exits as `hemra run` would: 0 when every trial has a result, failing tasks included
     argv += ["--hemra-resume", run_id, "--hemra-fail-on", "unfinished"]
     return argv + (["--hemra-concurrency", str(concurrency)] if concurrency else [])
+
+
+def _trials(counts: dict[str, int]) -> int:
+    """A run's trials, from its jobs by state (a replaced row is its retry's, counted once)."""
+    left_out = (JobState.REPLACED, JobState.DESELECTED)
+    return sum(n for state, n in counts.items() if state not in left_out)
+
+
+def _show(progress: Progress, counts: dict[str, int]) -> None:
+    """A worked run's progress: its trials over (done or cancelled), those running and queued."""
+    over = counts.get(JobState.DONE, 0) + counts.get(JobState.CANCELLED, 0)
+    running = sum(counts.get(state, 0) for state in JobState.LIVE)
+    queued = counts.get(JobState.QUEUED, 0)
+    progress.update(over, f"{running} running, {queued} queued", total=_trials(counts))
 
 
 def session_env(store: Store) -> dict[str, str]:
@@ -173,7 +189,8 @@ class Worker:
         log_path = self.logs / f"{run_id}.log"
         print(f"{self.name}: working run {run_id} (log {log_path})", flush=True)
         before = self.store.job_counts(run_id)
-        with log_path.open("ab") as log:
+        progress = Progress(f"run {run_id}", total=_trials(before), unit="trials over")
+        with log_path.open("ab") as log, progress:
             self.child = subprocess.Popen(
                 session_argv(run_id, self.concurrency),
                 cwd=self.folder,
@@ -184,7 +201,11 @@ class Worker:
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
+            last_count = time.monotonic()
             while self.child.poll() is None:
+                if time.monotonic() - last_count >= COUNT_SECS:  # how far along, for its progress
+                    last_count = time.monotonic()
+                    _show(progress, self.store.job_counts(run_id))
                 if self.stopping:
                     os.killpg(self.child.pid, signal.SIGKILL)
                     try:  # a killed process is gone at once, unless stuck in the kernel
@@ -196,6 +217,7 @@ class Worker:
                     print(f"{self.name}: stopped; {handed} trials of run {run_id} queued again")
                     return
                 time.sleep(0.2)
+            _show(progress, self.store.job_counts(run_id))
         code = self.child.returncode
         after = self.store.job_counts(run_id)
         held = sum(after.get(state, 0) for state in JobState.LIVE)  # by other workers
