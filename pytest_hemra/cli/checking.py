@@ -117,6 +117,7 @@ def check_command(args: argparse.Namespace) -> int:
 
     from pytest_hemra.cli import build_parser
     from pytest_hemra.cli.running import pytest_argv
+    from pytest_hemra.plugin.reporter import Output
     from pytest_hemra.report.health import (
         ORACLE,
         check_health,
@@ -132,7 +133,7 @@ def check_command(args: argparse.Namespace) -> int:
     run_args.pytest_args = ["-q", "--tb=no", "-rN", *args.pytest_args]
     seen = RunSeen()
     with redirect_stdout(sys.stderr):
-        status = int(pytest.main(pytest_argv(run_args), plugins=[seen]))
+        status = int(pytest.main(pytest_argv(run_args), plugins=[seen, Output()]))
     if seen.run_id is None or seen.store is None:
         return status or int(pytest.ExitCode.USAGE_ERROR)  # nothing was recorded
     store = Store(seen.store)
@@ -144,7 +145,7 @@ def check_command(args: argparse.Namespace) -> int:
         again.pytest_args = ["-q", "--tb=no", "-rN", *args.pytest_args]
         rerun = RunSeen()
         with redirect_stdout(sys.stderr):
-            pytest.main(pytest_argv(again), plugins=[rerun])
+            pytest.main(pytest_argv(again), plugins=[rerun, Output()])
         if rerun.run_id is not None:
             trials = Store(rerun.store or seen.store).trials(rerun.run_id)
             passed = {t.task for t in trials if t.harness == ORACLE and t.outcome == "pass"}

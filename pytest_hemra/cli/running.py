@@ -18,7 +18,7 @@ from pytest_hemra.cli.arguments import (
     find_run,
     open_store,
 )
-from pytest_hemra.cli.exits import Exit, exit_codes_text
+from pytest_hemra.cli.exits import exit_codes_text
 from pytest_hemra.cli.reports import add_wide_argument
 from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.lifecycle import RUN_WAITING, JobState, RunStatus, TrialStatus
@@ -194,8 +194,7 @@ def run_command(args: argparse.Namespace) -> int:
     import pytest
 
     if not (args.run_file or args.harnesses or args.datasets or args.resume):
-        print("hemra run: name a run file, or harnesses (-H) and datasets (-d)", file=sys.stderr)
-        return int(Exit.REFUSED)
+        raise HemraError("hemra run: name a run file, or harnesses (-H) and datasets (-d)")
     session_only = [flag for flag, value in SESSION_FLAGS if getattr(args, value)]
     if (args.detach or args.dry_run) and session_only:
         mode = "--detach" if args.detach else "--dry-run"
@@ -204,9 +203,32 @@ def run_command(args: argparse.Namespace) -> int:
         return detach_command(args)  # nothing runs: a refusal is hemra's own (exit 4 too)
     if args.numprocesses is not None and find_spec("xdist") is None:
         raise HemraError("-n needs pytest-xdist: pip install 'pytest-hemra[xdist]'")
+    if not args.resume:
+        check_named(args)
     from pytest_hemra.plugin.reporter import Output
 
     return int(pytest.main(pytest_argv(args), plugins=[Output()]))
+
+
+def check_named(args: argparse.Namespace) -> None:
+    """The run file's keys and values, and the harness and dataset files it names, checked
+    before pytest starts, so the refusals most made take a fraction of a session's start (its
+    plug-ins, the sandbox and kind registry); the session resolves the rest, as it would
+    anyway (kinds a conftest.py adds are known only there). In this process, so what it
+    imports the session has already."""
+    from pytest_hemra.resolve.datasets import find_dataset
+    from pytest_hemra.resolve.harnesses import find_harness
+    from pytest_hemra.resolve.spec import load_run_spec
+
+    run_file = Path(args.run_file) if args.run_file else None
+    spec = load_run_spec(run_file, read_overrides(lambda flag: getattr(args, flag.field)))
+    source = str(run_file) if run_file is not None else "command line"
+    base_dir = run_file.resolve().parent if run_file is not None else Path.cwd()
+    for name in spec.harnesses:
+        find_harness(name, base_dir, source)
+    for ref in spec.datasets:
+        if "@" not in ref:  # name@version or name@digest: maybe the registry's, read later
+            find_dataset(ref, base_dir, source)
 
 
 def detach_command(args: argparse.Namespace) -> int:

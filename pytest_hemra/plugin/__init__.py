@@ -16,11 +16,16 @@ for. Working a trial's job (claim, heartbeat, run, retry, cancel) is `run.job.Ru
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_hemra.core.errors import HemraError
 from pytest_hemra.plugin.reporter import OUTPUT
+
+if TYPE_CHECKING:
+    from pytest_hemra.resolve.plan import Plan
 
 __all__ = ["CONTROLLER", "WORKER", "register"]
 
@@ -42,12 +47,26 @@ def register(config: pytest.Config) -> None:
             from pytest_hemra.plugin.worker import open_worker
 
             manager.register(open_worker(config, workerinput), WORKER)
-        else:
+        else:  # resolved before the controller's modules load: a refusal needs none of them
+            plan = resolve_session_plan(config)
             from pytest_hemra.plugin.controller import open_controller
 
-            manager.register(open_controller(config), CONTROLLER)
+            manager.register(open_controller(config, plan), CONTROLLER)
     except HemraError as error:
         if manager.has_plugin(OUTPUT):  # `hemra run`: its refusals' one format, no blank lines
             print(f"hemra: {error}", file=sys.stderr)
             raise pytest.UsageError() from None  # pytest prints each of its args: none
         raise pytest.UsageError(str(error)) from None
+
+
+def resolve_session_plan(config: pytest.Config) -> Plan | None:
+    """The plan the session's run file and `--hemra-*` options resolve to; None when the session
+    takes up a recorded run (`--hemra-resume`)."""
+    if config.getoption("hemra_resume"):
+        return None
+    from pytest_hemra.resolve.overrides import read_overrides
+    from pytest_hemra.resolve.plan import resolve_plan
+
+    run_option = config.getoption("hemra_run")
+    overrides = read_overrides(lambda flag: config.getoption(flag.dest))
+    return resolve_plan(Path(run_option) if run_option else None, overrides, Path.cwd())

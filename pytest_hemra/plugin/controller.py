@@ -42,26 +42,23 @@ from pytest_hemra.report.comparison import (
 from pytest_hemra.report.formats import render_text
 from pytest_hemra.report.gates import Gate, parse_gate, tripped
 from pytest_hemra.report.tables import RunReport, build_report, report_dict
-from pytest_hemra.resolve.overrides import Overrides, read_overrides
-from pytest_hemra.resolve.plan import load_recorded, record_plan, resolve_plan
+from pytest_hemra.resolve.plan import Plan, load_recorded, record_plan
 from pytest_hemra.run.job import Runner, sandbox_for
 from pytest_hemra.store import Store
 from pytest_hemra.store.owner import is_alive, owner_name
 
 
-def open_controller(config: pytest.Config) -> Controller:
-    """The controller of this session's run: resolved and recorded, taken up (`--hemra-resume`)
-    or, under `--collect-only`, resolved alone. Its runner is closed with the session's config."""
+def open_controller(config: pytest.Config, plan: Plan | None) -> Controller:
+    """The controller of this session's run: `plan` (`resolve_session_plan`'s) recorded, or a
+    recorded run taken up (`--hemra-resume`, no plan) or, under `--collect-only`, the plan
+    alone. Its runner is closed with the session's config."""
     gates = tuple(parse_gate(text) for text in config.getoption("hemra_fail_on"))
     found = providers(config)
-    if config.getoption("hemra_resume"):
+    if plan is None:
         runner = _resume(config, found)
         config.add_cleanup(runner.close)
         return Controller(runner, (), runner.run.dataset_paths, gates)
-    run_option = config.getoption("hemra_run")
-    run_file = Path(run_option) if run_option else None
     collect_only = bool(config.getoption("collectonly"))
-    plan = resolve_plan(run_file, overrides_from(config), Path.cwd())
     for warning in plan.warnings:
         config.issue_config_time_warning(InputWarning(warning), stacklevel=2)
     provision(plan, found, check_sandbox=not collect_only, note=_terminal_line(config))
@@ -76,10 +73,6 @@ def open_controller(config: pytest.Config) -> Controller:
     runner = Runner(store, run, provider, owner_name())
     config.add_cleanup(runner.close)
     return Controller(runner, (), paths, gates)
-
-
-def overrides_from(config: pytest.Config) -> Overrides:
-    return read_overrides(lambda flag: config.getoption(flag.dest))
 
 
 def _terminal_line(config: pytest.Config) -> Callable[[str], None]:
