@@ -48,6 +48,7 @@ def add_commands(commands: Commands) -> None:
         "trial_id", help="a trial id (RUN_ID.NNNNN, as in the JUnit 'trial' property)"
     )
     add_store_argument(show)
+    add_wide_argument(show)
     show.set_defaults(handler=show_command)
 
     view = commands.add_parser("view", help="browse the store's runs in the viewer (no queue)")
@@ -95,8 +96,7 @@ def _latest_run(store: Store, option: str | None) -> str:
 
 def show_command(args: argparse.Namespace) -> int:
     """Everything the store holds of one trial, for a terminal (the viewer shows the rest)."""
-    from tabulate import tabulate
-
+    from pytest_hemra.core.terminal import fit_table, left_out_line
     from pytest_hemra.report.history import trial_history
 
     store = open_store(args.store)
@@ -143,8 +143,12 @@ def show_command(args: argparse.Namespace) -> int:
              printable(c.error or "")]
             for c in calls
         ]  # fmt: skip
-        table = tabulate(rows, headers=["role", "model", "status", "in", "out", "latency", ""])
-        lines += ["", table]
+        width = output_width(args.wide)
+        headers = ["role", "model", "status", "in", "out", "latency", "error"]
+        keep = ["status", "model", "latency"]
+        fitted = fit_table(headers, rows, width, keep=keep, numbers_right=True)
+        lines += ["", fitted.text]
+        lines += [left_out_line(fitted.dropped, width)] if fitted.dropped else []
     lines.append(f"\nfolder {trial.trial_dir or '-'}")
     print(printable_lines("\n".join(lines)))  # an agent's words shown, never obeyed
     return 0

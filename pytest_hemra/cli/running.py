@@ -347,7 +347,9 @@ def runs_command(args: argparse.Namespace) -> int:
     headers = ["run", "name", "status", DONE, RUNNING, QUEUED, CANCELLED]
     width = output_width(args.wide)
     keep = ["run", "status", DONE, "name", RUNNING, QUEUED, CANCELLED]
-    fitted = fit_table([*headers, "harnesses", "datasets"], rows, width, keep=keep)
+    fitted = fit_table(
+        [*headers, "harnesses", "datasets"], rows, width, keep=keep, numbers_right=True
+    )
     print(fitted.text)
     if fitted.dropped:
         print(left_out_line(fitted.dropped, width))

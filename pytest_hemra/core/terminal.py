@@ -51,11 +51,13 @@ def fit_table(
     *,
     keep: Sequence[str] = (),
     tablefmt: str = "simple",
+    numbers_right: bool = False,
 ) -> FittedTable:
     """The table as tabulate prints it, at most `width` wide: columns dropped from the right
     (those named in `keep` last, the last of them first) until it fits; the first column is
     never dropped, and a table still too wide then has its widest cells folded onto lines of
-    their own. `width` None: every column."""
+    their own. `width` None: every column. `numbers_right`: columns of numbers aligned right
+    (tabulate's number parsing; a report's cells are text, "0.500 [0.2, 0.8]")."""
     from tabulate import tabulate
 
     names = list(headers)
@@ -66,7 +68,7 @@ def fit_table(
             [[row[i] for i in columns] for row in cells],
             headers=[names[i] for i in columns],
             tablefmt=tablefmt,
-            disable_numparse=True,
+            disable_numparse=not numbers_right,
             maxcolwidths=fold,
         )
 
