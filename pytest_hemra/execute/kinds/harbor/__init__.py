@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pytest_hemra.core.cache import cache_root
 from pytest_hemra.core.errors import InfraError, SpecError
+from pytest_hemra.core.progress import Progress
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.core.trial import TrialResult
 from pytest_hemra.execute.context import TrialContext
@@ -99,7 +100,8 @@ class HarborKind:
             if not ((directory / MARKER).is_file() and has_runner_image(version)):
                 directory.mkdir(exist_ok=True)
                 try:
-                    tag = build_runner_image(version, cache_root() / "harbor")
+                    with Progress(f"installing harness {harness.name} (Harbor {version}'s image)"):
+                        tag = build_runner_image(version, cache_root() / "harbor")
                 except InfraError as error:
                     raise InfraError(
                         f"{harness.path}: installing {harness.spec.package}: {error}"
