@@ -14,7 +14,7 @@ from scipy.special import expit
 from statsmodels.genmod.bayes_mixed_glm import BinomialBayesMixedGLM
 from statsmodels.regression.mixed_linear_model import MixedLM, VCSpec
 
-from pytest_hemra.report.mixed_models import PRIOR_SD_EFFECT, PRIOR_SD_LOG_SD
+from pytest_hemra.report.mixed_models import PRIOR_SD_EFFECT
 from pytest_hemra.report.stats import paired_difference
 from pytest_hemra.report.variance import (
     Observation,
@@ -122,6 +122,7 @@ def test_linear_fit_recovers_the_harness_model_and_interaction_effects_within_in
     assert list(shares) == [
         "harness", "model", "harness:model", "task", "task:harness:model", "residual"
     ]  # fmt: skip
+    assert report.too_few_levels == ("model",)  # two models: one difference
     assert sum(shares.values()) == pytest.approx(1)
     variances = {"task": 0.2**2, "task:harness:model": 0.1**2, "residual": 0.15**2}
     total = sum(variances.values()) + fixed_variance(interaction=interaction)
@@ -191,8 +192,9 @@ def test_linear_fit_on_cell_means_is_the_reml_fit_on_every_trial() -> None:
     assert 0 < fixed < 1
 
 
-def test_binomial_fit_on_cell_counts_matches_one_row_per_trial() -> None:
-    """The counts model is statsmodels' model with the same likelihood in fewer rows."""
+def test_binomial_fit_on_cell_counts_agrees_with_statsmodels_on_one_row_per_trial() -> None:
+    """The Laplace fit on each cell's counts lands where statsmodels' variational fit of the
+    same model on one 0/1 row per trial does."""
     observations = simulate(tasks=12, attempts=5, pass_fail=True, task_sd=1.0, scale=5, seed=4)
     report = decompose(observations, "base", "small")
 
@@ -211,7 +213,7 @@ def test_binomial_fit_on_cell_counts_matches_one_row_per_trial() -> None:
         exog,
         rows,
         np.zeros(12, dtype=int),
-        vcp_p=PRIOR_SD_LOG_SD,
+        vcp_p=1.0,
         fe_p=PRIOR_SD_EFFECT,
     ).fit_vb(fit_method="L-BFGS-B", rng=0)
 
@@ -256,7 +258,8 @@ def test_a_pair_that_passed_every_trial_leaves_out_the_interaction_not_the_fit()
     report = decompose(observations, "base", "small")
 
     assert report.note is None
-    assert list(report.shares) == ["harness", "model", "task", "residual"]
+    assert list(report.shares) == ["harness", "model", "task", "task:harness:model", "residual"]
+    assert report.too_few_levels == ("model",)
 
 
 def flat(reward: float = 1.0) -> list[Observation]:
@@ -362,6 +365,44 @@ def test_the_rendering_names_method_shares_and_each_coefficient() -> None:
     assert lines[0] == f"Where the variance comes from (144 trials, 12 tasks): {report.method}"
     assert lines[1].startswith("  shares of the variance: harness ")
     assert lines[1].count("%") == len(report.shares)
-    assert len(lines) == 2 + len(report.coefficients)
-    assert lines[2].split()[0] == "harness[fast]"
-    assert lines[2].split()[2].startswith("[")
+    assert lines[2] == (
+        "  too few levels to estimate a variance beyond those run: model (its share describes"
+        " them only)"
+    )
+    assert len(lines) == 3 + len(report.coefficients)
+    assert lines[3].split()[0] == "harness[fast]"
+    assert lines[3].split()[2].startswith("[")
+
+
+def test_binomial_fit_reports_the_task_by_cell_component_it_was_given() -> None:
+    """Repeated attempts of one cell agreeing more than chance: the cell term, in log-odds."""
+    report = decompose(
+        simulate(tasks=40, attempts=8, pass_fail=True, task_sd=1.0, cell_sd=0.8, scale=5, seed=6),
+        "base",
+        "small",
+    )
+
+    latent_total = (np.pi**2 / 3) / report.shares["residual"]
+    assert report.shares["task:harness:model"] * latent_total == pytest.approx(0.8**2, rel=0.5)
+    assert report.shares["task"] * latent_total == pytest.approx(1.0, rel=0.5)
+
+
+@pytest.mark.parametrize("pass_fail", [True, False])
+def test_harnesses_that_do_not_differ_get_a_harness_share_near_zero(pass_fail: bool) -> None:
+    """The plug-in variance of estimated effects is their noise when they are all equal; the
+    noise is taken off, so no harness difference reads as (almost) no harness share."""
+    reports = [
+        decompose(
+            simulate(
+                tasks=20, attempts=2, pass_fail=pass_fail, task_sd=1.0 if pass_fail else 0.2,
+                noise_sd=0.15, scale=0.0, seed=seed,
+            ),
+            "base",
+            "small",
+        )
+        for seed in range(8)
+    ]  # fmt: skip
+
+    shares = [report.shares["harness"] for report in reports]
+    assert np.mean(shares) < 0.01
+    assert min(shares) == 0.0  # clipped at 0 where the noise exceeds the spread

@@ -1,12 +1,14 @@
-"""The mixed models behind the variance decomposition (`variance.py`), fitted with statsmodels.
+"""The mixed models behind the variance decomposition (`variance.py`).
 
 Both models are fitted to one row per **cell** (a task x harness x model with trials), never to
-the trials themselves, so 150,000 trials fit in seconds:
+the trials themselves, so 150,000 trials fit in a fraction of a second:
 
 - **pass/fail rewards** (every reward 0 or 1): a logistic mixed model on each cell's passes out
-  of its trials, the same likelihood as one Bernoulli row per trial. Fitted by variational
-  Bayes (statsmodels' `BinomialBayesMixedGLM.fit_vb`, weak priors); the intervals come from the
-  log-posterior's curvature at that fit, widened for overdispersion.
+  of its trials, the same likelihood as one Bernoulli row per trial, fitted by Laplace's
+  approximation with numpy alone (`_fit_binomial`): the task sd maximises the approximate
+  marginal likelihood, the effects and task intercepts are their joint mode given it; the
+  intervals come from the likelihood's curvature there, widened for overdispersion, and the
+  task x harness x model variance is the overdispersion's method-of-moments estimate.
 - **fractional rewards**: a linear mixed model (statsmodels `MixedLM`, REML) on the cells'
   means, with the trial-to-trial variance taken from the spread inside the cells. With the same
   number of attempts in every cell this is exactly the REML fit of the model with a random
@@ -22,8 +24,6 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -33,7 +33,7 @@ Ints = npt.NDArray[np.intp]
 
 LOGISTIC_VARIANCE = math.pi**2 / 3  # the latent residual of a logit model (Nakagawa 2013)
 PRIOR_SD_EFFECT = 10.0  # a fixed effect's prior sd in log-odds: weak, odds of e^20 within 2 sd
-PRIOR_SD_LOG_SD = 1.0  # the prior sd of the log of the task sd (statsmodels' default)
+MAX_TASK_SD = 20.0  # the widest task sd in log-odds the binomial fit looks at
 UNBOUNDED_SD = PRIOR_SD_EFFECT / 2  # a posterior sd this wide means the data do not bound it
 SINGULAR_TASK_SD = 1e-3  # a task sd below this on the log-odds scale: the tasks collapsed
 
@@ -87,8 +87,6 @@ def fixed_design(cells: Cells, harness: Ints, model: Ints) -> Floats:
 
 def fit_model(cells: Cells, is_pass_fail: bool) -> Fit:
     """Fit the model with every warning caught; raise Unfitted when the fit is not usable."""
-    from statsmodels.tools.sm_exceptions import ModelWarning
-
     kind = model_kind(is_pass_fail)
     fitter: Callable[[Cells], Fit] = _fit_binomial if is_pass_fail else _fit_linear
     with warnings.catch_warnings(record=True) as caught:
@@ -101,8 +99,13 @@ def fit_model(cells: Cells, is_pass_fail: bool) -> Fit:
             raise Unfitted(
                 f"the {kind} could not be fitted: {type(error).__name__}: {_first_line(error)}"
             ) from None
+    troubles: tuple[type[Warning], ...] = (RuntimeWarning,)
+    if not is_pass_fail:  # statsmodels' own warnings; the binomial fit does not import it
+        from statsmodels.tools.sm_exceptions import ModelWarning
+
+        troubles += (ModelWarning,)
     for warning in caught:
-        if issubclass(warning.category, ModelWarning | RuntimeWarning):
+        if issubclass(warning.category, troubles):
             raise Unfitted(f"the {kind} did not fit cleanly: {_first_line(warning.message)}")
     if not (np.all(np.isfinite(fit.effects)) and np.all(np.isfinite(fit.covariance))):
         raise Unfitted(f"the {kind} came out singular: its estimates are not finite")
@@ -155,39 +158,32 @@ def _fit_linear(cells: Cells) -> Fit:
 
 
 def _fit_binomial(cells: Cells) -> Fit:
-    import scipy.sparse
-    from scipy.special import expit
+    """The logistic mixed model by Laplace's approximation, on a (task, pair) grid of counts.
 
-    exog = fixed_design(cells, cells.harness, cells.model)
-    n_cells, k = exog.shape
-    tasks = scipy.sparse.csr_array(
-        (np.ones(n_cells), (np.arange(n_cells), cells.task)), shape=(n_cells, cells.n_tasks)
-    )
-    model = _binomial_counts_model()(
-        cells.total, cells.count, exog, tasks, np.zeros(cells.n_tasks, dtype=np.intp)
-    )
-    # ftol: stop once an iteration gains less than 1e-7 of the bound: at 150,000 trials about
-    # 0.01 nats, far below the data's own noise, in a third to a half of the default's steps
-    result = model.fit_vb(fit_method="L-BFGS-B", minim_opts={"ftol": 1e-7}, rng=0)
-    effects = np.asarray(result.fe_mean, dtype=np.float64)
-    task_sd = float(np.exp(result.vcp_mean[0]))
+    A cell is summed to its passes out of its trials, and the cells are laid out as a dense
+    (task x harness-model pair) grid, so every step is a handful of numpy reductions over the
+    cells and small (pair x effect) products: no per-trial row, no sparse matrix, no statsmodels.
+    """
+    from scipy.optimize import minimize_scalar
+
+    grid = _CountGrid.of(cells)
+    best = _LaplaceFit(grid)
+    low, high = math.log(SINGULAR_TASK_SD / 10), math.log(MAX_TASK_SD)
+    # the task sd maximising the approximate marginal likelihood, the effects and task
+    # intercepts at their joint mode given it (glmer's nAGQ=0 with the sd profiled)
+    found = minimize_scalar(
+        lambda log_sd: -best.evaluate(log_sd), bounds=(low, high), method="bounded",
+        options={"xatol": 1e-4},
+    )  # fmt: skip
+    log_sd = float(found.x)
+    best.evaluate(log_sd)
+    task_sd = math.exp(log_sd)
     if task_sd < SINGULAR_TASK_SD:
         raise Unfitted("the binomial mixed model came out singular: the task variance is 0")
-    task_effects = np.asarray(result.vc_mean, dtype=np.float64)
-    chance = expit(exog @ effects + task_effects[cells.task])
-
-    # The effects' covariance: the inverse curvature of the log-posterior in the effects and
-    # the task intercepts at the fit, the task variance held at its estimate (as lme4's Wald
-    # intervals are). Mean-field variational sds ignore that a harness's effect trades off
-    # against the intercepts, and come out about half as wide.
-    weight = cells.count * chance * (1 - chance)
-    task_weight = np.bincount(cells.task, weights=weight, minlength=cells.n_tasks)
-    cross = np.stack(
-        [np.bincount(cells.task, weights=weight * c, minlength=cells.n_tasks) for c in exog.T]
-    )  # (effect, task)
-    curvature = (exog.T * weight) @ exog + np.eye(k) / PRIOR_SD_EFFECT**2
-    curvature -= (cross / (task_weight + 1 / task_sd**2)) @ cross.T
-    covariance = np.linalg.inv(curvature)
+    # The effects' covariance: the inverse curvature of the log-likelihood in the effects once
+    # the task intercepts are profiled out, the task variance held at its estimate (as lme4's
+    # Wald intervals are).
+    covariance = np.asarray(np.linalg.inv(best.schur), dtype=np.float64)
     if np.any(np.sqrt(np.abs(np.diag(covariance))) > UNBOUNDED_SD):
         raise Unfitted(
             "the binomial mixed model is not bounded by the data (separation): an effect's"
@@ -195,80 +191,108 @@ def _fit_binomial(cells: Cells) -> Fit:
         )
 
     # The attempts of one cell can agree more than a binomial allows (a task that suits a
-    # harness): the Pearson dispersion of the cells' counts widens the intervals, as a
-    # quasi-binomial model does (Williams 1982). One attempt per cell has no such spread.
+    # harness): the task x harness x model component. Pearson's statistic of the cells'
+    # counts exceeds its degrees of freedom by about tau^2 sum((n - 1) p (1 - p)) for a cell
+    # term of variance tau^2 on the log-odds (a method of moments, delta method); the same
+    # statistic over df widens the intervals, as a quasi-binomial model does (Williams 1982).
+    # One attempt per cell has no such spread.
+    k = grid.pair_design.shape[1]
     df = _residual_df(cells, k)
-    expected = cells.count * chance
-    pearson = float(np.sum((cells.total - expected) ** 2 / (expected * (1 - chance))))
-    dispersion = max(pearson / df, 1.0) if cells.count.max() > 1 else 1.0
-    method = "binomial mixed model (logit; variational Bayes; task as random intercept)"
+    chance, present = best.chance, grid.trials > 0
+    n, spread = grid.trials[present], (chance * (1 - chance))[present]
+    pearson = float(np.sum((grid.passes[present] - n * chance[present]) ** 2 / (n * spread)))
+    repeated = bool(cells.count.max() > 1)
+    dispersion = max(pearson / df, 1.0) if repeated else 1.0
+    method = "binomial mixed model (logit; Laplace approximation on each cell's pass counts;"
+    method += " task as random intercept)"
     if dispersion > 1:
         method += f"; intervals widened x{math.sqrt(dispersion):.2f} for overdispersion"
-    random = {"task": task_sd**2, "residual": LOGISTIC_VARIANCE}
-    return Fit(method, effects, covariance * dispersion, df, random)
+    random = {"task": task_sd**2}
+    if repeated:
+        excess = (pearson - df) / float(np.sum((n - 1) * spread))
+        random["task:harness:model"] = max(excess, 0.0)
+    random["residual"] = LOGISTIC_VARIANCE
+    return Fit(method, best.effects.copy(), covariance * dispersion, df, random)
 
 
-@cache
-def _binomial_counts_model() -> Any:
-    """statsmodels' `BinomialBayesMixedGLM` with the likelihood of counts, not 0/1 rows.
+@dataclass(frozen=True)
+class _CountGrid:
+    """The cells as a dense (task, pair) grid of passes and trials (0 where a pair did not run
+    a task), and the fixed design of each harness x model pair."""
 
-    It takes one 0/1 row per trial; summed per cell, a cell's trials give the same evidence
-    lower bound (the variational objective) in a hundredth of the rows. Only the bound and its
-    gradient change, by the factor `trials`; the fit (`fit_vb`) is statsmodels'.
-    """
-    from scipy.special import expit
-    from statsmodels.genmod.bayes_mixed_glm import BinomialBayesMixedGLM
+    passes: Floats  # (task, pair)
+    trials: Floats
+    pair_design: Floats  # (pair, effect)
 
-    class BinomialCountsMixedGLM(BinomialBayesMixedGLM):  # type: ignore[misc]
-        def __init__(
-            self, successes: Floats, trials: Floats, exog: Floats, exog_vc: Any, ident: Ints
-        ) -> None:
-            # past BinomialBayesMixedGLM.__init__, which refuses anything but 0/1 rows
-            super(BinomialBayesMixedGLM, self).__init__(
-                successes,
-                exog,
-                exog_vc=exog_vc,
-                ident=ident,
-                family=_binomial_family(),
-                vcp_p=PRIOR_SD_LOG_SD,
-                fe_p=PRIOR_SD_EFFECT,
-            )
-            self.trials = trials
-
-        def _parts(
-            self, vb_mean: Floats, vb_sd: Floats
-        ) -> tuple[tuple[Floats, ...], Floats, Floats]:
-            """The unpacked parameters, and each cell's linear predictor's mean and sd."""
-            effects, log_sd, random = self._unpack(vb_mean)
-            effects_sd, log_sd_sd, random_sd = self._unpack(vb_sd)
-            moments: tuple[Floats, Floats] = self._lp_stats(effects, effects_sd, random, random_sd)
-            parts = (effects, log_sd, random, effects_sd, log_sd_sd, random_sd)
-            return parts, moments[0], np.sqrt(moments[1])
-
-        def vb_elbo(self, vb_mean: Floats, vb_sd: Floats) -> float:
-            parts, mean, sd = self._parts(vb_mean, vb_sd)
-            trials: Floats = self.trials
-
-            def h(z: Floats) -> Floats:
-                return -trials * np.logaddexp(0, mean + sd * z)
-
-            return float(self.vb_elbo_base(h, mean, *parts))
-
-        def vb_elbo_grad(self, vb_mean: Floats, vb_sd: Floats) -> tuple[Floats, Floats]:
-            parts, mean, sd = self._parts(vb_mean, vb_sd)
-            trials: Floats = self.trials
-
-            def h(z: Floats) -> Floats:
-                chance: Floats = expit(mean + sd * z)
-                return -trials * chance
-
-            gradient: tuple[Floats, Floats] = self.vb_elbo_grad_base(h, mean, sd**2, *parts)
-            return gradient
-
-    return BinomialCountsMixedGLM
+    @classmethod
+    def of(cls, cells: Cells) -> _CountGrid:
+        n_h, n_m = len(cells.harnesses), len(cells.models)
+        harness, model = np.divmod(np.arange(n_h * n_m), n_m)
+        pair = cells.harness * n_m + cells.model
+        passes = np.zeros((cells.n_tasks, n_h * n_m))
+        trials = np.zeros((cells.n_tasks, n_h * n_m))
+        passes[cells.task, pair] = cells.total
+        trials[cells.task, pair] = cells.count
+        return cls(passes, trials, fixed_design(cells, harness, model))
 
 
-def _binomial_family() -> Any:
-    from statsmodels.genmod.families import Binomial
+class _LaplaceFit:
+    """The joint mode of the effects and task intercepts for a given task sd (penalised IRLS,
+    warm-started from the last sd tried) and the Laplace log-likelihood there."""
 
-    return Binomial()
+    def __init__(self, grid: _CountGrid) -> None:
+        self.grid = grid
+        n_tasks, k = grid.trials.shape[0], grid.pair_design.shape[1]
+        self.effects = np.zeros(k)
+        self.intercepts = np.zeros(n_tasks)
+        self.schur = np.eye(k)
+        self.chance = np.full(grid.trials.shape, 0.5)
+
+    def evaluate(self, log_sd: float) -> float:
+        from scipy.special import expit
+
+        grid, design = self.grid, self.grid.pair_design
+        precision = math.exp(-2 * log_sd)  # 1 / s_task^2
+        prior = np.eye(design.shape[1]) / PRIOR_SD_EFFECT**2
+        effects, intercepts = self.effects, self.intercepts
+        objective = self._penalised(effects, intercepts, precision)
+        for _ in range(100):
+            chance = expit(design @ effects + intercepts[:, None])
+            weight = grid.trials * chance * (1 - chance)
+            residual = grid.passes - grid.trials * chance
+            task_weight = weight.sum(axis=1) + precision
+            cross = weight @ design  # (task, effect)
+            gradient = design.T @ residual.sum(axis=0) - prior @ effects
+            task_gradient = residual.sum(axis=1) - precision * intercepts
+            schur = design.T @ (weight.sum(axis=0)[:, None] * design) + prior
+            schur -= (cross / task_weight[:, None]).T @ cross
+            step = np.linalg.solve(schur, gradient - cross.T @ (task_gradient / task_weight))
+            task_step = (task_gradient - cross @ step) / task_weight
+            for _ in range(30):  # halve a step that overshoots
+                trial = self._penalised(effects + step, intercepts + task_step, precision)
+                if trial >= objective - 1e-9:
+                    break
+                step, task_step = step / 2, task_step / 2
+            effects, intercepts = effects + step, intercepts + task_step
+            gain, objective = trial - objective, trial
+            if max(np.abs(step).max(), np.abs(task_step).max()) < 1e-8 or abs(gain) < 1e-10:
+                break
+        chance = expit(design @ effects + intercepts[:, None])
+        task_weight = (grid.trials * chance * (1 - chance)).sum(axis=1)
+        self.effects, self.intercepts, self.chance = effects, intercepts, chance
+        weight = grid.trials * chance * (1 - chance)
+        cross = weight @ design
+        self.schur = design.T @ (weight.sum(axis=0)[:, None] * design) + prior
+        self.schur -= (cross / (task_weight + precision)[:, None]).T @ cross
+        # log of the integral over each task's intercept, by Laplace: the mode's value and
+        # -1/2 log(1 + s^2 w) for the curvature against the prior's
+        return objective - 0.5 * float(np.sum(np.log1p(task_weight / precision)))
+
+    def _penalised(self, effects: Floats, intercepts: Floats, precision: float) -> float:
+        grid = self.grid
+        eta = grid.pair_design @ effects + intercepts[:, None]
+        likelihood = float(np.sum(grid.passes * eta - grid.trials * np.logaddexp(0, eta)))
+        penalty = precision * float(intercepts @ intercepts) + float(effects @ effects) / (
+            PRIOR_SD_EFFECT**2
+        )
+        return likelihood - 0.5 * penalty

@@ -4,8 +4,8 @@ Pure functions over plain values; nothing here reads the store, pytest or files.
 
 A harness's rewards come as a mapping task -> the rewards of its attempts. The attempts of one
 task are not independent (an easy task passes every attempt), so every interval here is
-**clustered by task**: the bootstrap resamples tasks with replacement and keeps each task's
-attempts together (Miller 2024, "Adding Error Bars to Evals").
+**clustered by task**: it is built from the task means, the tasks being the independent units
+(Miller 2024, "Adding Error Bars to Evals").
 
 The statistic throughout is the **mean of task means**: every task weighs the same however many
 of its attempts finished. With the same number of attempts per task it equals the mean over all
@@ -28,9 +28,6 @@ import numpy as np
 import numpy.typing as npt
 
 Floats = npt.NDArray[np.float64]
-
-CHUNK_ELEMENTS = 1 << 18
-"""Resampling draws at most this many indices at once, so memory stays bounded for huge runs."""
 
 
 @dataclass(frozen=True)
@@ -86,32 +83,56 @@ class Spread:
     total: float | None
 
 
-def mean_ci(
-    by_task: Mapping[str, Sequence[float]],
-    *,
-    confidence: float = 0.95,
-    resamples: int = 2000,
-    seed: int = 0,
-) -> Estimate:
-    """The mean of task means, with a percentile bootstrap interval clustered by task.
+def mean_ci(by_task: Mapping[str, Sequence[float]], *, confidence: float = 0.95) -> Estimate:
+    """The mean of task means, with a t interval over tasks; for rewards in [0, 1], its score form.
 
-    Deterministic for a given seed. With one task there is no spread across tasks to draw
-    from and the interval is the point itself (low = high = mean), as it is when every task
-    has the same mean. Read `n_tasks` before trusting an interval.
+    The tasks are the independent units (their attempts are not), so the interval is built from
+    the n task means: a Student t quantile with n - 1 degrees of freedom and their spread s.
+    Task means in [0, 1] get the **score (Wilson) form** of that interval, with an effective
+    number of tasks n_eff = n m (1 - m) / s^2 (m the mean: the design effect of Korn and
+    Graubard's clustered proportions): the interval holds every mean whose own spread
+    m (1 - m) / n_eff puts the observed one within t standard errors. It is not symmetric
+    about the mean near 0 or 1, where a plain t interval undercovers (skewed difficulty), and
+    never leaves [0, 1]. Task means outside [0, 1] get mean +- t s / sqrt(n).
+
+    Deterministic (no resampling). With one task there is no spread across tasks and the
+    interval is the point itself (low = high = mean), as it is when every task has the same
+    mean (every task passed, say). Read `n_tasks` before trusting an interval.
     Raises ValueError when no task has a reward.
     """
-    _check_resampling(confidence, resamples)
+    _check_confidence(confidence)
     means, n_trials = _task_means(by_task)
-    rng = np.random.default_rng(seed)
-    low, high = _percentile_interval(_bootstrap_means(means, resamples, rng), confidence)
-    return Estimate(float(means.mean()), low, high, len(means), n_trials)
+    n, mean = len(means), float(means.mean())
+    if n == 1:
+        return Estimate(mean, mean, mean, n, n_trials)
+    from scipy.special import stdtrit
+
+    quantile = float(stdtrit(n - 1, 0.5 + confidence / 2))
+    sd = float(means.std(ddof=1))
+    if means.min() >= 0 and means.max() <= 1:
+        low, high = _score_interval(mean, sd, n, quantile)
+    else:
+        low, high = mean - quantile * sd / math.sqrt(n), mean + quantile * sd / math.sqrt(n)
+    return Estimate(mean, low, high, n, n_trials)
+
+
+def _score_interval(mean: float, sd: float, n: int, quantile: float) -> tuple[float, float]:
+    """Wilson's interval for a mean in [0, 1] from `n_eff` effective independent units."""
+    spread = mean * (1 - mean)
+    if sd <= 1e-9 * spread or spread <= 0:  # every task has the same mean: nothing varies
+        return mean, mean
+    n_eff = n * spread / sd**2
+    q2 = quantile**2 / n_eff
+    center = (mean + q2 / 2) / (1 + q2)
+    half = quantile / (1 + q2) * math.sqrt(spread / n_eff + q2 / (4 * n_eff))
+    return max(center - half, 0.0), min(center + half, 1.0)
 
 
 def clustered_standard_error(by_task: Mapping[str, Sequence[float]]) -> float:
     """The cluster-robust standard error of the mean of task means (Miller 2024).
 
     sqrt(sum over tasks of (task mean - mean)**2) / n_tasks: the plug-in (no n/(n-1)
-    correction) sandwich estimator, the same quantity the bootstrap of `mean_ci` estimates.
+    correction) sandwich estimator; `mean_ci` uses the task means' sd (ddof=1) instead.
     With equal attempts per task it is Miller's formula for the mean over all trials.
     Raises ValueError when no task has a reward.
     """
@@ -286,38 +307,6 @@ def _task_means(by_task: Mapping[str, Sequence[float]]) -> tuple[Floats, int]:
 def _check_confidence(confidence: float) -> None:
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
-
-
-def _check_resampling(confidence: float, resamples: int) -> None:
-    _check_confidence(confidence)
-    if resamples < 1:
-        raise ValueError(f"resamples must be at least 1, got {resamples}")
-
-
-def _bootstrap_means(values: Floats, resamples: int, rng: np.random.Generator) -> Floats:
-    """The means of `resamples` samples of `values` drawn with replacement.
-
-    Rewards are mostly pass or fail, so task means take few distinct values; then a sample is
-    drawn as how many times each value comes up (multinomial), far cheaper than n indices.
-    """
-    n = len(values)
-    distinct, counts = np.unique(values, return_counts=True)
-    if len(distinct) <= math.isqrt(n):
-        tallies = rng.multinomial(n, counts / n, size=resamples)
-        return np.asarray(tallies @ distinct / n, dtype=np.float64)
-    rows = max(1, CHUNK_ELEMENTS // n)
-    means = np.empty(resamples, dtype=np.float64)
-    for start in range(0, resamples, rows):
-        stop = min(start + rows, resamples)
-        picks = rng.integers(0, n, size=(stop - start, n), dtype=np.int32)
-        means[start:stop] = values[picks].mean(axis=1)
-    return means
-
-
-def _percentile_interval(draws: Floats, confidence: float) -> tuple[float, float]:
-    tail = (1 - confidence) / 2
-    low, high = np.quantile(draws, [tail, 1 - tail])
-    return float(low), float(high)
 
 
 def _paired_t(diffs: Floats, confidence: float, widest: float) -> tuple[float, float, float, float]:

@@ -32,6 +32,7 @@ from pytest_hemra.report.mixed_models import (
 )
 
 CONFIDENCE = 0.95
+MIN_DF = 2  # a fixed source of fewer degrees of freedom (levels - 1) is flagged as too few
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,9 @@ class VarianceReport:
     coefficients: tuple[Coefficient, ...]
     shares: dict[str, float]
     note: str | None = None
+    # fixed sources in `shares` from too few levels (2 harnesses) to estimate a variance
+    # beyond those levels: their share describes the levels run, nothing more
+    too_few_levels: tuple[str, ...] = ()
 
     @property
     def is_fitted(self) -> bool:
@@ -100,8 +104,9 @@ def decompose(
     try:
         cells = _summarize(observations, baseline_harness, baseline_model, min_tasks, is_pass_fail)
         fit = fit_model(cells, is_pass_fail)
+        shares, too_few = _shares(cells, fit)
         report = VarianceReport(
-            fit.method, n_trials, n_tasks, _coefficients(cells, fit), _shares(cells, fit)
+            fit.method, n_trials, n_tasks, _coefficients(cells, fit), shares, None, too_few
         )
     except Unfitted as why:
         return VarianceReport(model_kind(is_pass_fail), n_trials, n_tasks, (), {}, note=str(why))
@@ -116,6 +121,12 @@ def render_variance(report: VarianceReport) -> list[str]:
         return [f"{head}: not fitted: {report.note}"]
     shares = ", ".join(f"{name} {share:.1%}" for name, share in report.shares.items())
     lines = [f"{head}: {report.method}", f"  shares of the variance: {shares}"]
+    if report.too_few_levels:
+        names = ", ".join(report.too_few_levels)
+        lines.append(
+            f"  too few levels to estimate a variance beyond those run: {names} (its share"
+            " describes them only)"
+        )
     width = max(len(c.term) for c in report.coefficients)
     for c in report.coefficients:
         p = "p<0.001" if c.p_value < 0.001 else f"p={c.p_value:.3f}"
@@ -273,22 +284,40 @@ def _coefficients(cells: Cells, fit: Fit) -> tuple[Coefficient, ...]:
     return tuple(coefficients)
 
 
-def _shares(cells: Cells, fit: Fit) -> dict[str, float]:
+def _shares(cells: Cells, fit: Fit) -> tuple[dict[str, float], tuple[str, ...]]:
     """The fixed effects' variance over the harness x model grid (each pair weighing the
-    same), split into harness, model and interaction parts, beside the random variances."""
-    eta = _grid(cells) @ fit.effects  # (harness, model)
-    by_harness = eta.mean(axis=1)
-    by_model = eta.mean(axis=0)
-    interplay = eta - by_harness[:, None] - by_model[None, :] + eta.mean()
+    same), split into harness, model and interaction parts, beside the random variances; and
+    the fixed sources with too few levels to estimate a variance from.
+
+    A fixed part's plug-in variance, the mean square of its estimated effects, is too large by
+    their estimation noise, the mean of their variances (from the fit's covariance): that is
+    taken off (at least 0 remains), so the estimate is unbiased to first order whatever the
+    number of tasks. A source of fewer than MIN_DF degrees of freedom (two harnesses: one
+    difference) is named as well: its share describes those levels, and says nothing of a
+    variance across harnesses (or models) beyond them."""
+    grid = _grid(cells)  # (harness, model, effect)
+    by_harness = grid.mean(axis=1)
+    by_model = grid.mean(axis=0)
+    interplay = grid - by_harness[:, None] - by_model[None, :] + grid.mean(axis=(0, 1))
+    n_h, n_m = len(cells.harnesses), len(cells.models)
+    sources = [
+        ("harness", n_h > 1, n_h - 1, by_harness - by_harness.mean(axis=0)),
+        ("model", n_m > 1, n_m - 1, by_model - by_model.mean(axis=0)),
+        ("harness:model", cells.has_interaction, (n_h - 1) * (n_m - 1), interplay),
+    ]
     variances: dict[str, float] = {}
-    if len(cells.harnesses) > 1:
-        variances["harness"] = float(by_harness.var())
-    if len(cells.models) > 1:
-        variances["model"] = float(by_model.var())
-    if cells.has_interaction:
-        variances["harness:model"] = float(np.mean(interplay**2))
+    too_few = []
+    for name, is_present, df, rows in sources:
+        if not is_present:
+            continue
+        if df < MIN_DF:
+            too_few.append(name)
+        maps = rows.reshape(-1, rows.shape[-1])
+        plug_in = float(np.mean((maps @ fit.effects) ** 2))
+        noise = float(np.mean(np.einsum("ij,jk,ik->i", maps, fit.covariance, maps)))
+        variances[name] = max(plug_in - noise, 0.0)
     variances.update(fit.random)
     total = sum(variances.values())
     if not total > 0:
         raise Unfitted("the fitted variances are all 0: nothing to share out")
-    return {name: variance / total for name, variance in variances.items()}
+    return {name: variance / total for name, variance in variances.items()}, tuple(too_few)
