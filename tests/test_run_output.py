@@ -38,6 +38,7 @@ def folder(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_hemra_run_prints_a_line_per_trial_and_the_table_not_pytests_failures(
     folder: Path,
@@ -57,6 +58,7 @@ def test_hemra_run_prints_a_line_per_trial_and_the_table_not_pytests_failures(
     assert re.search(r"^oracle\s+1/1\s+1\s+1\.000", out, re.M)  # the table's row
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_k_selects_trials_and_n_2_with_junitxml_writes_one_testcase_a_trial(
     folder: Path,
@@ -69,6 +71,7 @@ def test_k_selects_trials_and_n_2_with_junitxml_writes_one_testcase_a_trial(
     assert [case.get("name") for case in cases] == ["create-file[oracle-1]"]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 def test_v_keeps_pytests_own_output(folder: Path) -> None:
     ran = hemra(folder, "run", "run.toml", "-v")
@@ -101,7 +104,13 @@ def test_attempts_are_attempts_and_k_is_not_in_hemra_check(folder: Path) -> None
     [
         ('harnesses = ["oracle"]\ndatasets = ["hemra-offline"]\nattemps = 2\n', "key 'attemps'"),
         ('harnesses = ["oraclee"]\ndatasets = ["hemra-offline"]\n', "no harness named 'oraclee'"),
+        (  # refused by the pytest session, which alone resolves the whole run
+            'harnesses = ["oracle"]\ndatasets = ["hemra-offline"]\n'
+            'verifier = { env = ["HEMRA_TEST_UNSET"] }\n',
+            "environment variable HEMRA_TEST_UNSET is not set",
+        ),
     ],
+    ids=["mistyped key", "unknown harness", "unset variable"],
 )
 def test_a_refusal_is_one_hemra_line_exit_4_and_nothing_recorded(
     folder: Path, run_file: str, message: str
