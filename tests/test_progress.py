@@ -94,7 +94,7 @@ def test_a_worked_run_says_how_many_trials_are_over_running_and_queued(
     assert re.fullmatch(f"hemra: run {run_id}: done in \\d+s, 3 of 3 trials over", lines[-1])
 
 
-@pytest.mark.parametrize("xdist", [[], ["-n", "2"]])
+@pytest.mark.parametrize("xdist", [[], pytest.param(["-n", "2"], marks=pytest.mark.slow)])
 def test_progress_from_within_a_test_reaches_the_terminal_past_pytests_capture(
     pytester: pytest.Pytester, xdist: list[str]
 ) -> None:
