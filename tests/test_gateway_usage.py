@@ -364,12 +364,46 @@ def test_an_oversize_line_is_skipped_without_memory_growing() -> None:
     assert reader.result() == ANTHROPIC_STREAM_USAGE
 
 
-def test_an_oversize_usage_event_is_dropped_not_misread() -> None:
-    padding = " " * (MAX_EVENT_BYTES + 10)
-    usage = json.dumps({"input_tokens": 1, "output_tokens": 9999})
-    huge = f'{{"type": "response.completed",{padding}"response": {{"usage": {usage}}}}}'
-    body = responses_stream() + b"data: " + huge.encode() + b"\n\n"
+def test_an_oversize_final_responses_event_is_read_wherever_its_usage_sits() -> None:
+    """A final event past MAX_EVENT_BYTES is scanned as it passes, not skipped: its usage is
+    read before or after the long output, and a nested `usage` inside the output is not it."""
+    usage = {"input_tokens": 1, "output_tokens": 9999, "input_tokens_details": {"cached_tokens": 0}}
+    output = [{"type": "message", "content": [{"text": 'say "usage" ' * 100_000}]}]
+    output.append({"type": "tool", "usage": {"input_tokens": 5, "output_tokens": 5}})
+    for response in (
+        {"model": "big", "output": output, "usage": usage},
+        {"usage": usage, "output": output, "model": "big"},
+    ):
+        event = json.dumps({"type": "response.completed", "response": response}).encode()
+        assert len(event) > MAX_EVENT_BYTES
+        body = responses_stream() + b"event: response.completed\ndata: " + event + b"\n\n"
+        assert read(Wire.RESPONSES, True, body, random_chunks) == Usage(1, 9999, 0, 0, "big")
+
+
+def test_an_oversize_event_that_is_not_final_is_not_read() -> None:
+    usage = {"input_tokens": 1, "output_tokens": 9999}
+    huge = {"type": "response.output_item.done", "item": {"text": "x" * (MAX_EVENT_BYTES + 10)}}
+    huge["response"] = {"usage": usage}
+    body = responses_stream() + b"data: " + json.dumps(huge).encode() + b"\n\n"
     assert read(Wire.RESPONSES, True, body, random_chunks) == RESPONSES_USAGE
+
+
+def test_an_oversize_final_event_is_scanned_without_memory_growing() -> None:
+    reader = UsageReader(Wire.RESPONSES, streaming=True)
+    reader.feed(responses_stream().split(b"event: response.completed")[0])
+    piece = b"x" * 65536
+    usage = json.dumps({"response": {"usage": {"input_tokens": 7, "output_tokens": 3}}})
+    tracemalloc.start()
+    try:
+        reader.feed(b'event: response.completed\ndata: {"type": "response.completed", "pad": "')
+        for _ in range(64 * 1024 * 1024 // len(piece)):  # one 64 MiB event
+            reader.feed(piece)
+        reader.feed(b'", ' + usage[1:].encode() + b"\n\n")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * MAX_EVENT_BYTES
+    assert reader.result() == Usage(7, 3, 0, 0, None)
 
 
 @pytest.mark.parametrize("feed", FEEDS[::2])

@@ -6,15 +6,27 @@ two writes); any other path answers 200 and is recorded in `seen`.
 Chat streams follow OpenAI: usage only when the request asks (`stream_options.include_usage`),
 then `"usage": null` on every chunk and one usage-only chunk before `[DONE]`. A bulk stream
 (`x-test-event-bytes`, `x-test-stream-bytes`) writes many events of one size per write, as a
-fast upstream's bytes arrive at a proxy: what the benchmark measures the gateway with."""
+fast upstream's bytes arrive at a proxy: what the benchmark measures the gateway with.
+
+Wire quirks real upstreams have, each asked for by a header and combinable with the modes:
+`x-test-encoding: gzip` compresses plain and streamed answers although the gateway asks for
+`identity` (a stream flushed event by event, as a compressing proxy does); `x-test-keep-alive:
+SECS` starts a stream with an SSE comment and waits SECS between its writes; `x-test-sse-fields`
+gives Chat chunks `id:` and `event:` lines; `x-test-unicode` puts non-ASCII text in Chat chunks
+(the finishing one too), written as UTF-8; `x-test-final-bytes: N` makes a Responses stream's final
+event longer than N bytes (its output text); `x-test-mode: error-event` ends an Anthropic
+stream with an `error` event after its first delta."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import gzip
+import itertools
 import json
 import socket
 import threading
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -43,6 +55,55 @@ STATE = web.AppKey("state", Upstream)  # the upstream's record of what it was se
 
 def _sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+OVERLOADED = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+
+
+class _Stream(web.StreamResponse):
+    """A streamed answer as the request's `x-test-encoding` and `x-test-keep-alive` shape it:
+    gzip flushed write by write; a `: keep-alive` comment first, then a wait before each write."""
+
+    def __init__(self, request: web.Request, headers: dict[str, str]) -> None:
+        is_gzip = request.headers.get("x-test-encoding") == "gzip"
+        super().__init__(headers={**headers, **({"Content-Encoding": "gzip"} if is_gzip else {})})
+        self._gzip = zlib.compressobj(wbits=31) if is_gzip else None
+        self._comment_wait = request.headers.get("x-test-keep-alive")
+        self._is_finished = False
+
+    async def prepare(self, request: web.BaseRequest) -> Any:
+        is_new = not self.prepared  # aiohttp prepares a handler's answer again once it returns
+        writer = await super().prepare(request)
+        if self._comment_wait is not None and is_new:
+            await self._write(b": keep-alive\n\n")
+        return writer
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._comment_wait is not None:
+            await asyncio.sleep(float(self._comment_wait))
+        await self._write(bytes(data))
+
+    async def _write(self, data: bytes) -> None:
+        if self._gzip is not None:
+            data = self._gzip.compress(data) + self._gzip.flush(zlib.Z_SYNC_FLUSH)
+        await super().write(data)
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        if self._is_finished:
+            return
+        self._is_finished = True
+        if self._gzip is not None:
+            data = self._gzip.compress(data) + self._gzip.flush()
+        await super().write_eof(data)
+
+
+def _answer(request: web.Request, payload: dict[str, Any], **options: Any) -> web.Response:
+    """A plain JSON answer, gzipped when `x-test-encoding: gzip` asks."""
+    if request.headers.get("x-test-encoding") != "gzip":
+        return web.json_response(payload, **options)
+    body = gzip.compress(json.dumps(payload).encode(), mtime=0)
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    return web.Response(body=body, headers={**headers, **options.pop("headers", {})}, **options)
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
@@ -75,7 +136,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
         return await bulk_stream(request, anthropic_delta, head, _anthropic_end())
     model = body.get("model", MODEL)
     if not body.get("stream"):
-        answer = web.json_response(
+        answer = _answer(
+            request,
             {
                 "id": "msg_1",
                 "type": "message",
@@ -85,12 +147,12 @@ async def messages(request: web.Request) -> web.StreamResponse:
                 "stop_reason": "end_turn",
                 "stop_sequence": None,
                 "usage": _anthropic_usage(),
-            }
+            },
         )
         if mode == "set-cookie":  # as a provider's edge does (Cloudflare's `__cf_bm`)
             answer.set_cookie("__cf_bm", "set-for-one-caller", path="/")
         return await cut_short(request, answer) if mode == "reset" else answer
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    response = _Stream(request, {"Content-Type": "text/event-stream"})
     await response.prepare(request)
     await response.write(_sse("message_start", _message_start(model)))
     block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}}
@@ -100,6 +162,10 @@ async def messages(request: web.Request) -> web.StreamResponse:
     piece = "x" * int(request.headers.get("x-test-chunk-bytes", "5"))
     for index in range(chunks):
         await response.write(anthropic_delta(piece))
+        if mode == "error-event" and index == 0:
+            await response.write(_sse("error", OVERLOADED))
+            await response.write_eof()
+            return response
         if mode == "reset" and index == 0:
             assert request.transport is not None
             request.transport.abort()
@@ -141,12 +207,13 @@ async def echo_key(request: web.Request, body: dict[str, Any]) -> web.StreamResp
     stream, split across two writes)."""
     key = request.headers.get("x-api-key", "")
     if not body.get("stream"):
-        return web.json_response(
+        return _answer(
+            request,
             {"type": "error", "error": {"type": "authentication_error", "message": f"bad {key}"}},
             status=401,
             headers={"x-echo": key},
         )
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "x-echo": key})
+    response = _Stream(request, {"Content-Type": "text/event-stream", "x-echo": key})
     await response.prepare(request)
     event = _sse("error", {"type": "error", "error": {"type": "api_error", "message": key}})
     cut = event.index(key.encode()) + len(key) // 2
@@ -244,8 +311,9 @@ def _chat_usage() -> dict[str, Any]:
 
 
 def _chat_data(payload: dict[str, Any]) -> bytes:
-    """One chunk as OpenAI writes it: compact JSON, `data: ` and a blank line."""
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    """One chunk as OpenAI writes it: compact JSON in UTF-8, `data: ` and a blank line."""
+    data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+    return b"data: " + data + b"\n\n"
 
 
 def _chat_chunk(
@@ -280,7 +348,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if not body.get("stream"):
         message: dict[str, Any] = {"role": "assistant", "content": "hi"}
         choice = {"index": 0, "finish_reason": "stop", "message": message}
-        return web.json_response(
+        return _answer(
+            request,
             {
                 "id": "chatcmpl-1",
                 "object": "chat.completion",
@@ -288,7 +357,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
                 "model": model,
                 "choices": [choice],
                 "usage": _chat_usage(),
-            }
+            },
         )
     mode = request.headers.get("x-test-mode", "")
     options = body.get("stream_options") or {}
@@ -297,15 +366,20 @@ async def chat(request: web.Request) -> web.StreamResponse:
         usage = _chat_data(_chat_chunk([], model, _chat_usage())) if asked else b""
         delta = functools.partial(chat_delta, with_usage=asked)
         return await bulk_stream(request, delta, b"", usage + DONE)
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    response = _Stream(request, {"Content-Type": "text/event-stream"})
     await response.prepare(request)
+    numbered = itertools.count(1)
+    is_unicode = "x-test-unicode" in request.headers
 
     def chunk(delta: dict[str, Any], finish: str | None = None, usage: Any = ...) -> bytes:
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        return _chat_data(_chat_chunk([choice], model, usage, with_usage=asked))
+        data = _chat_data(_chat_chunk([choice], model, usage, with_usage=asked))
+        if "x-test-sse-fields" in request.headers:
+            return f"id: {next(numbered)}\nevent: chunk\n".encode() + data
+        return data
 
     await response.write(chunk({"role": "assistant", "content": ""}))
-    for index, word in enumerate(("hel", "lo")):
+    for index, word in enumerate(("hé", "llo ✓") if is_unicode else ("hel", "lo")):
         await response.write(chunk({"content": word}))
         if mode == "reset" and index == 0:
             assert request.transport is not None
@@ -313,10 +387,11 @@ async def chat(request: web.Request) -> web.StreamResponse:
             return response
         if mode == "drip":
             await asyncio.sleep(0.2)
+    last = {"content": " café"} if is_unicode else {}
     if asked and mode == "usage-on-finish":
-        await response.write(chunk({}, "stop", _chat_usage()))
+        await response.write(chunk(last, "stop", _chat_usage()))
     else:
-        await response.write(chunk({}, "stop"))
+        await response.write(chunk(last, "stop"))
         if asked:
             await _write_usage(response, _chat_data(_chat_chunk([], model, _chat_usage())), mode)
     await response.write(DONE)
@@ -343,7 +418,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     state.seen.append({"path": request.path, "headers": dict(request.headers), "body": body})
     model = body.get("model") or CHAT_MODEL
-    text = {"type": "output_text", "text": "hello", "annotations": []}
+    padding = "y" * int(request.headers.get("x-test-final-bytes", "0"))
+    text = {"type": "output_text", "text": "hello" + padding, "annotations": []}
     item: dict[str, Any] = {"type": "message", "id": "msg_1", "role": "assistant"}
     item |= {"status": "completed", "content": [text]}
     done = {
@@ -355,8 +431,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
         "usage": _responses_usage(),
     }
     if not body.get("stream"):
-        return web.json_response(done)
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        return _answer(request, done)
+    response = _Stream(request, {"Content-Type": "text/event-stream"})
     await response.prepare(request)
     started = {**done, "status": "in_progress", "output": [], "usage": None}
     created = {"type": "response.created", "response": started}

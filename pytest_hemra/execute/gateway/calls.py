@@ -13,6 +13,8 @@ from pytest_hemra.execute.gateway.wire import CallUsage, Wire
 
 CLIENT_GONE = "client hung up mid-response"  # how such a call's error starts
 UPSTREAM_FAILED = "upstream failed mid-response"
+STREAM_ERROR = "upstream error event"  # an error the upstream sent inside a 200 stream
+PARTIAL = "usage partial"  # what a stream that ended early had counted, in the row's error
 
 
 @dataclass
@@ -27,6 +29,8 @@ class Call:
     error: str | None = None
     error_text: bytes = b""
     kept: bytearray | None = None  # the response body, kept for the trial folder (capped)
+    stream_error: str | None = None  # an error event's text, from a stream answered 200
+    partial: CallUsage | None = None  # the counts a stream gave before it ended unfinished
 
     def is_usage_unknown(self, wire: Wire, usage: CallUsage | None) -> bool:
         """A billed call an upstream took and did not refuse, whose usage could not be read
@@ -54,9 +58,21 @@ def call_row(
     role: str,
 ) -> CallRow:
     """The row of a finished call: tokens and cost NULL when its usage is unknown, a cost of
-    None when its model has no price."""
+    None when its model has no price. A stream that ended before its final count stays unknown;
+    what it had counted (Anthropic's `message_start`: input and cache) is kept in the row's
+    error, flagged `usage partial`, with an error event's text."""
     is_usage_known = not call.is_usage_unknown(wire, usage)
-    counted = usage or CallUsage()
+    counted = usage or CallUsage(model=call.partial.model if call.partial else None)
+    notes = [text for text in (error or call.error,) if text]
+    if call.stream_error:
+        notes.append(f"{STREAM_ERROR}: {call.stream_error}")
+    if not is_usage_known and call.partial is not None:
+        counts = " ".join(
+            f"{name}={getattr(call.partial, name)}"
+            for name in ("input_tokens", "cache_read_tokens", "cache_write_tokens")
+        )
+        ended = "the stream ended before its final count"
+        notes.append(f"{PARTIAL} ({ended}): {counts}, output unknown")
     cost = cost_of(counted).usd if counted.total_tokens else 0.0
     return CallRow(
         run_id=run_id,
@@ -75,7 +91,7 @@ def call_row(
         ttfb=call.ttfb,
         request_bytes=request_bytes,
         response_bytes=call.response_bytes,
-        error=error or call.error,
+        error="; ".join(notes) or None,
         refused=refused,
         headers=headers,
         role=role,

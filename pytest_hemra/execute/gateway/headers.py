@@ -33,6 +33,7 @@ SECRET_NAME = re.compile(r"auth|key|token|secret|cookie|session", re.IGNORECASE)
 # which organization or project of the runner's account pays is the runner's choice, not the agent's
 ACCOUNT_HEADERS = frozenset({"openai-organization", "openai-project"})
 REDACTED = "[redacted]"
+# `Content-Encoding` passes only with the bytes it describes (`relay`)
 DROPPED_RESPONSE = frozenset({*HOP_BY_HOP, "content-encoding"})
 
 

@@ -6,7 +6,15 @@ Per chunk that is a few C-level byte searches and copies, never a Python loop ov
 events: streams of small events pass at close to the speed of the wire. Who ended a call early
 is told apart: a client that hangs up (`CLIENT_GONE`), an upstream that fails mid-response
 (`UPSTREAM_FAILED`, the client then sees the reset as it would from the provider), or one that
-cannot be reached."""
+cannot be reached.
+
+An answer the upstream compressed although asked for `identity` (`encoding`) reaches the client
+as the upstream sent it, with its `Content-Encoding`, while the gateway decodes a copy to scrub
+and read: a compressed chunk is passed on once its decoded bytes are scrubbed, and one that
+holds a key is never passed (the connection is cut, recorded). A compressed Chat stream whose
+usage the gateway asked for is the one exception: the usage chunk cannot be taken out of
+compressed bytes, so its client gets the decoded stream without the usage (no
+`Content-Encoding`), as would a compressed plain answer that held a key, scrubbed."""
 
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ from aiohttp import web
 from pytest_hemra.execute.gateway.bodies import KEPT_BODY_BYTES, error_format, error_response
 from pytest_hemra.execute.gateway.calls import CLIENT_GONE, UPSTREAM_FAILED, Call
 from pytest_hemra.execute.gateway.chatusage import AddedUsageFilter
+from pytest_hemra.execute.gateway.encoding import DECODABLE, Decoder, content_coding
 from pytest_hemra.execute.gateway.headers import DROPPED_RESPONSE
 from pytest_hemra.execute.gateway.scrub import KeyScrubber
 from pytest_hemra.execute.gateway.usage import UsageReader, is_streaming
@@ -44,6 +53,10 @@ class ClientGone(Exception):
     """The client hung up while the gateway was answering it."""
 
 
+class EchoedKey(Exception):
+    """A compressed answer held a real key: it cannot be scrubbed without being decoded."""
+
+
 class Relay:
     def __init__(self, call: Call, wire: Wire, scrubber: KeyScrubber) -> None:
         self._call = call
@@ -52,10 +65,20 @@ class Relay:
         self._reader: UsageReader | None = None
         self._added_usage: AddedUsageFilter | None = None
         self._response: web.StreamResponse | None = None
+        self._decoder: Decoder | None = None  # the answer is compressed: the gateway's copy
+        self._is_passed_encoded = False  # the client is passed the compressed bytes
+        self._held_raw: list[bytes] = []  # compressed, held while their scrub holds a key's start
 
     def usage(self) -> CallUsage | None:
-        """The answer's final usage, if it was read (call once the relay is over)."""
-        return self._reader.result() if self._reader is not None else None
+        """The answer's final usage, if it was read (call once the relay is over); what the
+        answer said short of that is noted on the call: an error event's text, and the counts
+        a stream gave before it ended unfinished."""
+        if self._reader is None:
+            return None
+        usage = self._reader.result()
+        self._call.stream_error = self._reader.error_text
+        self._call.partial = self._reader.partial() if usage is None else None
+        return usage
 
     async def run(
         self,
@@ -81,11 +104,19 @@ class Relay:
                 _read_large(upstream)
                 streaming = is_streaming(wire, data, upstream.headers.get("Content-Type", ""))
                 self._reader = UsageReader(wire, streaming)
+                coding = content_coding(upstream.headers)
+                if coding:
+                    if coding not in DECODABLE:
+                        call.status = 502
+                        call.error = f"upstream answered in an encoding HEMRA cannot read: {coding}"
+                        return error_response(error_format(wire, request.headers), 502, call.error)
+                    self._decoder = Decoder(coding)
                 length = upstream.content_length
                 if not streaming and length is not None and length <= WHOLE_BODY_BYTES:
                     return await self._answer_whole(request, upstream)
                 if is_usage_added and streaming and upstream.status < 400:
                     self._added_usage = AddedUsageFilter()
+                self._is_passed_encoded = self._decoder is not None and self._added_usage is None
                 # what arrived with the headers leaves with them, in one write (an upstream
                 # writes its first event just after its headers: one turn of the loop reads it)
                 first = upstream.content.read_nowait()
@@ -95,7 +126,7 @@ class Relay:
                 response = (_Coalesced if first else web.StreamResponse)(
                     status=upstream.status, reason=upstream.reason
                 )
-                self._copy_headers(upstream, response)
+                self._copy_headers(upstream, response, self._is_passed_encoded)
                 self._response = response
                 try:
                     await response.prepare(request)
@@ -112,6 +143,11 @@ class Relay:
         except ClientGone as gone:
             call.error = f"{CLIENT_GONE}: {gone.__cause__ or 'connection closed'}"
             return self._response or web.Response(status=499)
+        except EchoedKey:
+            call.error = "upstream echoed a key in a compressed answer: cut before it was passed on"
+            if request.transport is not None:
+                request.transport.abort()
+            return self._response or web.Response(status=502)
         except aiohttp.ClientConnectorError as error:
             call.is_sent = False
             call.status, call.error = 502, f"upstream unreachable: {error}"
@@ -129,11 +165,20 @@ class Relay:
         self, request: web.Request, upstream: aiohttp.ClientResponse
     ) -> web.StreamResponse:
         """A plain answer of known length: read whole, scrubbed, read for usage and passed on
-        in one write with its headers."""
-        body = self._taken(await upstream.read()) + self._held_back()
-        self._note(body)
+        in one write with its headers (compressed: as it came, unless it held a key)."""
+        raw = await upstream.read()
+        is_encoded = self._decoder is not None
+        if self._decoder is None:
+            body = self._taken(raw) + self._held_back()
+            self._note(body)
+        else:
+            self._count(raw)
+            clean = self._decoded(raw) + self._decoded_end()
+            self._note(clean)
+            is_encoded = not self._scrubber.found
+            body = raw if is_encoded else clean
         response = web.Response(status=upstream.status, reason=upstream.reason, body=body)
-        self._copy_headers(upstream, response)
+        self._copy_headers(upstream, response, is_encoded)
         self._response = response
         try:
             await response.prepare(request)
@@ -142,22 +187,44 @@ class Relay:
             raise ClientGone from error
         return response
 
-    def _copy_headers(self, upstream: aiohttp.ClientResponse, response: web.StreamResponse) -> None:
+    def _copy_headers(
+        self, upstream: aiohttp.ClientResponse, response: web.StreamResponse, is_encoded: bool
+    ) -> None:
+        """The upstream's headers, scrubbed; its `Content-Encoding` only with its bytes."""
         for name, value in upstream.headers.items():
-            if name.lower() not in DROPPED_RESPONSE:
+            lowered = name.lower()
+            if lowered not in DROPPED_RESPONSE or (is_encoded and lowered == "content-encoding"):
                 response.headers.add(name, self._scrubber.text(value))
 
-    def _taken(self, raw: bytes) -> bytes:
-        """Upstream bytes as they arrived: counted, scrubbed and read for usage; what of them
-        may be passed on."""
+    def _count(self, raw: bytes) -> None:
         call = self._call
         if call.ttfb is None:
             call.ttfb = time.perf_counter() - call.started
         call.response_bytes += len(raw)
+
+    def _taken(self, raw: bytes) -> bytes:
+        """Upstream bytes as they arrived: counted, scrubbed and read for usage; what of them
+        may be passed on."""
+        self._count(raw)
         chunk = self._scrubber.feed(raw)
         assert self._reader is not None
         self._reader.feed(chunk)
         return chunk
+
+    def _decoded(self, raw: bytes) -> bytes:
+        """Compressed bytes decoded by the gateway: scrubbed and read for usage."""
+        assert self._decoder is not None and self._reader is not None
+        clean = [self._scrubber.feed(piece) for piece in self._decoder.feed(raw)]
+        for piece in clean:
+            self._reader.feed(piece)
+        return b"".join(clean)
+
+    def _decoded_end(self) -> bytes:
+        """At a compressed answer's end, what the decoder and the scrub held back."""
+        assert self._decoder is not None and self._reader is not None
+        clean = self._scrubber.feed(self._decoder.flush()) + self._scrubber.flush()
+        self._reader.feed(clean)
+        return clean
 
     def _held_back(self) -> bytes:
         """At the answer's end, what the scrub held back (it held no key), read for usage."""
@@ -168,17 +235,47 @@ class Relay:
 
     async def _pass_on(self, raw: bytes) -> None:
         """One chunk of the upstream's answer, as it arrived."""
+        if self._decoder is not None:
+            await self._pass_on_encoded(raw)
+            return
         chunk = self._taken(raw)
         if self._added_usage is not None:
             chunk = self._added_usage.feed(chunk)
         await self._send(chunk)
 
+    async def _pass_on_encoded(self, raw: bytes) -> None:
+        """A compressed chunk: passed on as it came once its decoded bytes hold no key (nor the
+        start of one), or, usage taken out, decoded."""
+        self._count(raw)
+        found = self._scrubber.found
+        clean = self._decoded(raw)
+        if self._is_passed_encoded:
+            if self._scrubber.found != found:
+                raise EchoedKey
+            self._note(clean)
+            self._held_raw.append(raw)
+            if not self._scrubber.is_holding:
+                held, self._held_raw = b"".join(self._held_raw), []
+                await self._send(held, is_noted=False)
+            return
+        assert self._added_usage is not None
+        await self._send(self._added_usage.feed(clean))
+
     async def _close(self) -> None:
         """The upstream's answer is complete: what was held back, then the end."""
-        chunk = self._held_back()
+        if self._decoder is None:
+            chunk = self._held_back()
+        else:
+            found = self._scrubber.found
+            chunk = self._decoded_end()
+            if self._is_passed_encoded:
+                if self._scrubber.found != found:
+                    raise EchoedKey
+                self._note(chunk)
+                chunk, self._held_raw = b"".join(self._held_raw), []
         if self._added_usage is not None:
             chunk = self._added_usage.feed(chunk) + self._added_usage.flush()
-        await self._send(chunk)
+        await self._send(chunk, is_noted=not self._is_passed_encoded)
         assert self._response is not None
         try:
             await self._response.write_eof()
@@ -193,10 +290,11 @@ class Relay:
         if call.kept is not None and len(call.kept) < KEPT_BODY_BYTES:
             call.kept += chunk[: KEPT_BODY_BYTES - len(call.kept)]
 
-    async def _send(self, chunk: bytes) -> None:
+    async def _send(self, chunk: bytes, *, is_noted: bool = True) -> None:
         if not chunk:
             return
-        self._note(chunk)
+        if is_noted:
+            self._note(chunk)
         assert self._response is not None
         try:
             await self._response.write(chunk)

@@ -21,6 +21,7 @@ class KeyScrubber:
         found = {key.encode() for key in keys if len(key) >= MIN_KEY_CHARS}
         self.keys = sorted(found, key=len, reverse=True)
         self._held = b""
+        self.found = 0  # keys replaced so far
 
     def feed(self, chunk: bytes) -> bytes:
         """What of the stream so far can be passed on; a possible key's start is held back."""
@@ -36,6 +37,11 @@ class KeyScrubber:
         held, self._held = self._held, b""
         return held
 
+    @property
+    def is_holding(self) -> bool:
+        """Whether the end of what was fed is held back (it may start a key)."""
+        return bool(self._held)
+
     def text(self, value: str) -> str:
         """One whole value (a header) scrubbed."""
         for key in self.keys:
@@ -44,7 +50,9 @@ class KeyScrubber:
 
     def _replace(self, data: bytes) -> bytes:
         for key in self.keys:
-            data = data.replace(key, REDACTED)
+            if key in data:
+                self.found += 1
+                data = data.replace(key, REDACTED)
         return data
 
     def _possible_start(self, data: bytes) -> int:

@@ -9,10 +9,15 @@ that mentions it does not match. Where the final usage ends the stream (Anthropi
 `message_start`, Chat), not even that: only the stream's last TAIL_BYTES are kept, by
 reference, and searched when it ends.
 
+An event longer than MAX_EVENT_BYTES is not held: it is skipped, but for a Responses stream's
+(whose final event holds the whole response, megabytes for a long output), which a
+`FieldScanner` reads as it streams past for its type, model and usage, holding none of the rest.
+
 Usage counts only once it is final: Anthropic's `message_delta`, Responses' closing
 `response.*` event, a Chat usage chunk (or a whole JSON body). A stream cut before that has no
 usage (`result()` is None): the call's tokens are unknown, never the partial counts of
-`message_start`.
+`message_start`, which `partial()` gives apart (the row flags them partial). An Anthropic
+`error` event's text (and a failed response's error) is kept in `error_text`.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pytest_hemra.execute.gateway.jsonscan import FieldScanner
 from pytest_hemra.execute.gateway.sse import (
     event_data,
     event_start,
@@ -39,6 +45,8 @@ USAGE_MARKERS = {
     Wire.CHAT: b'prompt_tokens"',
 }
 DONE = b"[DONE]"
+ERROR_MARKER = b'"error"'  # an Anthropic `error` event's type and key (a JSON string escapes it)
+FINAL_FIELDS = frozenset({("type",), ("response", "usage"), ("response", "model")})
 BILLED_WIRES = frozenset(USAGE_MARKERS)
 # Anthropic's final usage (`message_delta`, then `message_stop`) and Chat's (the usage chunk, then
 # `[DONE]`) end their streams: once Anthropic's `message_start` is read (a Chat stream: from its
@@ -62,6 +70,9 @@ class UsageReader:
         self._is_pending_marked = False  # the unfinished event holds the marker
         self._is_done = False  # `data: [DONE]` seen
         self._tokens = _Tokens()
+        self._error_marker = ERROR_MARKER if wire is Wire.ANTHROPIC else None
+        self.error_text: str | None = None  # an error event's, as `type: message`
+        self._big: FieldScanner | None = None  # the oversize Responses event being scanned
         self._tail: list[bytes] | None = None  # in tail mode: the stream's last chunks
         self._tail_size = 0
         self._is_tail_whole = True  # the tail starts where an event does
@@ -92,8 +103,35 @@ class UsageReader:
         else:
             pending[:] = memoryview(chunk)[end:]
         if len(pending) > MAX_EVENT_BYTES:
-            self._is_skipping = True
-            del pending[:-2]
+            self._skip_pending()
+
+    def _skip_pending(self) -> None:
+        """The unfinished event passed MAX_EVENT_BYTES: dropped, never held whole; a Responses
+        stream's is scanned for its final usage as the rest of it streams past."""
+        pending = self._pending
+        if self._wire is Wire.RESPONSES:
+            self._big = FieldScanner(FINAL_FIELDS)
+            self._scan_big(pending)
+        self._is_skipping = True
+        del pending[:-2]
+
+    def _scan_big(self, part: bytes | bytearray) -> None:
+        big = self._big
+        if big is None:
+            return
+        big.feed(part)
+        is_typed = ("type",) in big.found
+        if big.is_given_up or (is_typed and big.value(("type",)) not in FINAL_RESPONSE_EVENTS):
+            self._big = None  # not a final event: nothing to read in it
+
+    def _finish_big(self) -> None:
+        """The oversize event ended: its usage, if it is a final one."""
+        big, self._big = self._big, None
+        if big is None or big.value(("type",)) not in FINAL_RESPONSE_EVENTS:
+            return
+        response_usage = big.value(("response", "usage"))
+        self._tokens.set_openai(response_usage, "input_tokens", "input_tokens_details")
+        self._tokens.set_model(big.value(("response", "model")))
 
     def _keep_tail(self, chunk: bytes) -> None:
         """Keep `chunk` by reference, and drop the oldest kept chunk while the rest are enough."""
@@ -124,21 +162,30 @@ class UsageReader:
         assert self._marker is not None
         if self._is_pending_marked or (self._wire is Wire.CHAT and self._tokens.is_final):
             return True
-        if chunk.find(self._marker) >= 0:
-            return True
-        reach = len(self._marker) - 1
-        return bool(self._pending) and self._marker in self._pending[-reach:] + chunk[:reach]
+        markers = [self._marker] if self._error_marker is None else [self._marker, ERROR_MARKER]
+        for marker in markers:
+            if chunk.find(marker) >= 0:
+                return True
+            reach = len(marker) - 1
+            if self._pending and marker in self._pending[-reach:] + chunk[:reach]:
+                return True
+        return False
 
     def _feed_events(self, chunk: bytes) -> None:
         """The unfinished event and `chunk` joined, and every complete event in them read."""
         pending = self._pending
         searched = max(0, len(pending) - 2)  # a blank line may straddle the old end
+        carried = len(pending)
         pending += chunk
         if self._is_skipping:
             first = next_boundary(pending, 0, len(pending))
             if first < 0:
+                self._scan_big(chunk)
                 del pending[:-2]
                 return
+            if self._big is not None:
+                self._scan_big(chunk[: max(0, first - carried)])
+                self._finish_big()
             del pending[:first]
             self._is_skipping = False
             searched = 0
@@ -147,11 +194,12 @@ class UsageReader:
             self._read_events(pending, end)
             del pending[:end]
         if len(pending) > MAX_EVENT_BYTES:
-            self._is_skipping = True
-            del pending[:-2]
+            self._skip_pending()
         marker = self._marker
         assert marker is not None
-        self._is_pending_marked = not self._is_skipping and marker in pending
+        self._is_pending_marked = not self._is_skipping and (
+            marker in pending or (self._error_marker is not None and ERROR_MARKER in pending)
+        )
 
     def result(self) -> CallUsage | None:
         """The final usage, once the last chunk is fed; None if there was none (or none billed,
@@ -160,6 +208,8 @@ class UsageReader:
             return None
         if not self._streaming:
             return self._body_usage()
+        if self._big is not None:
+            self._finish_big()  # a stream ended before the oversize event's blank line
         if self._tail is not None:
             self._read_tail()
             end = last_boundary(self._pending)
@@ -171,6 +221,15 @@ class UsageReader:
             self._read_events(self._pending, len(self._pending))
         self._pending.clear()
         return self._tokens.usage()
+
+    def partial(self) -> CallUsage | None:
+        """What a stream that ended before its final count had said of its tokens (Anthropic's
+        `message_start`: input and cache counts; its output is a placeholder, given as 0): None
+        when the usage was final, or nothing was said. Call after `result()`."""
+        tokens = self._tokens
+        if tokens.is_final or not tokens.is_head_read:
+            return None
+        return CallUsage(tokens.input, 0, tokens.cache_read, tokens.cache_write, tokens.model)
 
     def _feed_body(self, chunk: bytes) -> None:
         if self._is_too_big:
@@ -202,6 +261,9 @@ class UsageReader:
         position = 0
         while True:
             hit = buffer.find(self._marker, position, end)
+            if self._error_marker is not None:
+                error = buffer.find(self._error_marker, position, hit if hit >= 0 else end)
+                hit = error if error >= 0 else hit
             if hit < 0:
                 break
             start = event_start(buffer, hit)
@@ -241,9 +303,13 @@ class UsageReader:
                 self._tokens.set_model(message.get("model"))
             elif kind == "message_delta":
                 self._tokens.add_anthropic(event.get("usage"), is_delta=True, is_final=True)
+            elif kind == "error":
+                self.error_text = _error_text(event.get("error"))
         elif self._wire is Wire.RESPONSES:
             if kind in FINAL_RESPONSE_EVENTS:
                 response = _dict(event.get("response"))
+                if kind == "response.failed" and response.get("error") is not None:
+                    self.error_text = _error_text(response.get("error"))
                 self._tokens.set_openai(
                     response.get("usage"), "input_tokens", "input_tokens_details"
                 )
@@ -331,6 +397,14 @@ def _decode(data: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def _error_text(error: object) -> str:
+    """An error object as `type: message` (or its JSON, cut short)."""
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        kind = error.get("type") or error.get("code")
+        return f"{kind}: {error['message']}" if kind else error["message"]
+    return json.dumps(error, ensure_ascii=False)[:500]
 
 
 def _dict(value: object) -> dict[str, Any]:
