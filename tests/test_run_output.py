@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import pytest_hemra
+from conftest import REPO
 from pytest_hemra.cli import installed_version
 
 RUN_FILE = """\
@@ -136,3 +138,16 @@ def test_the_package_is_not_marked_for_assertion_rewriting_once_imported() -> No
     from _pytest.assertion.rewrite import AssertionRewriter
 
     assert AssertionRewriter.is_rewrite_disabled(pytest_hemra.__doc__ or "")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("docker_test")
+def test_a_warning_about_the_input_is_one_hemra_line_naming_the_file(tmp_path: Path) -> None:
+    task = tmp_path / "datasets" / "ds" / "create-file"
+    shutil.copytree(REPO / "datasets" / "hemra-offline" / "create-file", task)
+    (task / "task.toml").write_text("bogus_key = 1\n" + (task / "task.toml").read_text())
+    (tmp_path / "run.toml").write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
+    ran = hemra(tmp_path, "run", "run.toml")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert f"hemra: warning: {task / 'task.toml'}: key 'bogus_key'" in ran.stdout.splitlines()[0]
+    assert "warnings summary" not in ran.stdout and "controller.py" not in ran.stdout

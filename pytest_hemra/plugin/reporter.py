@@ -13,10 +13,12 @@ A report of HEMRA's own fault (an item that raised, a collection error) is still
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
 
+from pytest_hemra.core.errors import InputWarning
 from pytest_hemra.core.text import printable
 
 OUTPUT = "hemra-output"  # the plug-in's name in pytest's plugin manager
@@ -114,6 +116,17 @@ class TrialLines(pytest.TerminalReporter):  # type: ignore[misc]  # final: pytes
             detail = str(getattr(report.longrepr, "reprcrash", None) or report.longrepr)
             parts.append("- " + printable(detail.splitlines()[-1] if detail else ""))
         return "  ".join(part for part in parts if part)
+
+    def pytest_warning_recorded(
+        self, warning_message: warnings.WarningMessage, nodeid: str
+    ) -> None:
+        """HEMRA's warnings about its input (a task.toml key it ignores) as `hemra: warning: ...`
+        lines, where pytest's summary would name the line of HEMRA that issued them."""
+        if issubclass(warning_message.category, InputWarning):
+            message = printable(str(warning_message.message))
+            self.write_line(f"hemra: warning: {message}", yellow=True)
+        else:
+            super().pytest_warning_recorded(warning_message, nodeid)
 
     def getreports(self, name: str) -> list[Any]:
         return [report for report in super().getreports(name) if not is_result(report)]
