@@ -4,6 +4,7 @@
 
     {"schema_version": 1, "source": "run.toml",
      "spec": {...the RunSpec's settings...},
+     "prices": "genai-prices 0.2.3; run file for MODEL",
      "harnesses": {name: {"path", "digest", "spec": {...the harness file...}, "metered"?,
                           "isolated"?}},
      "datasets": {name: {"path", "digest", "tasks": [...]}},
@@ -118,6 +119,7 @@ class StoredPlan:
     datasets: Mapping[str, StoredDataset] = field(default_factory=dict)
     judges: tuple[StoredJudge, ...] = ()
     settings: Mapping[str, Any] = field(default_factory=dict)  # the run spec, as recorded
+    prices: str | None = None  # where its costs came from (resolve/prices.py `price_source`)
 
     @classmethod
     def read(cls, record: Mapping[str, Any]) -> StoredPlan:
@@ -148,6 +150,7 @@ class StoredPlan:
             },
             judges=tuple(StoredJudge.read(_mapping(j)) for j in record.get("judges") or ()),
             settings=settings,
+            prices=_text(record.get("prices")),
         )
 
     @property

@@ -68,15 +68,6 @@ def dataset_flags(
             message += " by the run's trust_unisolated)"
             flags.append(Flag("not_isolated", harness, message))
         flags += _usage_unknown(harness, mine)
-        if any(t.status == TrialStatus.FINISHED and not t.is_priced for t in mine):
-            models = sorted({m for t in mine if not t.is_priced for m in t.models})
-            flags.append(
-                Flag(
-                    "unknown_price",
-                    harness,
-                    f"cost unknown: no price for {', '.join(models) or 'a model it called'}",
-                )
-            )
         failed_judges: dict[str, int] = defaultdict(int)
         for trial in mine:
             for judge, score in trial.judges.items():
@@ -94,7 +85,30 @@ def dataset_flags(
         flags += _tampered(harness, mine)
         flags += _unscoreable(harness, mine)
         flags += _verifier_offline(harness, mine)
-    return flags + _agent_users(counted) + _kept(counted)
+    return flags + _unpriced(harnesses, by_harness) + _agent_users(counted) + _kept(counted)
+
+
+def _unpriced(harnesses: Sequence[str], by_harness: dict[str, list[TrialRecord]]) -> list[Flag]:
+    """A model without a price, by name, one line each: the cost of every row that called it
+    is unknown (never 0). A model is unpriced when a trial that called it has a call without a
+    price and no trial whose calls were all priced called it."""
+    trials = [t for h in harnesses for t in by_harness.get(h, [])]
+    unpriced = [t for t in trials if t.status == TrialStatus.FINISHED and not t.is_priced]
+    if not unpriced:
+        return []
+    priced = {m for t in trials if t.is_priced and t.calls for m in t.models}
+    callers: dict[str, list[str]] = defaultdict(list)  # model -> the rows that called it
+    for trial in unpriced:
+        for model in [m for m in trial.models if m not in priced] or ["(unnamed)"]:
+            if trial.harness not in callers[model]:
+                callers[model].append(trial.harness)
+    flags = []
+    for model, rows in sorted(callers.items()):
+        name = printable(model)
+        message = f"model {name} has no price: its cost is unknown, and so is the cost of"
+        message += f' {", ".join(rows)} (a run file\'s [prices."{name}"] sets one)'
+        flags.append(Flag("unknown_price", None, message))
+    return flags
 
 
 def _kept(trials: Sequence[TrialRecord]) -> list[Flag]:

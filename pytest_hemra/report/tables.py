@@ -121,6 +121,7 @@ class RunReport:
     baseline: str
     model: str | None
     datasets: list[DatasetReport]
+    prices: str | None = None  # where its costs came from: the price dataset and its version
 
 
 def by_task(trials: Sequence[TrialRecord]) -> dict[str, list[float]]:
@@ -251,7 +252,7 @@ def build_report(store: Store, run_id: str) -> RunReport:
         tables[0] = replace(tables[0], variance=variance)
         datasets += tables
     return RunReport(run.id, run.name, store.name, run.status, plan.baseline, plan.model,
-                     datasets)  # fmt: skip
+                     datasets, plan.prices)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from pytest_hemra.resolve.harnesses import Harness, is_isolated, resolve_harness
 from pytest_hemra.resolve.judges import Judge, resolve_judges
 from pytest_hemra.resolve.limits import check_limits
 from pytest_hemra.resolve.overrides import Overrides
+from pytest_hemra.resolve.prices import price_source, use_run_prices
 from pytest_hemra.resolve.processes import check_kept, unknown_entries
 from pytest_hemra.resolve.spec import RunSpec, load_run_spec
 from pytest_hemra.resolve.templates import check_pass_env, check_task_templates, provider_keys
@@ -109,6 +110,7 @@ class Plan:
             "schema_version": PLAN_SCHEMA_VERSION,
             "source": self.source,
             "spec": self.spec.model_dump(mode="json"),
+            "prices": price_source(self.spec.prices),  # where its costs come from, and version
             "harnesses": {
                 h.name: {
                     "path": str(h.path),
@@ -147,6 +149,7 @@ def resolve_plan(run_file: Path | None, overrides: Overrides, cwd: Path) -> Plan
     """Phase 1 from the files alone: the spec, harness files, judges, datasets and every trial.
     What needs the machine (the sandbox, installs) is `execute.provisioning.provision`."""
     spec = load_run_spec(run_file, overrides)
+    use_run_prices(spec.prices)
     if len(spec.models) == 1:  # `models = ["x"]` is the one-model form
         spec = spec.model_copy(update={"model": spec.models[0], "models": []})
     source = str(run_file) if run_file is not None else "command line"
@@ -420,9 +423,11 @@ def load_recorded(store: Store, run_id: str) -> RecordedRun:
         name: Harness(name, Path(h.path or ""), HarnessSpec.model_validate(h.settings))
         for name, h in stored.harnesses.items()
     }
+    spec = RunSpec.model_validate(stored.settings)
+    use_run_prices(spec.prices)
     return RecordedRun(
         id=run.id,
-        spec=RunSpec.model_validate(stored.settings),
+        spec=spec,
         harnesses=harnesses,
         dataset_paths={name: Path(d.path or "") for name, d in stored.datasets.items()},
         trials=store.trials(run_id),

@@ -16,6 +16,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 # docs/harnesses.md, examples/custom-kind/conftest.py)
 from pytest_hemra.resolve.harness_spec import HarnessSpec as HarnessSpec
 from pytest_hemra.resolve.overrides import Overrides
+from pytest_hemra.resolve.prices import PriceOverride
 from pytest_hemra.resolve.validation import (
     Strict,
     check_env_names,
@@ -214,6 +215,8 @@ class RunSpec(Strict):
     trust_unisolated: list[str] = Field(default_factory=list)
     # where trial folders go (relative to the run file's folder); required with a shared store
     trials_dir: str | None = None
+    # `[prices."MODEL"]`: USD per million tokens, over the price dataset's (resolve/prices.py)
+    prices: dict[str, PriceOverride] = Field(default_factory=dict)
 
     _name = field_validator("name")(check_name)
 
@@ -223,6 +226,14 @@ class RunSpec(Strict):
         if value is not None and (not value.strip() or "\0" in value):
             raise ValueError("expected a folder's path")
         return value
+
+    @field_validator("prices")
+    @classmethod
+    def _priced_models(cls, values: dict[str, PriceOverride]) -> dict[str, PriceOverride]:
+        for model in values:
+            if not model.strip() or model != model.strip():
+                raise ValueError(f"expected a model's name, got {model!r}")
+        return values
 
     @field_validator("harnesses")
     @classmethod

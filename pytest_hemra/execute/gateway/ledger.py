@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_hemra.execute.gateway.prices import price_table
+from pytest_hemra.execute.gateway.prices import cost_of
+from pytest_hemra.execute.gateway.wire import CallUsage
 
 BYTES_PER_TOKEN = 4  # a generous estimate of input tokens from the request size
 DEFAULT_MAX_OUTPUT = 32_000
@@ -111,9 +112,10 @@ class Budgets:
 
 
 def worst_cost(model: str | None, request: dict[str, Any], request_bytes: int) -> float:
-    price = price_table().price_of(model)
-    if price is None:
-        return 0.0  # unknown price: cannot be budgeted, and is flagged in the report
+    """The most a call can cost: its input estimated from the request's size (at the tier that
+    size reaches), its output at `max_tokens`."""
     output = request.get("max_tokens") or request.get("max_output_tokens") or DEFAULT_MAX_OUTPUT
     output = output if isinstance(output, int) else DEFAULT_MAX_OUTPUT
-    return (request_bytes / BYTES_PER_TOKEN * price.input + output * price.output) / 1_000_000
+    usage = CallUsage(request_bytes // BYTES_PER_TOKEN + 1, output, model=model)
+    # unknown price: cannot be budgeted, and is flagged in the report
+    return cost_of(usage).usd or 0.0
