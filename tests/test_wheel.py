@@ -97,3 +97,11 @@ def test_the_readme_path_runs_from_an_empty_folder_with_the_wheel_installed(
     assert (folder / "examples" / "oracle-vs-nop.toml").is_file()  # the wheel's example
     assert any("after Ctrl-C" in line for line in done), done
     assert (folder / "report.html").is_file() and (folder / ".hemra" / "hemra.db").is_file()
+    # the starter's run.toml says where `hemra report` finds the results: where `hemra run` ran
+    said = (folder / "my-eval" / "run.toml").read_text()
+    assert "hemra report                   (from the folder you ran hemra run in" in said
+    beside = subprocess.run(
+        ["hemra", "report"], cwd=folder / "my-eval", env=env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert beside.returncode == 4 and "no store at" in beside.stderr
