@@ -82,3 +82,13 @@ def test_a_flag_line_wraps_at_word_boundaries_with_a_hanging_indent() -> None:
     assert all(len(part) <= 30 for part in wrapped) and len(wrapped) > 1
     assert all(part.startswith("  word") for part in wrapped[1:])
     assert " ".join(part.strip() for part in wrapped) == line  # no word cut
+
+
+def test_hemra_harnesses_fits_the_terminal_and_names_what_it_left_out() -> None:
+    repo = str(Path(__file__).parent.parent)
+    lines = hemra("harnesses", "--dir", repo, columns=80)
+    assert max(len(line) for line in lines) <= 80, "\n".join(lines)
+    left_out = " ".join(lines).partition("(left out to fit 80 columns: ")[2]
+    assert lines[0].startswith("harness") and "transcript, file;" in left_out
+    wide = hemra("harnesses", "--dir", repo, "--wide", columns=80)
+    assert wide[0].split()[-1] == "file" and max(len(line) for line in wide) > 80
