@@ -1,12 +1,12 @@
-"""What a call costs: the run file's `[prices."MODEL"]` first, then Pydantic's `genai-prices`
-dataset (shipped with its package: read offline, never updated over the network), and the
-scripted model, which is free. A model in none of them costs "unknown", never 0.
+"""What a call costs: the run file's `[prices."MODEL"]` first, then the scripted model (free),
+then Pydantic's `genai-prices` dataset (shipped with its package: read offline, never updated
+over the network). A model in none of them costs "unknown", never 0.
 
 HEMRA's four counts map onto the dataset's usage as it defines it: its `input_tokens` are every
 input token, cached or not (HEMRA's `input_tokens` exclude cached input: `core/usage.py`), its
-cache reads and writes are HEMRA's. Reasoning tokens are in HEMRA's output tokens and priced as
-output, as Anthropic, OpenAI and Google bill them. The dataset's tiers (a dearer rate past 200k
-input tokens) are chosen by the call's whole input, as the providers do.
+cache reads and writes are HEMRA's. Reasoning tokens are in HEMRA's output tokens (Anthropic's
+and OpenAI's counts include them) and priced as output, as they are billed. The dataset's tiers
+(a dearer rate past 200k input tokens) are chosen by the call's whole input, as providers do.
 """
 
 from __future__ import annotations
