@@ -186,10 +186,33 @@ def test_runs_list_every_run_with_its_progress(fixture: Fixture, viewer: str) ->
     runs = {run["id"]: run for run in data["runs"]}
     assert runs[fixture.done]["progress"] == {
         "queued": 0, "running": 0, "finished": 12, "cancelled": 0, "deselected": 0, "total": 12,
+        "left": 0,
     }  # fmt: skip
     assert runs[fixture.done]["outcomes"] == {"fail": 3, "infra_error": 1, "pass": 8}
     assert runs[fixture.live]["progress"]["queued"] == 12 and runs[fixture.live]["is_active"]
     assert runs[fixture.done]["harnesses"] == HARNESSES and not runs[fixture.done]["is_active"]
+
+
+def test_deselected_trials_are_not_counted_and_an_interrupted_run_says_what_is_left(
+    fixture: Fixture, viewer: str
+) -> None:
+    store, run_id = fixture.store, fixture.live
+    trials = store.trials(run_id)
+    store.deselect_trials(run_id, [t.item_id for t in trials if t.harness == "rival"])  # -k base
+    kept = [t for t in trials if t.harness == "base"]
+    for trial in kept[:2]:
+        store.finish_trial(trial.id, trial_result(result("pass", 1.0, fixture.root)))
+    _, run = get(viewer, f"/api/runs/{run_id}")
+    progress = run["progress"]
+    assert (progress["finished"], progress["deselected"], progress["total"]) == (2, 6, 6)
+    assert progress["left"] == 4
+
+    assert store.claim(kept[2].id, "gw0@here:1", 30).is_leased
+    assert store.interrupt_run(run_id) == 4  # Ctrl-C: the running one and the planned ones
+    _, data = get(viewer, "/api/runs")
+    (listed,) = [r for r in data["runs"] if r["id"] == run_id]
+    assert (listed["status"], listed["is_active"]) == ("interrupted", False)
+    assert listed["progress"]["cancelled"] == 4 and listed["progress"]["left"] == 4
 
 
 def test_a_run_whose_trial_waits_for_its_engine_shows_waiting_until_it_answers(
@@ -623,6 +646,34 @@ def test_a_running_run_updates_without_reloading(
     page.wait_for_function("document.querySelectorAll('#grid a.cell.o-fail').length === 1")
     assert page.evaluate("window.kept") == "still the same page"
     shot(page, tmp_path, "run-live")
+
+
+def test_the_runs_table_fits_a_1280_pixel_window_and_shows_an_interrupted_run(
+    fixture: Fixture, viewer: str, browser: Any, tmp_path: Path
+) -> None:
+    store = fixture.store
+    many = [f"a-harness-with-a-long-name-{n}" for n in range(12)]
+    wide = {**spec(fixture.root / "datasets" / "ds"), "harnesses": {h: {} for h in many}}
+    wide["spec"] = {**wide["spec"], "harnesses": many, "baseline": many[0]}
+    store.record_plan("wide-run", "wide", wide, tmp_path, [])
+    for trial in store.trials(fixture.live)[:3]:
+        store.finish_trial(trial.id, trial_result(result("pass", 1.0, fixture.root)))
+    store.interrupt_run(fixture.live)
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    try:
+        page.goto(viewer + "/")
+        page.wait_for_selector('tr[data-run="wide-run"]')
+        row = f'tr[data-run="{fixture.live}"]'
+        assert page.text_content(f"{row} .status") == "interrupted (9 left)"
+        assert page.text_content(f"{row} .done") == "12/12"
+        shot(page, tmp_path, "runs-1280")
+        right = page.evaluate("document.querySelector('#runs').getBoundingClientRect().right")
+        widths = page.eval_on_selector_all("#runs th", "ths => ths.map(th => th.offsetWidth)")
+        assert right <= 1280, f"the runs table ends at {right}px (columns {widths}), past 1280"
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    finally:
+        context.close()
 
 
 def test_agent_output_instruction_and_file_names_render_as_text(

@@ -49,9 +49,12 @@ def run_json(
     waits: Sequence[EngineWait] = (),
 ) -> dict[str, Any]:
     """A run as the API serves it; one running with trials waiting for their engine (`waits`)
-    is `waiting`, and `waiting` says for which engine, since when and how many trials."""
+    is `waiting`, and `waiting` says for which engine, since when and how many trials. Its
+    progress `total` leaves deselected trials out (as `hemra runs` does); `left` counts the
+    trials without a result (what a resume of an interrupted run runs)."""
     plan = run.plan
     statuses = counts.statuses if counts else {}
+    counted = (counts.total if counts else 0) - statuses.get(TrialStatus.DESELECTED, 0)
     waiting = bool(waits) and run.status == RunStatus.RUNNING
     return {
         "id": run.id,
@@ -76,7 +79,8 @@ def run_json(
         "progress": {
             JobState.QUEUED: statuses.get(TrialStatus.PLANNED, 0),  # a planned trial's job
             **{status: statuses.get(status, 0) for status in PROGRESS},
-            "total": counts.total if counts else 0,
+            "total": counted,
+            "left": counted - statuses.get(TrialStatus.FINISHED, 0),
         },
         "outcomes": dict(sorted(counts.outcomes.items())) if counts else {},
     }

@@ -92,7 +92,10 @@ export function legend() {
 // A run's status, and for a run waiting for its engine (a Docker daemon restarting) which one.
 export function runStatus(run) {
   const engines = (run.waiting || []).map((wait) => wait.engine);
-  return engines.length ? `${run.status} for engine ${engines.join(", ")}` : run.status;
+  if (engines.length) return `${run.status} for engine ${engines.join(", ")}`;
+  // stopped by Ctrl-C: what `hemra run --resume RUN_ID` would run
+  if (run.status === "interrupted") return `interrupted (${run.progress.left} left)`;
+  return run.status;
 }
 
 export const runLink = (id) => `/runs/${encodeURIComponent(id)}`;

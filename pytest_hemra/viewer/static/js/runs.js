@@ -54,12 +54,12 @@ function row(run, confirming, message, refresh) {
   const p = run.progress;
   return h("tr", { "data-run": run.id },
     h("td", { class: "left" }, h("a", { href: runLink(run.id) }, run.name), h("div", { class: "muted small" }, run.id)),
-    h("td", {}, when(run.created_at)),
+    h("td", { class: "list" }, when(run.created_at)),
     h("td", { class: "status" }, runStatus(run)),
-    h("td", { class: "left" }, run.harnesses.join(", ")),
-    h("td", { class: "left" }, run.datasets.map((d) => `${d.name} (${d.tasks})`).join(", ")),
+    h("td", { class: "left list" }, run.harnesses.join(", ")),
+    h("td", { class: "left list" }, run.datasets.map((d) => `${d.name} (${d.tasks})`).join(", ")),
     h("td", { class: "left" }, progressBar(p), " ", h("span", { class: "done" }, `${count(p.finished + p.cancelled)}/${count(p.total)}`)),
     COUNTS.map((name) => h("td", { class: `count-${name}` }, count(p[name]))),
-    h("td", { class: "left small" }, Object.entries(run.outcomes).map(([k, v]) => `${k} ${v}`).join(", ")),
+    h("td", { class: "left small list" }, Object.entries(run.outcomes).map(([k, v]) => `${k} ${v}`).join(", ")),
     h("td", {}, run.is_active ? cancelButton(run.id, confirming, message, refresh) : ""));
 }

@@ -1,0 +1,180 @@
+"""Ctrl-C on a real `hemra run`: one line saying how to finish the run, the run recorded
+`interrupted` with what is left, and that line's command, run as printed, finishing every trial
+once; a run cancelled on purpose stays cancelled on a plain resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import TaskMaker, wait_for
+from pytest_hemra.core.lifecycle import RunStatus, TrialStatus
+from pytest_hemra.core.records import PlannedTrial
+from pytest_hemra.store import Store
+from tests.test_runs import hemra_containers
+
+
+def finished_count(store_path: Path) -> int:
+    """Trials with a result in the store's runs, 0 before the store exists."""
+    if not store_path.exists():
+        return 0
+    store = Store(store_path)
+    try:
+        return sum(
+            1 for run in store.runs() for t in store.trials(run.id) if t.status == "finished"
+        )
+    finally:
+        store.close()
+
+
+def listed(store_path: Path, run_id: str) -> dict[str, Any]:
+    """The run as `hemra runs --format json` lists it, found by its id."""
+    done = subprocess.run(
+        ["hemra", "runs", "--store", str(store_path), "--format", "json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    (run,) = [run for run in json.loads(done.stdout) if run["id"] == run_id]
+    return dict(run)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("docker_test")
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_ctrl_c_prints_the_command_that_finishes_the_run_and_it_finishes_every_trial_once(
+    xdist: list[str],
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[[str, str], Path],
+    docker_client: Any,
+) -> None:
+    for name in ("one", "two", "three", "four"):
+        make_task(name)
+    sleeps = '["bash", "-c", "sleep 3; echo hi > /app/out.txt"]'
+    write_harness("sleeper", f'kind = "program"\ncommand = {sleeps}\n')
+    (tmp_path / "run.toml").write_text(
+        'harnesses = ["sleeper"]\ndatasets = ["ds"]\nattempts = 2\nconcurrency = 4\n'
+    )
+    store_path = tmp_path / "s.db"
+    argv = ["hemra", "run", "run.toml", "--store", "s.db", *xdist]
+    with (tmp_path / "interrupted.log").open("wb") as log:
+        runner = subprocess.Popen(
+            argv, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            wait_for(lambda: finished_count(store_path) >= 1, 180, "a trial with a result")
+            os.killpg(runner.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+            assert runner.wait(timeout=60) == 2
+        finally:
+            if runner.poll() is None:
+                os.killpg(runner.pid, signal.SIGKILL)
+                runner.wait()
+    output = (tmp_path / "interrupted.log").read_text()
+    said = [line for line in output.splitlines() if line.startswith("hemra: interrupted")]
+    assert len(said) == 1, output
+    for noise in ("Traceback", "KeyboardInterrupt", "gate tripped"):
+        assert noise not in output, output
+
+    store = Store(store_path)
+    (run,) = store.runs()
+    assert run.status == RunStatus.INTERRUPTED
+    trials = store.trials(run.id)
+    done = sum(1 for t in trials if t.status == TrialStatus.FINISHED)
+    assert 1 <= done < 8
+    assert said[0] == (
+        f"hemra: interrupted: {done} of 8 trials have a result; finish the run with:"
+        f" hemra run --resume {run.id} --store s.db"
+    )
+    shown = listed(store_path, run.id)
+    assert shown["status"] == "interrupted" and shown["left"] == 8 - done
+    table = subprocess.run(
+        ["hemra", "runs", "--store", str(store_path), "--wide"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    (row,) = [line for line in table.stdout.splitlines() if line.startswith(run.id)]
+    assert f"interrupted ({8 - done} left)" in row
+    assert hemra_containers(docker_client, run.id) == []
+
+    command = shlex.split(said[0].partition("finish the run with: ")[2])
+    resumed = subprocess.run(
+        command, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    after = store.trials(run.id)
+    assert len(after) == 8 and all(t.status == TrialStatus.FINISHED for t in after)
+    assert sorted(t.item_id for t in after) == sorted(t.item_id for t in trials)
+    assert {t.id for t in trials if t.status == TrialStatus.FINISHED} <= {t.id for t in after}
+    assert store.run(run.id).status == RunStatus.FINISHED
+    assert listed(store_path, run.id)["left"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("docker_test")
+def test_a_run_cancelled_on_purpose_stays_cancelled_on_a_plain_resume(
+    tmp_path: Path, make_task: TaskMaker
+) -> None:
+    make_task("one")
+    make_task("two")
+    store_path = tmp_path / "s.db"
+    base = ["hemra", "run", "-H", "oracle", "-d", str(tmp_path / "datasets" / "ds")]
+    detached = subprocess.run(
+        [*base, "--store", str(store_path), "--detach"],
+        cwd=tmp_path, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    run_id = detached.stdout.strip()
+    subprocess.run(["hemra", "cancel", run_id, "--store", str(store_path)], check=True)
+
+    resumed = subprocess.run(
+        ["hemra", "run", "--resume", run_id, "--store", str(store_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert resumed.returncode == 1  # nothing ran: the cancelled trials have no result
+    store = Store(store_path)
+    trials = store.trials(run_id, history=True)
+    assert [t.status for t in trials] == ["cancelled", "cancelled"]  # no row run again
+    assert store.run(run_id).status == RunStatus.CANCELLED
+    assert listed(store_path, run_id)["status"] == "cancelled"
+
+
+def test_an_interrupted_run_stays_interrupted_until_resumed(tmp_path: Path) -> None:
+    """The store's side: a trial finishing after the interrupt does not finish the run; taken
+    up again with nothing left to run, it is finished at once."""
+    store = Store(tmp_path / "s.db")
+    planned = [PlannedTrial(f"ds/t{n}::x", "ds", f"t{n}", "nop", 1) for n in range(3)]
+    store.record_plan("r1", "r1", {}, tmp_path, planned)
+    first, second, third = (t.id for t in store.trials("r1"))
+    assert store.claim(first, "me", 30).is_leased
+    assert store.claim(second, "me", 30).is_leased
+
+    assert store.interrupt_run("r1") == 3
+    assert store.run("r1").status == RunStatus.INTERRUPTED
+    assert {t.error for t in store.trials("r1")} == {"interrupted (Ctrl-C)"}
+    store.cancel_trials([third], "again")  # a late write closes nothing
+    assert store.run("r1").status == RunStatus.INTERRUPTED
+    assert not store.claim(third, "late", 30).is_leased
+
+    store.replace_trial(first, retry=False)
+    store.reopen_run("r1")  # its cancelled trials queued again first, as a resume does
+    assert store.run("r1").status == RunStatus.RUNNING
+    assert store.claim(store.trials("r1")[0].id, "resume", 30).is_leased
+
+    assert store.interrupt_run("r1") == 1  # interrupted again
+    assert store.run("r1").status == RunStatus.INTERRUPTED
+    store.reopen_run("r1")  # nothing queued again: nothing left to run
+    assert store.run("r1").status == RunStatus.FINISHED
+    store.close()
+
+
+def test_interrupting_a_run_with_every_result_in_leaves_it_finished(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    store.record_plan("r1", "r1", {}, tmp_path, [])
+    assert store.interrupt_run("r1") == 0
+    assert store.run("r1").status != RunStatus.INTERRUPTED
+    store.close()
