@@ -161,6 +161,8 @@ def render_text(
         sections.append(f"\n{wrap_line(title(dataset), width)}\n{fitted.text}{below}")
     if dropped:
         sections.append("\n" + left_out_line(list(dropped), width, more))
+    if report.prices:  # where the cost column's prices came from, and their version
+        sections.append(wrap_line(f"prices: {report.prices}", width))
     return "\n".join(sections)
 
 
