@@ -7,15 +7,18 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from conftest import BASE_IMAGE, TaskMaker
+from pytest_hemra.store import Store
 
 
 def quick(**more: str) -> dict[str, str]:
@@ -133,3 +136,19 @@ def test_progress_from_within_a_test_reaches_the_terminal_past_pytests_capture(
     assert lines.count("hemra: a slow step: started, 0 of 2") == 2, result.stderr
     assert len([line for line in lines if re.search(r"so far, 1 of 2$", line)]) >= 2
     assert "a slow step" not in result.stdout  # not in a captured test's output either
+
+
+def test_a_worker_with_nothing_queued_says_once_that_it_waits(tmp_path: Path) -> None:
+    store = tmp_path / "s.db"
+    Store(store).close()
+    worker = subprocess.Popen(
+        ["hemra", "worker", "--store", str(store)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        time.sleep(4)  # several polls of an empty queue
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        out, _ = worker.communicate(timeout=30)
+    assert out.splitlines() == ["hemra worker: the queue is empty; waiting for runs"]
+    assert worker.returncode == 0

@@ -125,6 +125,7 @@ class Worker:
         previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._sweep()
+            idle = False
             while not self.stopping:
                 runnable = [
                     run_id
@@ -134,8 +135,12 @@ class Worker:
                 if not runnable:
                     if once:
                         break
+                    if not idle:  # said once each time the queue empties, not every poll
+                        print(f"{self.name}: the queue is empty; waiting for runs", flush=True)
+                        idle = True
                     time.sleep(POLL_SECS)
                     continue
+                idle = False
                 if self._lacks_everything(runnable[0]):
                     self.given_up.add(runnable[0])
                     continue
