@@ -256,9 +256,10 @@ def pass_k_over_one_task_set(
     ran = {task: passes for task, passes in by_task_passes.items() if passes}
     kept = {task: passes for task, passes in ran.items() if len(passes) >= largest_k}
     ks = range(1, largest_k + 1)
+    pairs = _pairs(kept, 1)  # counted once for every k: every kept task has them all
     return PassAtK(
-        pass_at_k={k: mean_pass_at_k(kept, k) for k in ks},
-        pass_hat_k={k: mean_pass_hat_k(kept, k) for k in ks},
+        pass_at_k={k: _mean_over_pairs(pass_at_k, pairs, k) for k in ks},
+        pass_hat_k={k: _mean_over_pairs(pass_hat_k, pairs, k) for k in ks},
         tasks=len(kept),
         left_out=len(ran) - len(kept),
     )
@@ -286,6 +287,8 @@ def _mean(rewards: Sequence[float]) -> float:
 
 def _check_finite(by_task: Mapping[str, Sequence[float]], whose: str) -> None:
     for task, rewards in by_task.items():
+        if all(map(math.isfinite, rewards)):  # the common case, without a Python loop
+            continue
         for reward in rewards:
             if not math.isfinite(reward):
                 raise ValueError(
@@ -338,10 +341,20 @@ def _mean_over_tasks(
 ) -> float | None:
     if k < 1:
         raise ValueError(f"pass@k: k must be at least 1, got k={k}")
-    # tasks share few (attempts, passes) pairs: evaluate each pair once
-    pairs = Counter(
+    return _mean_over_pairs(estimator, _pairs(by_task_passes, k), k)
+
+
+def _pairs(by_task_passes: Mapping[str, Sequence[bool]], k: int) -> Counter[tuple[int, int]]:
+    """How many tasks of at least k attempts have each (attempts, passes): tasks share few
+    pairs, so each is evaluated once."""
+    return Counter(
         (len(passes), sum(passes)) for passes in by_task_passes.values() if len(passes) >= k
     )
+
+
+def _mean_over_pairs(
+    estimator: Callable[[int, int, int], float], pairs: Counter[tuple[int, int]], k: int
+) -> float | None:
     tasks = sum(pairs.values())
     if not tasks:
         return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,9 +36,8 @@ CONFIDENCE = 0.95
 MIN_DF = 2  # a fixed source of fewer degrees of freedom (levels - 1) is flagged as too few
 
 
-@dataclass(frozen=True)
-class Observation:
-    """One scored trial."""
+class Observation(NamedTuple):
+    """One scored trial (a named tuple: a report makes one a trial, and reads them by column)."""
 
     task: str
     harness: str
@@ -144,29 +144,26 @@ def _summarize(
     """Check the design can be fitted and sum the trials per cell; raise Unfitted if not."""
     if not observations:
         raise Unfitted("no scored trial")
-    for o in observations:
-        if not math.isfinite(o.reward):
-            raise Unfitted(f"task {o.task!r}: reward {o.reward} is not a finite number")
-    harness_names = {o.harness for o in observations}
-    model_names = {o.model for o in observations}
+    task_column, harness_column, model_column, reward_column = zip(*observations, strict=True)
+    rewards = np.array(reward_column, dtype=np.float64)
+    if not np.all(np.isfinite(rewards)):
+        bad = observations[int(np.argmin(np.isfinite(rewards)))]
+        raise Unfitted(f"task {bad.task!r}: reward {bad.reward} is not a finite number")
+    harness_names, model_names = set(harness_column), set(model_column)
     if len(harness_names) == 1 and len(model_names) == 1:
         raise Unfitted("one harness and one model: nothing to compare")
-    task_names = sorted({o.task for o in observations})
+    task_names = sorted(set(task_column))
     if len(task_names) < min_tasks:
         few = plural(len(task_names), "task")
         raise Unfitted(f"{few}, fewer than the {min_tasks} a fit needs")
     harnesses = _levels(harness_names, baseline_harness, "harness")
     models = _levels(model_names, baseline_model, "model")
-    rewards = np.fromiter((o.reward for o in observations), np.float64, len(observations))
     if np.all(rewards == rewards[0]):
         raise Unfitted(f"every trial scored {rewards[0]:g}: no variation to decompose")
 
-    task_codes = {name: code for code, name in enumerate(task_names)}
-    harness_codes = {name: code for code, name in enumerate(harnesses)}
-    model_codes = {name: code for code, name in enumerate(models)}
-    t = np.fromiter((task_codes[o.task] for o in observations), np.intp, len(observations))
-    h = np.fromiter((harness_codes[o.harness] for o in observations), np.intp, len(observations))
-    m = np.fromiter((model_codes[o.model] for o in observations), np.intp, len(observations))
+    t = _codes(task_column, task_names)
+    h = _codes(harness_column, harnesses)
+    m = _codes(model_column, models)
     cell_ids, row_cell = np.unique((t * len(harnesses) + h) * len(models) + m, return_inverse=True)
     count = np.bincount(row_cell).astype(np.float64)
     total = np.bincount(row_cell, weights=rewards).astype(np.float64)
@@ -194,6 +191,12 @@ def _summarize(
             is_pass_fail and _any_pair_separated(cell_harness, cell_model, models, count, total)
         ),
     )
+
+
+def _codes(column: Sequence[str], levels: Sequence[str]) -> Ints:
+    """Each entry's position in `levels`."""
+    code = {name: position for position, name in enumerate(levels)}
+    return np.fromiter(map(code.__getitem__, column), np.intp, len(column))
 
 
 def _levels(names: set[str], baseline: str, axis: str) -> tuple[str, ...]:
