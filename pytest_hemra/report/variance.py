@@ -1,9 +1,10 @@
 """Where the variance of a run's rewards comes from: harness, model, task, their interplay, noise.
 
 A mixed-effects model of the reward with harness and model (and, where every pair has the data
-for it, their interaction) as fixed effects and the task as a random intercept, fitted with
-statsmodels (`mixed_models.py` holds the fits); `docs/reports.md` ("Where the variance comes
-from") states the method and its assumptions. Here: checking the design, summing the trials per
+for it, their interaction) as fixed effects and the task as a random intercept, fitted on
+per-cell sufficient statistics (`mixed_models.py` holds the fits: a Laplace fit in numpy for
+pass/fail rewards, statsmodels' MixedLM for fractional ones); `docs/reports.md` ("Where the
+variance comes from") states the method and its assumptions. Here: checking the design, summing the trials per
 cell, and turning a fit into coefficients, shares and text. Pure functions over plain values,
 like `stats`: nothing here reads the store.
 
