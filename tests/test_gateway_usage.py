@@ -497,12 +497,39 @@ def test_the_usage_the_gateway_asked_for_is_taken_back_out_exactly(
     assert read(Wire.CHAT, True, sent, feed) == Usage(9, 2, 0, 0, "m")
 
 
+@pytest.mark.parametrize("feed", FEEDS)
+def test_usage_null_is_taken_out_of_a_stream_that_opens_with_a_comment(feed: Feed) -> None:
+    sent = b": keep-alive\n\n" + openai_chat_stream(with_usage=True)
+    wanted = b": keep-alive\n\n" + openai_chat_stream(with_usage=False)
+    added = AddedUsageFilter()
+    assert b"".join(added.feed(chunk) for chunk in feed(sent)) + added.flush() == wanted
+
+
+@pytest.mark.parametrize("feed", FEEDS)
+def test_a_chunk_whose_usage_is_taken_out_keeps_its_other_bytes(feed: Feed) -> None:
+    """Spaced JSON, UTF-8 text, usage first or last, `id:`/`event:` lines: only the usage and
+    its comma go."""
+    usage = '"usage": {"prompt_tokens": 9, "completion_tokens": 2}'
+    choices = '"choices": [{"delta": {"content": "café ✓"}, "finish_reason": "stop"}]'
+    for body, kept in (
+        (f'{{"id": "c", {choices}, {usage}}}', f'{{"id": "c", {choices}}}'),
+        (f'{{{usage}, "id": "c", {choices}}}', f'{{"id": "c", {choices}}}'),
+    ):
+        sent = f"id: 7\nevent: chunk\ndata: {body}\n\ndata: [DONE]\n\n".encode()
+        wanted = f"id: 7\nevent: chunk\ndata: {kept}\n\ndata: [DONE]\n\n".encode()
+        added = AddedUsageFilter()
+        assert b"".join(added.feed(chunk) for chunk in feed(sent)) + added.flush() == wanted
+
+
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
         (b'{"model": "m", "stream": true}', {"include_usage": True}),
         (b'  {"stream":true}', {"include_usage": True}),
         (b'{"stream": true, "stream_options": {"include_usage": false, "x": 1}}', None),
+        (b'{"stream": true, "stream_options": null}', {"include_usage": True}),
+        (b'{"stream": true, "stream_options": {}}', {"include_usage": True}),
+        (b'{"stream_options": null, "stream": true, "t": "\xc3\xa9"}', {"include_usage": True}),
         (b'{"stream": true, "stream_options": {"include_usage": true}}', "unchanged"),
         (b'{"stream": false}', "unchanged"),
         (b'{"model": "m"}', "unchanged"),

@@ -71,6 +71,7 @@ class UsageReader:
         self._is_done = False  # `data: [DONE]` seen
         self._tokens = _Tokens()
         self._error_marker = ERROR_MARKER if wire is Wire.ANTHROPIC else None
+        self._markers = tuple(m for m in (self._marker, self._error_marker) if m is not None)
         self.error_text: str | None = None  # an error event's, as `type: message`
         self._big: FieldScanner | None = None  # the oversize Responses event being scanned
         self._tail: list[bytes] | None = None  # in tail mode: the stream's last chunks
@@ -162,8 +163,7 @@ class UsageReader:
         assert self._marker is not None
         if self._is_pending_marked or (self._wire is Wire.CHAT and self._tokens.is_final):
             return True
-        markers = [self._marker] if self._error_marker is None else [self._marker, ERROR_MARKER]
-        for marker in markers:
+        for marker in self._markers:
             if chunk.find(marker) >= 0:
                 return True
             reach = len(marker) - 1
