@@ -191,11 +191,13 @@ def _fit_binomial(cells: Cells) -> Fit:
         )
 
     # The attempts of one cell can agree more than a binomial allows (a task that suits a
-    # harness): the task x harness x model component. Pearson's statistic of the cells'
-    # counts exceeds its degrees of freedom by about tau^2 sum((n - 1) p (1 - p)) for a cell
-    # term of variance tau^2 on the log-odds (a method of moments, delta method); the same
-    # statistic over df widens the intervals, as a quasi-binomial model does (Williams 1982).
-    # One attempt per cell has no such spread.
+    # harness): the task x harness x model component. A cell term of variance tau^2 on the
+    # log-odds multiplies a cell's expected squared Pearson residual by about
+    # 1 + tau^2 (n - 1) p (1 - p) (delta method), and the fit takes its share df / cells of
+    # both parts alike, so Pearson's statistic over df is about 1 + tau^2 times the cells'
+    # mean of (n - 1) p (1 - p): a method of moments for tau^2. The same statistic over df
+    # widens the intervals, as a quasi-binomial model does (Williams 1982). One attempt per
+    # cell has no such spread.
     k = grid.pair_design.shape[1]
     df = _residual_df(cells, k)
     chance, present = best.chance, grid.trials > 0
@@ -209,7 +211,7 @@ def _fit_binomial(cells: Cells) -> Fit:
         method += f"; intervals widened x{math.sqrt(dispersion):.2f} for overdispersion"
     random = {"task": task_sd**2}
     if repeated:
-        excess = (pearson - df) / float(np.sum((n - 1) * spread))
+        excess = (pearson / df - 1) / float(np.mean((n - 1) * spread))
         random["task:harness:model"] = max(excess, 0.0)
     random["residual"] = LOGISTIC_VARIANCE
     return Fit(method, best.effects.copy(), covariance * dispersion, df, random)
