@@ -1,22 +1,31 @@
-"""The paired comparison of a report checked by simulation, for pass/fail rewards.
+"""A report's statistics checked by simulation on pass/fail rewards, in one table.
 
-For each cell (task difficulty x attempts per task x number of tasks) it draws `--datasets`
-datasets of two harnesses and runs `stats.paired_difference` on each, as a report does:
+For each cell (task difficulty x number of tasks x attempts per task) it draws `--datasets`
+datasets and computes, as a report does:
 
-- **null**: both harnesses pass each attempt with the task's own chance. The share of datasets
-  with p < 0.05 should be 5%; the interval should hold 0 in 95% of them.
-- **effect**: harness a fixes a share 0.2 of b's failures (chance p + 0.2 (1 - p)), so the true
-  difference over the population of tasks is 0.2 (1 - E[p]). The interval should hold it in 95%.
-- **disagree**: datasets whose interval excludes 0 while p >= 0.05, or holds 0 while p < 0.05
-  (one table, two verdicts); it should be 0.
+- **mean_ci**: the share of one harness's intervals that hold the mean chance of a task, E[p]
+  (nominal 95%).
+- **paired, null**: two harnesses with every task's chance in common; the share of datasets
+  where `paired_difference` gives p < 0.05 (nominal 5%).
+- **paired, effect**: harness a fixes a share 0.2 of b's failures (chance p + 0.2 (1 - p)); the
+  share of intervals that hold the true difference 0.2 (1 - E[p]) (nominal 95%).
+- **pass@k bias**: the mean over datasets of `mean_pass_at_k` with k = attempts, minus the truth
+  E[1 - (1 - p)^k], in points (0 for an unbiased estimator).
+- **variance components** (`--runs` runs a cell; the logit-normal rows alone, where the mixed
+  model's assumptions hold): 3 harnesses x 3 models on each task, log-odds of a pass = harness +
+  model + task + task x cell, with harness effects -0.5, 0, 0.5 (variance 1/6), model effects
+  -0.3, 0, 0.3 (variance 0.06), no harness x model interaction, task sd 1 and task x cell sd 0.5
+  (variance 0.25). Each component `variance.decompose` reports, as a ratio of its true variance
+  (1.00 unbiased), averaged over the runs; the interaction (true 0) as its mean estimate.
 
-Each dataset draws its tasks afresh: a task's chance of passing from Beta(1, 1) (uniform
-difficulty) or Beta(0.5, 2) (skewed: most tasks hard, a few easy; mean 0.2). `±` is the Monte Carlo
-standard error of a rate, sqrt(r (1 - r) / datasets).
+Difficulty, a task's chance of passing: Beta(1, 1) (uniform), Beta(0.5, 2) (skewed: most tasks
+hard; mean 0.2), Beta(0.3, 0.3) (bimodal: tasks mostly easy or hard), or the logistic of
+N(0, 1) (logit-normal: the mixed model's own assumption). Every dataset draws its tasks afresh.
+A rate's Monte Carlo standard error is sqrt(r (1 - r) / datasets): 0.5 points at 2,000.
 
-    python benchmarks/stats_simulation.py                        # 1,000 datasets per cell
-    python benchmarks/stats_simulation.py --datasets 100         # quick
-    python benchmarks/stats_simulation.py --tasks 20 --attempts 3 --difficulty skewed
+    python benchmarks/stats_simulation.py                 # 2,000 datasets and 100 runs a cell
+    python benchmarks/stats_simulation.py --datasets 200 --runs 20          # quick
+    python benchmarks/stats_simulation.py --difficulty skewed --tasks 20 --attempts 3
 """
 
 from __future__ import annotations
@@ -24,67 +33,125 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import expit
 from tabulate import tabulate
 
-from pytest_hemra.report.stats import paired_difference
+from pytest_hemra.report.stats import mean_ci, mean_pass_at_k, paired_difference
+from pytest_hemra.report.variance import Observation, decompose
 
 LEVEL = 0.05
 EFFECT = 0.2  # the share of b's failures a fixes in the effect datasets
-DIFFICULTY = {"uniform": (1.0, 1.0), "skewed": (0.5, 2.0)}  # Beta(a, b) of a task's chance
+LOGISTIC_VARIANCE = math.pi**2 / 3
+HARNESS_EFFECTS = np.array([-0.5, 0.0, 0.5])
+MODEL_EFFECTS = np.array([-0.3, 0.0, 0.3])
+TASK_SD, CELL_SD = 1.0, 0.5
+TRUE_VARIANCE = {
+    "harness": float(HARNESS_EFFECTS.var()),
+    "model": float(MODEL_EFFECTS.var()),
+    "task": TASK_SD**2,
+    "task:harness:model": CELL_SD**2,
+}
+
+Draw = Callable[[np.random.Generator, int], np.ndarray]
+DIFFICULTY: dict[str, Draw] = {
+    "uniform": lambda rng, n: rng.beta(1.0, 1.0, n),
+    "skewed": lambda rng, n: rng.beta(0.5, 2.0, n),
+    "bimodal": lambda rng, n: rng.beta(0.3, 0.3, n),
+    "logit-normal": lambda rng, n: expit(rng.normal(0.0, 1.0, n)),
+}
 
 
 @dataclass(frozen=True)
 class Cell:
     difficulty: str
-    attempts: int
     tasks: int
+    attempts: int
 
 
-@dataclass(frozen=True)
-class Rates:
-    rejected: float  # null datasets with p < LEVEL
-    null_coverage: float  # null datasets whose interval holds 0
-    effect_coverage: float  # effect datasets whose interval holds the true difference
-    disagree: int  # datasets (null and effect) where the interval and p-value disagree
-    effect_width: float  # mean width of the interval in the effect datasets
+def truths(difficulty: str, attempts: int) -> tuple[float, float]:
+    """E[p] and E[1 - (1 - p)^attempts] of the difficulty, by a large seeded sample."""
+    chances = DIFFICULTY[difficulty](np.random.default_rng(12345), 4_000_000)
+    return float(chances.mean()), float(np.mean(1 - (1 - chances) ** attempts))
 
 
-def simulate(cell: Cell, datasets: int, rng: np.random.Generator) -> Rates:
-    alpha, beta = DIFFICULTY[cell.difficulty]
-    truth = EFFECT * (1 - alpha / (alpha + beta))
-    rejected = null_held = effect_held = disagree = 0
-    widths = 0.0
+def simulate(cell: Cell, datasets: int, runs: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    draw = DIFFICULTY[cell.difficulty]
+    mean_chance, true_pass_at_k = truths(cell.difficulty, cell.attempts)
+    true_effect = EFFECT * (1 - mean_chance)
+    held = rejected = effect_held = 0
+    pass_at_k = 0.0
     for _ in range(datasets):
-        chances = rng.beta(alpha, beta, cell.tasks)
+        chances = draw(rng, cell.tasks)
         base = _rewards(rng, chances, cell.attempts)
-        same = paired_difference(_rewards(rng, chances, cell.attempts), base)
-        rejected += same.p_value < LEVEL
-        null_held += same.low <= 0 <= same.high
-        disagree += (same.p_value < LEVEL) == (same.low <= 0 <= same.high)
+        estimate = mean_ci(base)
+        held += estimate.low <= mean_chance <= estimate.high
+        passes = {task: [r == 1.0 for r in rewards] for task, rewards in base.items()}
+        pass_at_k += mean_pass_at_k(passes, cell.attempts) or 0.0
+        rejected += paired_difference(_rewards(rng, chances, cell.attempts), base).p_value < LEVEL
         better = chances + EFFECT * (1 - chances)
-        moved = paired_difference(
-            _rewards(rng, better, cell.attempts), _rewards(rng, chances, cell.attempts)
-        )
-        effect_held += moved.low <= truth <= moved.high
-        disagree += (moved.p_value < LEVEL) == (moved.low <= 0 <= moved.high)
-        widths += moved.high - moved.low
-    return Rates(
-        rejected / datasets,
-        null_held / datasets,
-        effect_held / datasets,
-        disagree,
-        widths / datasets,
-    )
+        moved = paired_difference(_rewards(rng, better, cell.attempts), base)
+        effect_held += moved.low <= true_effect <= moved.high
+    row = [
+        cell.difficulty,
+        str(cell.tasks),
+        str(cell.attempts),
+        _rate(held / datasets, datasets),
+        _rate(rejected / datasets, datasets),
+        _rate(effect_held / datasets, datasets),
+        f"{100 * (pass_at_k / datasets - true_pass_at_k):+.2f}",
+    ]
+    if cell.difficulty != "logit-normal" or not runs:
+        return row + ["-"] * 6
+    return row + _components(cell, runs, rng)
+
+
+def _components(cell: Cell, runs: int, rng: np.random.Generator) -> list[str]:
+    """Each component's mean estimate over its truth, the interaction's mean estimate, and how
+    many runs were not fitted."""
+    found: dict[str, list[float]] = {name: [] for name in [*TRUE_VARIANCE, "harness:model"]}
+    unfitted = 0
+    for _ in range(runs):
+        report = decompose(_run(rng, cell.tasks, cell.attempts), "h0", "m0")
+        if report.note is not None:
+            unfitted += 1
+            continue
+        latent_total = LOGISTIC_VARIANCE / report.shares["residual"]
+        for name, values in found.items():
+            if name in report.shares:
+                values.append(report.shares[name] * latent_total)
+    ratios = [
+        f"{np.mean(found[name]) / truth:.2f}" if found[name] else "-"
+        for name, truth in TRUE_VARIANCE.items()
+    ]
+    interaction = f"{np.mean(found['harness:model']):.3f}" if found["harness:model"] else "-"
+    return [*ratios, interaction, str(unfitted)]
+
+
+def _run(rng: np.random.Generator, tasks: int, attempts: int) -> list[Observation]:
+    task = rng.normal(0, TASK_SD, tasks)
+    cell = rng.normal(0, CELL_SD, (tasks, 3, 3))
+    eta = HARNESS_EFFECTS[None, :, None] + MODEL_EFFECTS[None, None, :] + task[:, None, None]
+    passes = rng.binomial(attempts, expit(eta + cell))
+    return [
+        Observation(f"t{t}", f"h{h}", f"m{m}", float(a < passes[t, h, m]))
+        for t in range(tasks)
+        for h in range(3)
+        for m in range(3)
+        for a in range(attempts)
+    ]
 
 
 def _rewards(
     rng: np.random.Generator, chances: np.ndarray, attempts: int
 ) -> dict[str, list[float]]:
     passed = rng.random((len(chances), attempts)) < chances[:, None]
-    return {f"task-{i}": [float(x) for x in row] for i, row in enumerate(passed)}
+    return {f"task-{i}": row.astype(float).tolist() for i, row in enumerate(passed)}
 
 
 def _rate(rate: float, datasets: int) -> str:
@@ -93,42 +160,52 @@ def _rate(rate: float, datasets: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--datasets", type=int, default=1000, help="per cell (default 1000)")
-    parser.add_argument("--tasks", type=int, nargs="+", default=[12, 20, 50, 89])
-    parser.add_argument("--attempts", type=int, nargs="+", default=[1, 3])
-    parser.add_argument("--difficulty", nargs="+", choices=sorted(DIFFICULTY), default=None)
+    parser.add_argument("--datasets", type=int, default=2000, help="per cell (default 2000)")
+    parser.add_argument("--runs", type=int, default=100, help="variance runs per cell (100)")
+    parser.add_argument("--tasks", type=int, nargs="+", default=[12, 20, 50])
+    parser.add_argument("--attempts", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    parser.add_argument("--difficulty", nargs="+", choices=list(DIFFICULTY), default=None)
+    parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    rng = np.random.default_rng(args.seed)
-    rows = []
+    cells = [
+        Cell(difficulty, tasks, attempts)
+        for difficulty in args.difficulty or list(DIFFICULTY)
+        for tasks in args.tasks
+        for attempts in args.attempts
+    ]
     started = time.perf_counter()
-    for difficulty in args.difficulty or list(DIFFICULTY):
-        for attempts in args.attempts:
-            for tasks in args.tasks:
-                rates = simulate(Cell(difficulty, attempts, tasks), args.datasets, rng)
-                rows.append(
-                    [
-                        difficulty,
-                        attempts,
-                        tasks,
-                        _rate(rates.rejected, args.datasets),
-                        _rate(rates.null_coverage, args.datasets),
-                        _rate(rates.effect_coverage, args.datasets),
-                        f"{rates.effect_width:.3f}",
-                        rates.disagree,
-                    ]
-                )
+    seeds = [args.seed * 100_003 + n for n in range(len(cells))]  # one stream a cell
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        rows = list(
+            pool.map(
+                simulate,
+                cells,
+                [args.datasets] * len(cells),
+                [args.runs] * len(cells),
+                seeds,
+            )
+        )
     headers = [
         "difficulty",
-        "attempts",
         "tasks",
-        "null: p<0.05 %",
-        "null: CI holds 0 %",
-        "effect: CI holds truth %",
-        "effect: CI width",
-        "disagree",
+        "att.",
+        "mean_ci covers %",
+        "null p<.05 %",
+        "effect CI covers %",
+        "pass@k bias pt",
+        "harness var",
+        "model var",
+        "task var",
+        "cell var",
+        "h:m var (0)",
+        "unfit",
     ]
-    print(f"paired difference, pass/fail rewards, {args.datasets} datasets per cell")
+    print(
+        f"pass/fail rewards, {args.datasets} datasets a cell ({args.runs} variance runs a"
+        " logit-normal cell; a variance as its mean estimate over its truth, harness x model as"
+        " its mean estimate, truth 0; unfit: runs with no fit)"
+    )
     print(tabulate(rows, headers=headers, disable_numparse=True))
     print(f"{time.perf_counter() - started:.1f} s")
 
