@@ -27,7 +27,7 @@ from pytest_hemra.resolve.harnesses import Harness, is_isolated, resolve_harness
 from pytest_hemra.resolve.judges import Judge, resolve_judges
 from pytest_hemra.resolve.limits import check_limits
 from pytest_hemra.resolve.overrides import Overrides
-from pytest_hemra.resolve.prices import price_source, use_run_prices
+from pytest_hemra.resolve.prices import load_price_dataset, price_source, use_run_prices
 from pytest_hemra.resolve.processes import check_kept, unknown_entries
 from pytest_hemra.resolve.spec import RunSpec, load_run_spec
 from pytest_hemra.resolve.templates import check_pass_env, check_task_templates, provider_keys
@@ -425,6 +425,7 @@ def load_recorded(store: Store, run_id: str) -> RecordedRun:
     }
     spec = RunSpec.model_validate(stored.settings)
     use_run_prices(spec.prices)
+    load_price_dataset()  # here, not in the run's first call
     return RecordedRun(
         id=run.id,
         spec=spec,
