@@ -151,3 +151,12 @@ def test_a_warning_about_the_input_is_one_hemra_line_naming_the_file(tmp_path: P
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert f"hemra: warning: {task / 'task.toml'}: key 'bogus_key'" in ran.stdout.splitlines()[0]
     assert "warnings summary" not in ran.stdout and "controller.py" not in ran.stdout
+
+
+def test_a_command_line_argparse_refuses_is_one_hemra_line_too(folder: Path) -> None:
+    ran = hemra(folder, "run", "run.toml", "--concurrency", "0")
+    assert ran.returncode == 4 and ran.stdout == ""
+    assert ran.stderr == (
+        "hemra: hemra run: argument --concurrency: expected 1 or more, got 0"
+        " (see hemra run --help)\n"
+    )

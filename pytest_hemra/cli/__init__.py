@@ -17,6 +17,7 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from pytest_hemra import DOCS_URL
 from pytest_hemra.cli.arguments import Parser
@@ -27,6 +28,11 @@ from pytest_hemra.cli.running import add_commands as add_running_commands
 from pytest_hemra.cli.tools import add_commands as add_tool_commands
 from pytest_hemra.core.errors import HemraError
 
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
+    from pytest_hemra.cli.arguments import Commands
+
 DESCRIPTION = f"""\
 Evaluate coding-agent harnesses on datasets of tasks (a pytest plugin), and read what runs left.
 Every command finds runs in one store: --store PATH|URL (a SQLite file, or postgresql://...),
@@ -34,15 +40,34 @@ else $HEMRA_STORE, else .hemra/hemra.db in the current folder. `hemra COMMAND --
 describes a command; {DOCS_URL}/cli.md all of them."""
 
 
+class CommandLine(Parser):
+    """`hemra`'s parser (its commands' too): a refused command line is one `hemra: ...` line,
+    as every other refusal is, where argparse prints its usage and `PROG: error: ...`."""
+
+    def print_usage(self, file: SupportsWrite[str] | None = None) -> None:
+        if file is not sys.stderr:  # on stderr only before a refusal: its line names --help
+            super().print_usage(file)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if status == Exit.REFUSED and message:
+            text = message.strip().removeprefix(f"{self.prog}: error: ")
+            where = "" if self.prog == "hemra" else f"{self.prog}: "
+            message = f"hemra: {where}{text} (see {self.prog} --help)\n"
+        super().exit(status, message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
+    parser = CommandLine(
         prog="hemra",
         description=DESCRIPTION,
         epilog=exit_codes_text(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"hemra {installed_version()}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # each command's parser a CommandLine too (argparse makes them of the parent's class)
+    commands = cast(
+        "Commands", parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    )
     for add_commands in (
         add_running_commands,
         add_report_commands,
