@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 ENGINE_SOCKET = "/var/run/docker.sock"
+REQUEST = re.compile(rb"^(GET|POST|PUT|DELETE|HEAD) /")
 START = re.compile(rb"^POST /[^ ]*containers/[^/ ]+/start[ ?]")
 
 
@@ -26,6 +27,7 @@ class SlowEngine:
         self.left = slow_starts  # starts still to answer late
         self.starts = 0
         self.held = 0  # answers held back
+        self.requests: list[str] = []  # every request line (method and path), in order
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -63,6 +65,8 @@ class SlowEngine:
 
         async def requests() -> None:
             while data := await client_r.read(65536):
+                if REQUEST.match(data):
+                    self.requests.append(data.split(b" HTTP/", 1)[0].decode("latin-1"))
                 if START.match(data):
                     self.starts += 1
                     if self.left > 0:

@@ -75,7 +75,7 @@ def clean(networks: Networks, is_over: Callable[[str], bool], *, dry_run: bool) 
 
 def _run_has_containers(client: docker.DockerClient, run_id: str) -> bool:
     filters = {"label": [f"{RUN_LABEL}={run_id}"]}
-    return bool(client.containers.list(all=True, filters=filters, ignore_removed=True))
+    return bool(client.containers.list(all=True, filters=filters, sparse=True))
 
 
 def _drop_stale_endpoints(client: docker.DockerClient, network: Any) -> None:

@@ -68,7 +68,10 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
         self._halted = False  # killed and left stopped (`halt`): read through the engine alone
         self._restarted = False  # started again by `empty`: a PID 1 that then exits is the agent's
         self._entrypoint = entrypoint  # the image's ENTRYPOINT, run again by `empty`
-        self._pid: int | None = None  # PID 1's on the engine's host (`listening_ports`)
+        # PID 1's on the engine's host (`listening_ports`): as the engine's read of the started
+        # container gave it, when it did (`Containers.open` reads it once it has started)
+        self._pid: int | None = int(container.attrs.get("State", {}).get("Pid") or 0) or None
+        self._cut = False  # off every network but its services' (`disconnect_network`)
 
     @property
     def halted(self) -> bool:
@@ -280,11 +283,18 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
         return [Change(path, CHANGE_KINDS.get(kind, "modified")) for path, kind in entries]
 
     def disconnect_network(self) -> None:
+        """Off every network but its services' (the engine's answer, not what HEMRA put it
+        on), each by the id it is on (a network of the same name made since is not it). Once
+        cut, it stays so until `reconnect_network` (nothing in the sandbox can join one)."""
+        if self._cut:
+            return
         self.container.reload()
-        for network in self.container.attrs["NetworkSettings"]["Networks"]:
-            if network != "none" and network not in self._kept:
-                self.client.networks.get(network).disconnect(self.container, force=True)
-                self._taken.append(network)
+        for name, network in self.container.attrs["NetworkSettings"]["Networks"].items():
+            if name != "none" and name not in self._kept:
+                found = network.get("NetworkID") or name
+                self.api.disconnect_container_from_network(self.container.id, found, force=True)
+                self._taken.append(found)
+        self._cut = True
 
     def only_gateway_network(self) -> bool:
         """Off every network but HEMRA's `hemra-gateway`, which has no route out (the gateway's
@@ -297,12 +307,15 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
         if networks == {self._gateway_network}:
             return True
         self.disconnect_network()
-        self.client.networks.get(self._gateway_network).connect(self.container)
+        self.api.connect_container_to_network(self.container.id, self._gateway_network)
         self._joined.append(self._gateway_network)
+        self._cut = False  # on a network again: a later cut asks the engine
         return True
 
     def reconnect_network(self) -> None:
+        self._cut = False
         while self._joined:
-            self.client.networks.get(self._joined.pop()).disconnect(self.container, force=True)
+            network = self._joined.pop()
+            self.api.disconnect_container_from_network(self.container.id, network, force=True)
         while self._taken:
-            self.client.networks.get(self._taken.pop()).connect(self.container)
+            self.api.connect_container_to_network(self.container.id, self._taken.pop())

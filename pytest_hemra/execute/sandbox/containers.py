@@ -16,11 +16,13 @@ from typing import Any
 
 import docker
 import docker.errors
+from docker.models.containers import _create_container_args
 
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.execute.sandbox import ROOT_USER, WORKDIR, SandboxRequest
 from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS, EngineClient
 from pytest_hemra.execute.sandbox.container import DockerSandbox
+from pytest_hemra.execute.sandbox.images import Images
 from pytest_hemra.execute.sandbox.networks import GATEWAY_NETWORK, Networks
 from pytest_hemra.execute.sandbox.removal import remove_container
 from pytest_hemra.resolve.compose import MAIN
@@ -43,10 +45,15 @@ class Containers:
     answers a ping now (a removal slow for what a trial left is then waited for)."""
 
     def __init__(
-        self, engine: EngineClient, networks: Networks, answers: Callable[[], bool]
+        self,
+        engine: EngineClient,
+        networks: Networks,
+        images: Images,
+        answers: Callable[[], bool],
     ) -> None:
         self.engine = engine
         self.networks = networks
+        self.images = images
         self.answers = answers
 
     @property
@@ -58,9 +65,12 @@ class Containers:
         """The sandbox, started: the image's ENTRYPOINT kept when it has one (its services may
         run; the keep-alive is its command), else `sleep infinity` as PID 1."""
         try:
-            entrypoint = self.client.images.get(request.image).attrs["Config"].get("Entrypoint")
+            image = self.images.inspect(request.image)
         except DOCKER_ERRORS as error:
             raise InfraError(f"docker: cannot read image {request.image} ({error})") from error
+        if image is None:
+            raise InfraError(f"docker: image {request.image} is not on the engine")
+        entrypoint = image["Config"].get("Entrypoint")
         options = _options(request, bool(entrypoint))
         container = None
         own = self.networks.own
@@ -85,6 +95,8 @@ class Containers:
                 output_cap=request.output_cap,
             )
         except DOCKER_ERRORS as error:
+            if isinstance(error, docker.errors.ImageNotFound):  # removed since it was seen
+                self.images.forget()
             raise InfraError(f"docker: sandbox failed ({error})") from error
         finally:
             if container is not None:  # slow for what the trial left, with the engine up: waited
@@ -94,7 +106,7 @@ class Containers:
         """Remove every container carrying all `labels` ("key=value"), a trial's services
         included; return how many there were."""
         filters = {"label": labels}
-        found = self.client.containers.list(all=True, filters=filters, ignore_removed=True)
+        found = self.client.containers.list(all=True, filters=filters, sparse=True)
         for container in found:
             remove_container(container)
         return len(found)
@@ -126,16 +138,23 @@ class Containers:
         try:
             with lock:  # by id: never a network of the same name made since by another
                 # process, whose bridge this one never let its gateway's port into
-                container = self.client.containers.create(
-                    request.image, network=network.id, **options
-                )
+                container = self._create(request.image, network=network.id, **options)
             self._join_services(container, request)
             container.start()
+            container.reload()  # read once, started: its PID 1 known (`listening_ports`)
             return container
         except BaseException:
             if container is not None:
                 remove_container(container)
             raise
+
+    def _create(self, image: str, **options: Any) -> Any:
+        """A container created, without the SDK's read of it back (`containers.create` reads
+        it at once, before it has a PID 1): `_place` reads it once it has started. The options
+        go through the SDK's own translation of `containers.create`'s (private, as named)."""
+        kwargs = {**options, "image": image, "version": self.client.api._version}
+        created = self.client.api.create_container(**_create_container_args(kwargs))
+        return self.client.containers.prepare_model({"Id": created["Id"]})
 
     def _on_services(self, request: SandboxRequest, options: dict[str, Any]) -> Any:
         """A sandbox without internet on an engine without HEMRA's networks (a pool's): on its

@@ -62,7 +62,7 @@ class DockerEngine(SandboxProvider):
         self.images = Images(self._engine, image_source)
         self.networks = Networks(self._engine, own_networks)
         self.containers = Containers(
-            self._engine, self.networks, lambda: self.engine_error() is None
+            self._engine, self.networks, self.images, lambda: self.engine_error() is None
         )
 
     @property

@@ -119,6 +119,9 @@ class Images:
         self.engine = engine
         self._image_source = image_source
         self._builder: buildkit.Engine | None = None  # what builds here, asked once
+        # images seen here, by reference: asked of the engine once a process (HEMRA's tags
+        # name their content); one not found is asked again, one gone since is `forget`-ten
+        self._known: dict[str, dict[str, Any]] = {}
 
     @property
     def client(self) -> docker.DockerClient:
@@ -135,7 +138,7 @@ class Images:
             if not self._has_image(layer_tag):
                 with self._lock(layer_tag, task.config.environment.build_timeout_sec):
                     if not self._has_image(layer_tag):
-                        user = self.client.images.get(base).attrs["Config"].get("User") or ""
+                        user = self._inspected(base)["Config"].get("User") or ""
                         if not IMAGE_USER.fullmatch(user):  # it goes into a LABEL line as is
                             raise InfraError(
                                 f"{task.path}: image {base}: USER {user!r} is not a user name"
@@ -164,7 +167,7 @@ class Images:
             self._copy_if_missing(image)
             if not self._has_image(image):
                 raise InfraError(f"{task.path}: image {image!r} is not on this docker engine")
-            return str(self.client.images.get(image).id)
+            return str(self._inspected(image)["Id"])
         tag = f"{TASK_REPOSITORY}:{task.environment_digest()[:24]}"
         if not self._has_image(tag):  # a pool's engine: built at resolve on the runner's, copied
             self._copy_if_missing(tag)
@@ -175,7 +178,7 @@ class Images:
                     for base in base_images(dockerfile):
                         self._copy_if_missing(base)
                     self.build_dockerfile(task, tag=tag, context=task.environment_dir)
-        return str(self.client.images.get(tag).id)
+        return str(self._inspected(tag)["Id"])
 
     def _copy_if_missing(self, reference: str) -> None:
         """An image missing on this engine but on the runner's is copied over (save | load)."""
@@ -210,11 +213,29 @@ class Images:
         return f"{TASK_REPOSITORY}:{task.environment_digest()[:24]}"
 
     def _has_image(self, reference: str) -> bool:
-        try:
-            self.client.images.get(reference)
-        except docker.errors.ImageNotFound:
-            return False
-        return True
+        return self.inspect(reference) is not None
+
+    def inspect(self, reference: str) -> dict[str, Any] | None:
+        """The engine's description of an image (its id, its config), None when it has none."""
+        found = self._known.get(reference)
+        if found is None:
+            try:
+                found = self.client.api.inspect_image(reference)
+            except docker.errors.ImageNotFound:
+                return None
+            self._known[reference] = found
+        return found
+
+    def forget(self) -> None:
+        """An image is gone from the engine since it was seen (a sandbox's create found none):
+        every one is asked about again."""
+        self._known.clear()
+
+    def _inspected(self, reference: str) -> dict[str, Any]:
+        found = self.inspect(reference)
+        if found is None:
+            raise docker.errors.ImageNotFound(f"No such image: {reference}")
+        return found
 
     def build_dockerfile(
         self,

@@ -34,13 +34,15 @@ def over_trials(
     """What trials that are over left: (kind, name, trial) for each container labelled
     `hemra=1` and each services network, removed unless `dry_run`."""
     client = networks.client
-    found = client.containers.list(all=True, filters={"label": "hemra=1"}, ignore_removed=True)
+    # the list's own answer (labels, names), not a read of each container: one request
+    found = client.containers.list(all=True, filters={"label": "hemra=1"}, sparse=True)
     over: dict[str, bool] = {}
     left: list[tuple[str, str, str]] = []
     for container in found:
-        trial = container.labels.get(TRIAL_LABEL)
+        trial = (container.attrs.get("Labels") or {}).get(TRIAL_LABEL)
         if trial and over.setdefault(trial, is_over(trial)):
-            left.append(("container", container.name, trial))
+            name = str((container.attrs.get("Names") or [container.id])[0]).lstrip("/")
+            left.append(("container", name, trial))
             if not dry_run:
                 remove_container(container)
     for network in client.networks.list(filters={"label": [TRIAL_LABEL, SERVICES_LABEL]}):

@@ -184,7 +184,7 @@ class Networks:
             if network is None or network.attrs.get("Containers"):
                 return
             filters = {"label": [f"hemra.run={run_id}"]}
-            if self.client.containers.list(all=True, filters=filters, ignore_removed=True):
+            if self.client.containers.list(all=True, filters=filters, sparse=True):
                 return  # a sandbox of the run still exists (one cut off for its verifier, say)
             bridge = bridge_of(network)
             try:

@@ -74,7 +74,8 @@ def _finish_removal(container: Any, patience: float) -> None:
         except requests.Timeout:
             continue
         time.sleep(min(REMOVE_POLL_SECS, max(deadline - time.monotonic(), 0)))
+    name = container.name or container.short_id  # a container read from a list: no name
     raise InfraError(
-        f"docker: sandbox {container.name} still being removed after {patience:g} s while its"
+        f"docker: sandbox {name} still being removed after {patience:g} s while its"
         " engine answers (HEMRA_REMOVE_PATIENCE_SECS): slowed by what the trial left in it"
     )

@@ -1,0 +1,69 @@
+"""What a trial asks of its engine, counted at the engine's socket (tests/slow_engine.py, slowing
+nothing): a session of three trials against one of a single trial, the difference halved, so the
+run's own requests (its network, the first look at an image, the sweep) and the engine watch's
+pings are left out. docs/runs.md lists the requests phase by phase; the test fails above them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import TaskMaker
+from tests.slow_engine import SlowEngine
+
+# docs/runs.md, "What a trial asks of its engine": the requests one trial makes, at most, on a
+# local engine, online or not; the run's own upkeep (finding and reaping its networks between
+# trials, listing what is left) is the run's, not counted here
+TRIAL_REQUESTS = 18
+UPKEEP = {"GET networks", "GET networks/ID", "DELETE networks/ID", "GET containers/json"}
+VERSIONED = re.compile(r"/v[\d.]+/([^?]*)")
+ID = re.compile(r"^[0-9a-f]{64}$|^hemra-")
+
+
+def kind(request: str) -> str:
+    """`POST /v1.41/containers/ID/start?x` as `POST containers/ID/start`."""
+    method, path = request.split(" ", 1)
+    found = VERSIONED.match(path)
+    if found is None:  # `GET /version`, unversioned
+        return request
+    parts = ["ID" if ID.match(part) else part for part in found.group(1).split("/")]
+    return f"{method} {'/'.join(parts)}"
+
+
+def asked(root: Path, pytester: pytest.Pytester, attempts: int, engine: SlowEngine) -> list[str]:
+    engine.requests.clear()
+    run_file = root / "run.toml"
+    run_file.write_text(f'harnesses = ["oracle"]\ndatasets = ["ds"]\nattempts = {attempts}\n')
+    result = pytester.runpytest_subprocess("--hemra-run", str(run_file), "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=attempts)
+    return [kind(r) for r in engine.requests if not r.endswith("/_ping")]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("docker_test")
+@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
+def test_a_trial_asks_its_engine_no_more_than_docs_runs_md_lists(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    monkeypatch: pytest.MonkeyPatch,
+    online: bool,
+) -> None:
+    network = "" if online else "allow_internet = false\n"
+    make_task(
+        "one",
+        dockerfile="FROM debian:bookworm-slim\nWORKDIR /app\n",  # a root agent, as Harbor's
+        task_toml="[agent]\ntimeout_sec = 30\n[verifier]\ntimeout_sec = 30\n"
+        f"[environment]\n{network}",
+    )
+    with SlowEngine(tmp_path / "engine.sock", delay=0, slow_starts=0) as engine:
+        monkeypatch.setenv("DOCKER_HOST", engine.address)
+        asked(tmp_path, pytester, 1, engine)  # the task's image built, not counted
+        one = asked(tmp_path, pytester, 1, engine)
+        three = asked(tmp_path, pytester, 3, engine)
+    kinds = (set(one) | set(three)) - UPKEEP
+    per_trial = {k: (three.count(k) - one.count(k)) / 2 for k in kinds}
+    asked_of_it = {k: n for k, n in sorted(per_trial.items()) if n}
+    assert sum(per_trial.values()) <= TRIAL_REQUESTS, f"more than docs/runs.md: {asked_of_it}"
