@@ -1,6 +1,6 @@
 """Ctrl-C on a real `hemra run`: one line saying how to finish the run, the run recorded
 `interrupted` with what is left, and that line's command, run as printed, finishing every trial
-once; a run cancelled on purpose stays cancelled on a plain resume."""
+once. (A run cancelled on purpose stays cancelled on a plain resume: tests/test_runs.py.)"""
 
 from __future__ import annotations
 
@@ -115,34 +115,6 @@ def test_ctrl_c_prints_the_command_that_finishes_the_run_and_it_finishes_every_t
     assert listed(store_path, run.id)["left"] == 0
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("docker_test")
-def test_a_run_cancelled_on_purpose_stays_cancelled_on_a_plain_resume(
-    tmp_path: Path, make_task: TaskMaker
-) -> None:
-    make_task("one")
-    make_task("two")
-    store_path = tmp_path / "s.db"
-    base = ["hemra", "run", "-H", "oracle", "-d", str(tmp_path / "datasets" / "ds")]
-    detached = subprocess.run(
-        [*base, "--store", str(store_path), "--detach"],
-        cwd=tmp_path, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    run_id = detached.stdout.strip()
-    subprocess.run(["hemra", "cancel", run_id, "--store", str(store_path)], check=True)
-
-    resumed = subprocess.run(
-        ["hemra", "run", "--resume", run_id, "--store", str(store_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert resumed.returncode == 1  # nothing ran: the cancelled trials have no result
-    store = Store(store_path)
-    trials = store.trials(run_id, history=True)
-    assert [t.status for t in trials] == ["cancelled", "cancelled"]  # no row run again
-    assert store.run(run_id).status == RunStatus.CANCELLED
-    assert listed(store_path, run_id)["status"] == "cancelled"
-
-
 def test_an_interrupted_run_stays_interrupted_until_resumed(tmp_path: Path) -> None:
     """The store's side: a trial finishing after the interrupt does not finish the run; taken
     up again with nothing left to run, it is finished at once."""
@@ -178,3 +150,71 @@ def test_interrupting_a_run_with_every_result_in_leaves_it_finished(tmp_path: Pa
     assert store.interrupt_run("r1") == 0
     assert store.run("r1").status != RunStatus.INTERRUPTED
     store.close()
+
+
+SLOW_START_CONFTEST = '''
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from pytest_hemra.execute.sandbox.docker import DockerProvider
+
+
+class SlowStartProvider(DockerProvider):
+    """Docker whose containers come up seconds after they are asked for: a stop (Ctrl-C)
+    lands while none is there to remove yet."""
+
+    name = "slowstart"
+
+    @contextmanager
+    def open(self, request):
+        Path("starting").write_text(request.labels["hemra.trial"])
+        time.sleep(4)
+        with super().open(request) as sandbox:
+            yield sandbox
+
+
+@pytest.hookimpl
+def pytest_hemra_sandbox_providers():
+    return {"slowstart": SlowStartProvider}
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("docker_test")
+def test_a_sandbox_that_comes_up_just_after_ctrl_c_is_removed_by_its_trial(
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[[str, str], Path],
+    docker_client: Any,
+) -> None:
+    make_task("one", task_toml="[agent]\ntimeout_sec = 600\n[verifier]\ntimeout_sec = 30\n")
+    write_harness("sleeper", 'kind = "program"\ncommand = ["sleep", "300"]\n')
+    (tmp_path / "conftest.py").write_text(SLOW_START_CONFTEST)
+    (tmp_path / "run.toml").write_text(
+        'harnesses = ["sleeper"]\ndatasets = ["ds"]\nconcurrency = 2\n'  # on a lane: not
+        '[sandbox]\nprovider = "slowstart"\n'  # the thread pytest's KeyboardInterrupt stops
+    )
+    with (tmp_path / "interrupted.log").open("wb") as log:
+        runner = subprocess.Popen(
+            ["hemra", "run", "run.toml", "--store", "s.db"],
+            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        try:
+            wait_for((tmp_path / "starting").exists, 180, "the trial's sandbox being started")
+            os.killpg(runner.pid, signal.SIGINT)  # before its container exists
+            # the trial, not its 300 s agent, ends the session: its container is removed
+            # as soon as it comes up
+            assert runner.wait(timeout=120) == 2, (tmp_path / "interrupted.log").read_text()
+        finally:
+            if runner.poll() is None:
+                os.killpg(runner.pid, signal.SIGKILL)
+                runner.wait()
+    store = Store(tmp_path / "s.db")
+    (run,) = store.runs()
+    (trial,) = store.trials(run.id)
+    assert (trial.outcome, trial.error) == ("cancelled", "interrupted (Ctrl-C)")
+    assert "agent" not in store.trial_detail(trial.id).phases  # stopped before its agent ran
+    assert hemra_containers(docker_client, run.id) == []
