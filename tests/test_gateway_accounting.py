@@ -36,7 +36,7 @@ CHAT = {"model": CHAT_MODEL, "messages": [{"role": "user", "content": "hi"}], "s
 MESSAGES = {"model": MODEL, "max_tokens": 5, "stream": True}
 MESSAGES |= {"messages": [{"role": "user", "content": "hi"}]}
 RESPONSES = {"model": CHAT_MODEL, "input": "hi", "stream": True}
-# gpt-4.1 per million tokens: 2.0 input, 0.5 cached input, 8.0 output (prices.toml)
+# gpt-4.1 per million tokens: 2.0 input, 0.5 cached input, 8.0 output (genai-prices)
 CHAT_COST = (
     (OPENAI_USAGE["input"] - OPENAI_USAGE["cached"]) * 2.0
     + OPENAI_USAGE["cached"] * 0.5

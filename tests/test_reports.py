@@ -96,7 +96,10 @@ def test_each_unfair_condition_is_flagged_under_its_table(unfair: Store) -> None
     assert "ds@dddddddddddd (8 tasks, 5 counted)" in text
     assert "! short: 6 trials unfinished, excluded from scores: 2 infra_error, 4 planned" in text
     assert "! chatty: 40% of its tokens went to other models than m-1 (m-big)" in text
-    assert "! unpriced: cost unknown: no price for m-secret" in text
+    assert (
+        "! model m-secret has no price: its cost is unknown, and so is the cost of unpriced"
+        ' (a run file\'s [prices."m-secret"] sets one)'
+    ) in text
     assert "! short: its difference from the baseline" in text  # 5 tasks cannot tell
     assert text.splitlines()[5].startswith("base (baseline)")
 
