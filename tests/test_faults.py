@@ -586,6 +586,8 @@ def test_an_engine_that_does_not_come_back_is_given_up_on_and_the_run_left_to_re
     kinds = [e.kind for e in store.events([t.id for t in trials])]
     assert kinds == ["engine_down", "engine_gone", "finished"] * 2
     assert store.run(run.id).status == "finished"
+    waiting = capsys.readouterr().err  # the wait says so, on stderr (a line, not a tty)
+    assert f"hemra: trial {trials[0].id}: waiting for engine {address} to answer" in waiting
     assert hemra(["show", trials[0].id, "--store", str(store.path)]) == 0
     shown = capsys.readouterr().out
     assert f"engine_gone: engine {address} did not answer for " in shown

@@ -30,6 +30,7 @@ from typing import TypeVar
 from pytest_hemra.core.backoff import SETTLE_POLL_SECS, Backoff, store_backoff
 from pytest_hemra.core.errors import StoreUnavailable, causes
 from pytest_hemra.core.events import ENGINE_BACK, ENGINE_DOWN, ENGINE_GONE, STORE_WAIT
+from pytest_hemra.core.progress import Progress
 from pytest_hemra.execute.sandbox import SandboxPool, SandboxProvider
 from pytest_hemra.store import Store
 from pytest_hemra.store.owner import is_alive
@@ -147,18 +148,20 @@ class EngineWatch:
         event(ENGINE_DOWN, error=error)
         last = error
         if self.gone is None:
-            for delay in self.backoff.delays():
-                last = self.error()
-                if last is None:
-                    last = settled(self.health, None, self.settle_secs)
-                if last is None:
-                    break
-                waited = time.monotonic() - started
-                if waited + delay > self.backoff.give_up_secs:
-                    break
-                if stop.wait(delay):
-                    waited = round(time.monotonic() - started, 3)
-                    return WaitResult(name, False, waited, last, is_cancelled=True)
+            with Progress(f"trial {trial}: waiting for engine {name} to answer") as step:
+                for delay in self.backoff.delays():
+                    last = self.error()
+                    if last is None:
+                        last = settled(self.health, None, self.settle_secs)
+                    if last is None:
+                        break
+                    step.update(0, str(last)[:120])
+                    waited = time.monotonic() - started
+                    if waited + delay > self.backoff.give_up_secs:
+                        break
+                    if stop.wait(delay):
+                        waited = round(time.monotonic() - started, 3)
+                        return WaitResult(name, False, waited, last, is_cancelled=True)
         else:
             last = self.error()
         waited = round(time.monotonic() - started, 3)
