@@ -20,6 +20,7 @@ import pytest
 
 from pytest_hemra.core.errors import InputWarning
 from pytest_hemra.core.text import printable
+from pytest_hemra.core.words import plural
 
 OUTPUT = "hemra-output"  # the plug-in's name in pytest's plugin manager
 
@@ -76,7 +77,11 @@ class TrialLines(pytest.TerminalReporter):  # type: ignore[misc]  # final: pytes
         pass
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        pass
+        """pytest's "collected 4 items / 2 deselected", said of trials."""
+        deselected = len(self.stats.get("deselected", []))
+        if deselected:
+            total = plural(self._numcollected, "trial")
+            self.write_line(f"hemra: {deselected} of {total} left out by the selection (-k, -m)")
 
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
         pass
