@@ -87,7 +87,9 @@ def test_stored_words_are_unchanged() -> None:
     assert [str(s) for s in JobState] == [
         "queued", "leased", "cancelling", "cancelled", "done", "deselected", "replaced",
     ]  # fmt: skip
-    assert [str(s) for s in RunStatus] == ["recorded", "queued", "running", "cancelled", "finished"]
+    assert [str(s) for s in RunStatus] == [
+        "recorded", "queued", "running", "cancelled", "interrupted", "finished",
+    ]  # fmt: skip
     assert TrialStatus.RUNNING == "running" and f"{JobState.LEASED}" == "leased"
     assert TrialStatus.CANCELLED == Outcome.CANCELLED  # one word, two types
 
@@ -96,7 +98,7 @@ def test_groups_read_as_the_sql_they_replace() -> None:
     assert sql_list(TrialStatus.UNFINISHED) == "('planned', 'running')"
     assert sql_list(JobState.LIVE) == "('leased', 'cancelling')"
     assert sql_list(JobState.OPEN) == "('queued', 'leased', 'cancelling')"
-    assert sql_list(RunStatus.CLOSED) == "('cancelled', 'finished')"
+    assert sql_list(RunStatus.CLOSED) == "('cancelled', 'interrupted', 'finished')"
     assert TrialStatus.WITHOUT_OUTCOME == ("planned", "running", "deselected")
     assert set(TrialStatus.OVER) == {"finished", "cancelled"}
     assert set(RunStatus.OPEN) == {"recorded", "queued", "running"}
