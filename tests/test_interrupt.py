@@ -115,11 +115,13 @@ def test_ctrl_c_prints_the_command_that_finishes_the_run_and_it_finishes_every_t
     assert listed(store_path, run.id)["left"] == 0
 
 
-def test_an_interrupted_run_stays_interrupted_until_resumed(tmp_path: Path) -> None:
+def test_an_interrupted_run_stays_interrupted_until_resumed(
+    tmp_path: Path, store_address: str
+) -> None:
     """The store's side: a trial finishing after the interrupt does not finish the run; taken
     up again with nothing left to run, it is finished at once."""
-    store = Store(tmp_path / "s.db")
-    planned = [PlannedTrial(f"ds/t{n}::x", "ds", f"t{n}", "nop", 1) for n in range(3)]
+    store = Store(store_address)
+    planned = [PlannedTrial("ds", f"t{n}", "nop", 1) for n in range(3)]
     store.record_plan("r1", "r1", {}, tmp_path, planned)
     first, second, third = (t.id for t in store.trials("r1"))
     assert store.claim(first, "me", 30).is_leased
