@@ -21,6 +21,7 @@ import requests
 import urllib3
 
 from pytest_hemra.execute.gateway.calls import CLIENT_GONE, PARTIAL, STREAM_ERROR
+from pytest_hemra.execute.gateway.encoding import PIECE_BYTES, Decoder
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.gateway.usage import MAX_EVENT_BYTES
 from pytest_hemra.store import Store
@@ -293,6 +294,27 @@ def test_a_compressed_answer_that_echoes_the_key_never_passes_it(
         assert "echoed a key in a compressed answer" in (row.error or "")
     else:
         assert b"[redacted]" in decoded
+
+
+@pytest.mark.parametrize(
+    ("coding", "compress"),
+    [
+        ("gzip", lambda data: gzip.compress(data[:5]) + gzip.compress(data[5:])),  # two members
+        ("deflate", zlib.compress),
+        ("deflate", lambda data: zlib.compress(data)[2:-4]),  # raw deflate, as some servers send
+    ],
+    ids=["gzip-members", "deflate-zlib", "deflate-raw"],
+)
+def test_a_compressed_body_is_decoded_a_bounded_piece_at_a_time(coding: str, compress: Any) -> None:
+    data = b"usage " + b"\0" * (16 << 20)  # a few KiB that inflate to 16 MiB
+    blob = compress(data)
+    decoder = Decoder(coding)
+    pieces = [
+        piece for at in range(0, len(blob), 999) for piece in decoder.feed(blob[at : at + 999])
+    ]
+    pieces.append(decoder.flush())
+    assert max(len(piece) for piece in pieces) <= PIECE_BYTES
+    assert b"".join(pieces) == data and not decoder.is_broken
 
 
 def _message_start_counts() -> dict[str, int]:

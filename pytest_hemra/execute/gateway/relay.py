@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -47,6 +47,9 @@ WRITE_BUFFER_BYTES = 512 * 1024
 # headers with it and its length declared, where a chunked answer takes three (headers, body,
 # end): the gateway's system time per plain call fell from about 230 to 140 us
 WHOLE_BODY_BYTES = 1 << 20
+# a compressed plain answer that held a key leaves decoded and scrubbed, if it decodes to at most
+# this; a larger one (a small body can inflate enormously) is a 502, never held whole
+SCRUBBED_BODY_BYTES = 32 << 20
 
 
 class ClientGone(Exception):
@@ -144,10 +147,13 @@ class Relay:
             call.error = f"{CLIENT_GONE}: {gone.__cause__ or 'connection closed'}"
             return self._response or web.Response(status=499)
         except EchoedKey:
-            call.error = "upstream echoed a key in a compressed answer: cut before it was passed on"
+            call.error = "upstream echoed a key in a compressed answer: not passed on"
+            if self._response is None:  # a plain answer too large to be passed on scrubbed
+                call.status = 502
+                return error_response(error_format(wire, request.headers), 502, call.error)
             if request.transport is not None:
-                request.transport.abort()
-            return self._response or web.Response(status=502)
+                request.transport.abort()  # a stream is cut before the chunk that holds it
+            return self._response
         except aiohttp.ClientConnectorError as error:
             call.is_sent = False
             call.status, call.error = 502, f"upstream unreachable: {error}"
@@ -173,10 +179,17 @@ class Relay:
             self._note(body)
         else:
             self._count(raw)
-            clean = self._decoded(raw) + self._decoded_end()
-            self._note(clean)
+            kept: list[bytes] = []
+            size = 0
+            for clean in (*self._decoded(raw), self._decoded_end()):
+                self._note(clean)
+                size += len(clean)
+                if size <= SCRUBBED_BODY_BYTES:
+                    kept.append(clean)
             is_encoded = not self._scrubber.found
-            body = raw if is_encoded else clean
+            if not is_encoded and size > SCRUBBED_BODY_BYTES:
+                raise EchoedKey
+            body = raw if is_encoded else b"".join(kept)
         response = web.Response(status=upstream.status, reason=upstream.reason, body=body)
         self._copy_headers(upstream, response, is_encoded)
         self._response = response
@@ -211,13 +224,14 @@ class Relay:
         self._reader.feed(chunk)
         return chunk
 
-    def _decoded(self, raw: bytes) -> bytes:
-        """Compressed bytes decoded by the gateway: scrubbed and read for usage."""
+    def _decoded(self, raw: bytes) -> Iterator[bytes]:
+        """Compressed bytes decoded by the gateway a piece at a time: scrubbed and read for
+        usage (a piece is 1 MiB at most, however much the chunk inflates)."""
         assert self._decoder is not None and self._reader is not None
-        clean = [self._scrubber.feed(piece) for piece in self._decoder.feed(raw)]
-        for piece in clean:
-            self._reader.feed(piece)
-        return b"".join(clean)
+        for piece in self._decoder.feed(raw):
+            clean = self._scrubber.feed(piece)
+            self._reader.feed(clean)
+            yield clean
 
     def _decoded_end(self) -> bytes:
         """At a compressed answer's end, what the decoder and the scrub held back."""
@@ -248,18 +262,19 @@ class Relay:
         start of one), or, usage taken out, decoded."""
         self._count(raw)
         found = self._scrubber.found
-        clean = self._decoded(raw)
         if self._is_passed_encoded:
-            if self._scrubber.found != found:
-                raise EchoedKey
-            self._note(clean)
+            for clean in self._decoded(raw):
+                if self._scrubber.found != found:
+                    raise EchoedKey
+                self._note(clean)
             self._held_raw.append(raw)
             if not self._scrubber.is_holding:
                 held, self._held_raw = b"".join(self._held_raw), []
                 await self._send(held, is_noted=False)
             return
         assert self._added_usage is not None
-        await self._send(self._added_usage.feed(clean))
+        for clean in self._decoded(raw):
+            await self._send(self._added_usage.feed(clean))
 
     async def _close(self) -> None:
         """The upstream's answer is complete: what was held back, then the end."""
