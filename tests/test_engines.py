@@ -497,7 +497,12 @@ def test_a_pool_run_warns_by_name_of_the_allowlists_its_engines_cannot_serve(
         run_file.read_text()
         + f'[[sandbox.engines]]\nname = "main"\naddress = "{MAIN}"\ncapacity = 1\n'
     )
-    (warning,) = [w for w in resolve_plan(run_file, Overrides(), tmp_path).warnings if "pool" in w]
-    assert warning.startswith(f"{run_file}: [sandbox] engines: a pool's engines reach no egress")
-    assert warning.endswith("of 2 tasks are reached by none of their phases (the network is"
-                            " cut): agent-list, verifier-list")  # fmt: skip
+    warnings = [w for w in resolve_plan(run_file, Overrides(), tmp_path).warnings if "pool" in w]
+    unproxied, unguarded = warnings
+    assert unproxied.startswith(f"{run_file}: [sandbox] engines: a pool's engines reach no egress")
+    assert unproxied.endswith("of 2 tasks are reached by none of their phases (the network is"
+                              " cut): agent-list, verifier-list")  # fmt: skip
+    assert unguarded.startswith(
+        f"{run_file}: [sandbox] engines: a pool's engines get neither HEMRA's isolated networks"
+        " nor its host firewall: 2 tasks with internet run on Docker's default bridge there"
+    )

@@ -73,7 +73,24 @@ class Plan:
             loads_skills,
             "no skills_dir in its file",
         )
-        return found + self._unproxied()
+        return found + self._unproxied() + self._unguarded()
+
+    def _unguarded(self) -> list[str]:
+        """A pool's engines get neither HEMRA's own networks nor its host firewall: a task with
+        internet runs on Docker's default bridge there, guarded as that engine's host has it."""
+        tasks = [
+            t.name for d in self.datasets for t in d.tasks if t.config.agent_network == "public"
+        ]
+        if not self.spec.sandbox.engines or not tasks:
+            return []
+        return [
+            f"{self.source}: [sandbox] engines: a pool's engines get neither HEMRA's isolated"
+            f" networks nor its host firewall: {plural(len(tasks), 'task')} with internet run on"
+            " Docker's default bridge there, where sandboxes may reach each other and the host"
+            " unless the engine's machine turns that off (dockerd --icc=false, a firewall on the"
+            " bridge); `hemra worker` beside each engine gives every sandbox HEMRA's isolation"
+            " (docs/scaling.md)"
+        ]
 
     def _unproxied(self) -> list[str]:
         """A pool's engines keep Docker's default bridge, where no egress proxy is reached: a

@@ -46,6 +46,7 @@ from pytest_hemra.execute.provisioning import ProviderFactory
 from pytest_hemra.execute.sandbox import SandboxProvider
 from pytest_hemra.execute.sandbox.client import LOCAL_ENGINE
 from pytest_hemra.execute.sandbox.health import is_engine_fault
+from pytest_hemra.execute.sandbox.images import hold_engine_locks_in
 from pytest_hemra.execute.sandbox.providers import sandbox_provider
 from pytest_hemra.resolve.plan import RecordedRun, missing_variables
 from pytest_hemra.resolve.spec import RunSpec, SandboxSettings
@@ -95,6 +96,10 @@ class Runner:
     _beats: dict[str, Heartbeat] = field(default_factory=dict, repr=False)  # running trials
     # handles on the store of its own threads (the gateway's writer, budgets): closed by `close`
     _stores: list[Store] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.store.is_server:  # runners on several machines: the engine's locks in the store
+            hold_engine_locks_in(self.store.lock)
 
     def _opened(self, store: Store) -> Store:
         self._stores.append(store)
@@ -355,6 +360,8 @@ class Runner:
             current = self.store.trial(current.replaces)
 
     def close(self) -> None:
+        if self.store.is_server:
+            hold_engine_locks_in(None)
         if self.watch is not None:
             self.watch.stop()
         if self.gateway is not None:

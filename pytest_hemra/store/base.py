@@ -25,6 +25,7 @@ from pytest_hemra.core.errors import StoreError
 from pytest_hemra.core.lifecycle import RunStatus, TrialStatus
 from pytest_hemra.core.store_location import is_server_address, redacted, store_address
 from pytest_hemra.store import dialect
+from pytest_hemra.store.advisory import advisory_lock
 from pytest_hemra.store.schema import (
     CURRENT,
     OLDEST_MIGRATED,
@@ -82,6 +83,15 @@ class StoreBase:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+    def lock(
+        self, name: str, timeout: float, waited: str, *, shared: bool = False
+    ) -> contextlib.AbstractContextManager[None]:
+        """A lock held in the store for as long as the block runs (a PostgreSQL store: shared by
+        runners on several machines); not had within `timeout`, InfraError with `waited`."""
+        if not self.is_server:
+            raise StoreError(f"{self.name}: locks are held in a PostgreSQL store only")
+        return advisory_lock(self.engine, name, timeout, waited, shared=shared)
 
     def close(self) -> None:
         """Close every connection this handle opened (a connection in use by another thread

@@ -13,9 +13,9 @@ import io
 import re
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import docker
 import docker.errors
@@ -93,16 +93,40 @@ def copy_image(source: Any, target: Any, reference: str) -> None:
         raise InfraError(f"copying image {reference} to the engine failed ({error})") from error
 
 
+class LockHolder(Protocol):
+    """Where a process holds the engine's locks when not in its machine's lock files: a shared
+    store's (`Store.lock`), for runners on several machines using one engine."""
+
+    def __call__(
+        self, name: str, timeout: float, waited: str, *, shared: bool = False
+    ) -> AbstractContextManager[None]: ...
+
+
+_held_in: LockHolder | None = None
+
+
+def hold_engine_locks_in(holder: LockHolder | None) -> None:
+    """Hold this process's engine locks in `holder` (a shared store's), or, with None, in its
+    machine's lock files again."""
+    global _held_in
+    _held_in = holder
+
+
 @contextmanager
 def engine_lock(engine: str, what: str, timeout: float, *, shared: bool = False) -> Iterator[None]:
-    """Hold the runner host's lock on (`engine`, `what`) for up to `timeout` seconds of waiting;
-    `shared`: with every other shared holder (its users), only never with an exclusive one (the
-    one that removes what they use). Each call opens the lock's file anew, so the threads of one
-    process exclude each other as other processes do."""
-    folder = Path(tempfile.gettempdir()) / "hemra-locks"
-    folder.mkdir(mode=0o700, exist_ok=True)
+    """Hold the lock on (`engine`, `what`) for up to `timeout` seconds of waiting; `shared`:
+    with every other shared holder (its users), only never with an exclusive one (the one that
+    removes what they use). Held in the runner host's lock files (each call opens the lock's
+    file anew, so the threads of one process exclude each other as other processes do), or in
+    the shared store when the process holds them there (`hold_engine_locks_in`)."""
     name = hashlib.sha256(f"{engine}\0{what}".encode()).hexdigest()[:32]
     waited = f"engine {engine}: waited {timeout:g}s for another runner preparing {what}"
+    if _held_in is not None:
+        with _held_in(f"hemra-engine-lock {name}", timeout, waited, shared=shared):
+            yield
+        return
+    folder = Path(tempfile.gettempdir()) / "hemra-locks"
+    folder.mkdir(mode=0o700, exist_ok=True)
     with file_lock(folder / f"{name}.lock", timeout, waited, shared=shared, poll=LOCK_POLL_SECS):
         yield
 

@@ -1,0 +1,59 @@
+"""The engine's locks (an image built or copied, a run's network made or removed) held in a
+shared PostgreSQL store, for runners on several machines: a runner with another $TMPDIR (as on
+another machine, whose lock files this one never sees) is still kept out."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pytest_hemra.execute.sandbox.images import engine_lock, hold_engine_locks_in
+from pytest_hemra.store import Store
+
+ENGINE, WHAT = "tcp://10.0.0.7:2375", "hemra-task:0123"  # named, never reached
+OTHER_RUNNER = """
+import sys
+from pytest_hemra.core.errors import InfraError
+from pytest_hemra.execute.sandbox.images import engine_lock, hold_engine_locks_in
+from pytest_hemra.store import Store
+
+store = Store(sys.argv[1])
+hold_engine_locks_in(store.lock)
+try:
+    with engine_lock(sys.argv[2], sys.argv[3], 1.0, shared=sys.argv[4] == "shared"):
+        print("held")
+except InfraError as error:
+    print(error)
+"""
+
+
+def other_runner(url: str, tmp_path: Path, mode: str) -> str:
+    """What a runner of another machine (its own $TMPDIR) gets trying the same lock."""
+    folder = tmp_path / "other-machine"
+    folder.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(folder)}
+    done = subprocess.run(
+        [sys.executable, "-c", OTHER_RUNNER, url, ENGINE, WHAT, mode],
+        env=env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def test_runners_of_one_shared_store_exclude_each_other_whatever_their_machine(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    waited = f"engine {ENGINE}: waited 1s for another runner preparing {WHAT}"
+    with Store(postgres_url) as store:
+        hold_engine_locks_in(store.lock)
+        try:
+            with engine_lock(ENGINE, WHAT, 5.0):
+                assert other_runner(postgres_url, tmp_path, "exclusive") == waited
+                assert other_runner(postgres_url, tmp_path, "shared") == waited
+            assert other_runner(postgres_url, tmp_path, "exclusive") == "held"  # released
+            with engine_lock(ENGINE, WHAT, 5.0, shared=True):  # users of a network at once
+                assert other_runner(postgres_url, tmp_path, "shared") == "held"
+                assert other_runner(postgres_url, tmp_path, "exclusive") == waited
+        finally:
+            hold_engine_locks_in(None)
