@@ -8,7 +8,9 @@ The quiet reporter is pytest's `TerminalReporter` with the parts above left out,
 under its name the way pytest-sugar registers its own: the summary hooks every plug-in writes
 to (the controller's tables, junitxml's file, the warnings summary) run unchanged. Under
 pytest-xdist the controller's process gets its workers' reports through the same hooks.
-A report of HEMRA's own fault (an item that raised, a collection error) is still shown in full.
+A report of HEMRA's own fault (an item that raised, a collection error) is still shown in full;
+a warning about HEMRA's input is a `hemra: warning: ...` line; after Ctrl-C pytest's
+`!!! KeyboardInterrupt !!!` and traceback are left out (the controller says how to go on).
 """
 
 from __future__ import annotations
