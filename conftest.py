@@ -25,6 +25,10 @@ import pytest_hemra.plugin  # noqa: F401
 
 pytest_plugins = ["pytester"]
 
+# HEMRA fits its tables to COLUMNS when it is set, and pytest-xdist's workers get it set (80):
+# the tests see every column, as a pipe does, unless one sets a width itself
+os.environ.pop("COLUMNS", None)
+
 BASE_IMAGE = "debian:bookworm-slim"
 REPO = Path(__file__).resolve().parent
 

@@ -74,6 +74,7 @@ def test_runs_as_json_lists_each_run_with_the_tables_counts(
         "running": 1,
         "queued": 1,
         "cancelled": 1,
+        "left": 3,  # without a result: running, queued, cancelled
         "harnesses": ["a", "b"],
         "datasets": ["ds"],
         "waiting": [],

@@ -21,12 +21,14 @@ from typing import Any
 import pytest
 
 from pytest_hemra.core.errors import InputWarning
+from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.text import printable
 from pytest_hemra.core.words import plural
 
 OUTPUT = "hemra-output"  # the plug-in's name in pytest's plugin manager
 
-_COLOURS = {"pass": "green", "fail": "red", "cancelled": "yellow", "deselected": "yellow"}
+DESELECTED = "deselected"  # pytest's stats key (-k, -m): not a lifecycle state
+_COLOURS: dict[str, str] = {Outcome.PASS: "green", Outcome.FAIL: "red", Outcome.CANCELLED: "yellow"}
 
 
 class Output:
@@ -80,7 +82,7 @@ class TrialLines(pytest.TerminalReporter):  # type: ignore[misc]  # final: pytes
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """pytest's "collected 4 items / 2 deselected", said of trials."""
-        deselected = len(self.stats.get("deselected", []))
+        deselected = len(self.stats.get(DESELECTED, []))
         if deselected:
             total = plural(self._numcollected, "trial")
             self.write_line(f"hemra: {deselected} of {total} left out by the selection (-k, -m)")
@@ -112,7 +114,7 @@ class TrialLines(pytest.TerminalReporter):  # type: ignore[misc]  # final: pytes
         task, _, cell_attempt = name.partition("[")
         cell, _, attempt = cell_attempt.rstrip("]").rpartition("-")
         total = self._session.testscollected if self._session is not None else 0
-        deselected = len(self.stats.get("deselected", []))
+        deselected = len(self.stats.get(DESELECTED, []))
         parts = [f"[{self.finished}/{max(total - deselected, self.finished)}]", f"{outcome:<11}"]
         parts += [f"{where}::{task}" if where else task, cell, f"attempt {attempt}"]
         if found.get("reward"):
