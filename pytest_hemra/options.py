@@ -62,6 +62,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="write the run's tables, flags and gates as JSON here, for CI",
     )
     group.addoption(
+        "--hemra-wide",
+        action="store_true",
+        help="print every column of the run's tables (default: the columns that fit the terminal)",
+    )
+    group.addoption(
         "--hemra-compare",
         metavar="RUN_ID",
         help="compare each harness with itself in an earlier run of the same store",

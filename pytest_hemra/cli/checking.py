@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from pytest_hemra.cli.reports import add_wide_argument
 from pytest_hemra.core.store_location import STORE_HELP
 from pytest_hemra.report import SLOW_BUILD_SECS
 from pytest_hemra.resolve.overrides import positive_int
@@ -53,6 +54,7 @@ def add_commands(commands: Commands) -> None:
         help="runner variable the tasks' env templates may read (as `hemra run --pass-env`)",
     )
     check.add_argument("--store", metavar="PATH|URL", help=STORE_HELP)
+    add_wide_argument(check)
     check.add_argument(
         "--slow-build-secs",
         type=float,
@@ -117,6 +119,7 @@ def check_command(args: argparse.Namespace) -> int:
 
     from pytest_hemra.cli import build_parser
     from pytest_hemra.cli.running import pytest_argv
+    from pytest_hemra.core.terminal import output_width
     from pytest_hemra.plugin.reporter import Output
     from pytest_hemra.report.health import (
         ORACLE,
@@ -153,7 +156,7 @@ def check_command(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(health_dict(health, args.strict), indent=2))
     else:
-        print(render_health(health))
+        print(render_health(health, output_width(args.wide)))
     if status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
         return status  # interrupted (what did not finish is unchecked) or pytest's own fault
     return health.exit_status(args.strict)

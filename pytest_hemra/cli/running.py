@@ -70,6 +70,7 @@ def add_commands(commands: Commands) -> None:
     run.add_argument(
         "--dry-run", action="store_true", help="print the resolved plan; run and record nothing"
     )
+    add_wide_argument(run)
     run.add_argument("--resume", metavar="RUN_ID", help="finish a recorded run")
     run.add_argument(
         "--resume-cancelled", action="store_true", help="with --resume, run cancelled trials too"
@@ -168,6 +169,8 @@ def pytest_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--hemra-fail-on", gate]
     if args.resume_cancelled:
         argv += ["--hemra-resume-cancelled"]
+    if getattr(args, "wide", False):
+        argv += ["--hemra-wide"]
     for option, value in (
         ("--hemra-resume", args.resume),
         ("--hemra-compare", args.compare),

@@ -25,6 +25,7 @@ from pytest_hemra.core.lifecycle import RunStatus, TrialStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import PlannedTrial
 from pytest_hemra.core.store_location import redacted, store_location
+from pytest_hemra.core.terminal import terminal_width
 from pytest_hemra.core.text import printable, printable_lines
 from pytest_hemra.core.words import plural
 from pytest_hemra.execute.provisioning import ProviderFactory, provision
@@ -239,12 +240,21 @@ class Controller:
             return
         terminalreporter.write_sep("=", "HEMRA")
         report = self.report or build_report(self.runner.store, self.runner.run.id)
-        # a terminal: its width, the most important columns kept (a log file or CI: every column)
-        width = config.get_terminal_writer().fullwidth if terminalreporter.isatty() else None
+        # a terminal: its width, the most important columns kept (a log file or CI: every
+        # column, unless COLUMNS says otherwise; --hemra-wide: every column)
+        width = (
+            None
+            if config.getoption("hemra_wide")
+            else config.get_terminal_writer().fullwidth
+            if terminalreporter.isatty()
+            else terminal_width()
+        )
         # what an agent chose (a model's name, an error's words) shown, never obeyed by the terminal
         terminalreporter.write_line(printable_lines(render_text(report, width=width)))
         if self.comparison is not None:
-            terminalreporter.write_line("\n" + printable_lines(render_comparison(self.comparison)))
+            terminalreporter.write_line(
+                "\n" + printable_lines(render_comparison(self.comparison, width=width))
+            )
         for reason in self.gate_reasons:
             terminalreporter.write_line(
                 f"hemra: fail-on gate tripped: {printable(reason)}", red=True
