@@ -9,11 +9,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pytest_hemra.core.outcome import Cause, SweClass
 from pytest_hemra.core.trial import Judgment, SelfReport, StepResult, TrialUsage
-from pytest_hemra.execute.gateway.ledger import Budgets
-from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.sandbox import WORKDIR, SandboxPool, SandboxProvider
 from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.harnesses import Harness
@@ -21,6 +20,10 @@ from pytest_hemra.resolve.judges import Judge
 from pytest_hemra.resolve.processes import keeps_agent_processes
 from pytest_hemra.resolve.spec import RunSpec
 from pytest_hemra.resolve.templates import render_sandbox_env
+
+if TYPE_CHECKING:  # a trial's gateway and budgets: aiohttp and the prices, loaded where they run
+    from pytest_hemra.execute.gateway.ledger import Budgets
+    from pytest_hemra.execute.gateway.server import Gateway
 
 DEFAULT_TIMEOUT_SECS = 900.0
 
