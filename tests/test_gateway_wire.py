@@ -11,7 +11,6 @@ from __future__ import annotations
 import gzip
 import json
 import socket
-import sqlite3
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +24,7 @@ from pytest_hemra.execute.gateway.encoding import PIECE_BYTES, Decoder
 from pytest_hemra.execute.gateway.server import Gateway
 from pytest_hemra.execute.gateway.usage import MAX_EVENT_BYTES
 from pytest_hemra.store import Store
+from tests.test_gateway_accounting import stored_usage
 from tests.upstream import CHAT_MODEL, MODEL, OPENAI_USAGE, USAGE, Upstream
 
 KEY = "sk-wire-5d1e9b7a42c8"
@@ -51,11 +51,7 @@ GZIP = {"x-test-encoding": "gzip"}
 
 def stored_tokens(store: Store) -> list[tuple[Any, ...]]:
     """Each call's four token counts as SQLite holds them (NULL is None)."""
-    with sqlite3.connect(store.path) as db:
-        return db.execute(
-            "SELECT input_tokens, output_tokens, cache_read_tokens, cache_write_tokens"
-            " FROM calls ORDER BY id"
-        ).fetchall()
+    return [row[:4] for row in stored_usage(store)]
 
 
 def post(url: str, body: dict[str, Any], headers: dict[str, str]) -> requests.Response:
