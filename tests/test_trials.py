@@ -295,7 +295,7 @@ def test_hemra_run_works_with_flags_alone(
         str(tmp_path / "datasets" / "ds"),
         "-t",
         "o*",
-        "-k",
+        "--attempts",
         "2",
         "--baseline",
         "nop",

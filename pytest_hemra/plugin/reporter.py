@@ -58,6 +58,14 @@ def is_result(report: pytest.TestReport) -> bool:
     return "outcome" in properties(report)
 
 
+def skip_reason(report: pytest.TestReport) -> str:
+    """Why a trial was not run here (the item's skip: left queued for a worker with a key,
+    stopped, running elsewhere), as pytest's `-rs` would say it."""
+    found = report.longrepr
+    text = found[2] if isinstance(found, tuple) and len(found) == 3 else str(found)
+    return printable(str(text).removeprefix("Skipped: "))
+
+
 class TrialLines(pytest.TerminalReporter):  # type: ignore[misc]  # final: pytest-sugar does so
     """pytest's terminal reporter, with a line per finished trial instead of dots and failures."""
 
@@ -103,6 +111,8 @@ class TrialLines(pytest.TerminalReporter):  # type: ignore[misc]  # final: pytes
             self.finished += 1
             outcome = properties(report)["outcome"]
             self.write_line(self.trial_line(report), **{_COLOURS.get(outcome, "red"): True})
+        elif report.skipped and report.when == "setup":  # not run here (left queued, stopped)
+            self.write_line(f"{report.nodeid}: not run: {skip_reason(report)}", yellow=True)
         elif report.failed and not is_result(report):
             self.write_line(f"{report.nodeid}: error (below)", red=True)
 
