@@ -33,6 +33,7 @@ import pytest
 from conftest import BASE_IMAGE, REPO, TaskMaker, wait_for
 from pytest_hemra.cli import main as hemra
 from pytest_hemra.cli.running import run_summary
+from pytest_hemra.core import progress
 from pytest_hemra.core.backoff import Backoff, engine_backoff, store_backoff
 from pytest_hemra.core.errors import SpecError, StoreUnavailable
 from pytest_hemra.store import Store
@@ -560,6 +561,8 @@ def test_an_engine_that_does_not_come_back_is_given_up_on_and_the_run_left_to_re
 
     for name, value in {**QUICK_WAITS, "HEMRA_ENGINE_GIVE_UP_SECS": "2"}.items():
         monkeypatch.setenv(name, value)
+    # progress to this test's stderr, not to the one an earlier session of this process kept
+    monkeypatch.setattr(progress, "_kept", None)
     make_task("one")
     make_task("two")
     run_file = tmp_path / "run.toml"

@@ -16,7 +16,7 @@ a warning about HEMRA's input is a `hemra: warning: ...` line; after Ctrl-C pyte
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -103,7 +103,8 @@ class TrialLines(pytest.TerminalReporter):  # type: ignore[misc]  # final: pytes
             report=report, config=self.config
         )
         self._add_stats(category, [report])
-        self._progress_nodeids_reported.add(report.nodeid)
+        # typed set[str] before pytest 9.2, set[NodeId] since
+        cast(Any, self._progress_nodeids_reported).add(report.nodeid)
         finished = report.when == "call" or (
             report.when == "setup" and report.outcome in ("failed", "skipped")
         )
