@@ -114,7 +114,9 @@ def test_every_task_image_is_built_at_resolve_several_at_once_before_any_trial(
     assert max(built) < run.created_at  # both built before the run was recorded
     assert max(built) < min(t.started_at for t in trials)
     assert abs(built[0] - built[1]) < 3  # at once: one after the other is 4 s apart at least
-    assert all(t.phases["image"] < 0.5 for t in trials), [t.phases for t in trials]
+    # no trial built its image (a build takes 4 s at least): its phase is the engine's answer
+    # that the image is there, slow only when the engine is busy (up to a second under load)
+    assert all(t.phases["image"] < 2.5 for t in trials), [t.phases for t in trials]
 
 
 def test_a_dry_run_lists_images_to_build_and_cached_ones_and_builds_nothing(
