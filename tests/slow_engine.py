@@ -2,7 +2,8 @@
 engine's, that holds back the answers to the first `slow_starts` container starts for `delay`
 seconds (the start itself reaches the engine at once, as on an overloaded engine that starts
 the container and answers late), and passes everything else through as it comes, pings
-included, and hijacked streams (an exec's attach) byte for byte.
+included, and hijacked streams (an exec's attach) byte for byte. It records every request
+line it passes (`requests`): with no slow starts, it is the engine's request counter.
 
 The Docker SDK asks one request at a time on a connection, so the answer that follows a start's
 request line on a connection is the start's."""
