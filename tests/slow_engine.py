@@ -57,6 +57,13 @@ class SlowEngine:
             self._loop.run_forever()
         finally:
             server.close()
+            # connections a client kept open: ended here, not left pending when the loop is
+            # collected ("Task was destroyed but it is pending!" at the session's exit)
+            pending = asyncio.all_tasks(self._loop)
+            for task in pending:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self._loop.close()
 
     async def _connection(
         self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter

@@ -9,6 +9,8 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 from conftest import TaskMaker, wait_for
 from pytest_hemra.core.lifecycle import RunStatus, TrialStatus
 from pytest_hemra.core.records import PlannedTrial
+from pytest_hemra.plugin.interrupt import Interrupts
 from pytest_hemra.store import Store
 from tests.test_runs import hemra_containers
 
@@ -220,3 +223,33 @@ def test_a_sandbox_that_comes_up_just_after_ctrl_c_is_removed_by_its_trial(
     assert (trial.outcome, trial.error) == ("cancelled", "interrupted (Ctrl-C)")
     assert "agent" not in store.trial_detail(trial.id).phases  # stopped before its agent ran
     assert hemra_containers(docker_client, run.id) == []
+
+
+def test_a_ctrl_c_landing_in_a_finaliser_is_delivered_again_and_not_printed() -> None:
+    """Ctrl-C reaches an xdist worker while its garbage collector runs a finaliser: the
+    KeyboardInterrupt cannot propagate from there (Python would print it as "Exception
+    ignored" and lose it). HEMRA's hook prints nothing and raises it again in the main thread;
+    any other unraisable exception goes on to the hook before it."""
+
+    class Finalised:
+        def __init__(self, error: type[BaseException]) -> None:
+            self.error = error
+
+        def __del__(self) -> None:
+            raise self.error("raised in a finaliser")
+
+    interrupts = Interrupts()
+    passed_on: list[Any] = []
+    interrupts.previous = passed_on.append
+    before = sys.unraisablehook
+    sys.unraisablehook = interrupts.hook
+    try:
+        Finalised(ValueError)  # collected at once: its finaliser runs here
+        assert [type(u.exc_value) for u in passed_on] == [ValueError]
+        with pytest.raises(KeyboardInterrupt):
+            Finalised(KeyboardInterrupt)
+            for _ in range(100):  # the main thread's next bytecodes
+                time.sleep(0.01)
+    finally:
+        sys.unraisablehook = before
+    assert len(passed_on) == 1

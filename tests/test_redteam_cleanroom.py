@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conftest import BASE_IMAGE, TaskMaker
+from conftest import BASE_IMAGE, TaskMaker, wait_for
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.execute.sandbox import AGENT_USER, ROOT_USER, Limits, SandboxRequest
 from pytest_hemra.execute.sandbox.docker import DockerProvider
@@ -267,7 +267,10 @@ def test_emptying_a_sandbox_leaves_only_a_fresh_init_whatever_ran_and_init_reaps
         run(AGENT_USER, fork_loop)
         assert len(processes()) > 4
         sandbox.empty()
-        assert sorted(comm for _, comm in processes()) == ["docker-init", "sleep"]
+        # started again: docker-init, then its child (the image's keep-alive) a moment later
+        fresh = ["docker-init", "sleep"]
+        wait_for(lambda: len(processes()) > 1, 10, "the fresh PID 1's child")
+        assert sorted(comm for _, comm in processes()) == fresh
         run(ROOT_USER, "(sleep 0.2 &); exit 0")  # its sleep: an orphan of PID 1's
         time.sleep(1)
         assert [stat for stat, _ in processes() if stat.startswith("Z")] == []

@@ -6,6 +6,7 @@ its `WorkerInteractor`:
 - `worker.py`: where trials run (an xdist worker; without xdist, the controller's process too);
 - `items.py`: the collectors and items both collect from the recorded plan;
 - `reporter.py`: `hemra run`'s output, a line per trial and the tables (`hemra run` registers it);
+- `interrupt.py`: a Ctrl-C that lands in a finaliser, delivered again instead of printed;
 - `protocol.py`: the run-test protocol of retries and finish order, the one module that goes past
   pytest's public API.
 
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from pytest_hemra.core.errors import HemraError
+from pytest_hemra.plugin.interrupt import INTERRUPTS, Interrupts
 from pytest_hemra.plugin.reporter import OUTPUT
 
 if TYPE_CHECKING:
@@ -52,6 +54,7 @@ def register(config: pytest.Config) -> None:
             from pytest_hemra.plugin.controller import open_controller
 
             manager.register(open_controller(config, plan), CONTROLLER)
+        manager.register(Interrupts(), INTERRUPTS)
     except HemraError as error:
         if manager.has_plugin(OUTPUT):  # `hemra run`: its refusals' one format, no blank lines
             print(f"hemra: {error}", file=sys.stderr)
