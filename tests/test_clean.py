@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import BASE_IMAGE
+from conftest import BASE_IMAGE, TaskMaker
 from pytest_hemra.cli import main
 from pytest_hemra.core.records import PlannedTrial
 from pytest_hemra.store import Store
@@ -87,3 +87,47 @@ def test_clean_lists_then_removes_only_what_no_live_trial_owns(
         assert not docker_client.networks.list(names=[network])
         listed_chains = subprocess.run(["iptables", "-S"], capture_output=True, text=True).stdout
         assert f"-N {chain}" not in listed_chains
+
+
+def test_a_run_network_the_engine_keeps_is_named_with_what_to_do_until_it_is_gone(
+    tmp_path: Path, docker_client: Any, make_task: TaskMaker
+) -> None:
+    """A run's network no sandbox of the run is on, which HEMRA cannot remove (a container not
+    HEMRA's sits on it): each runner's start tries again, and `hemra runs` and the viewer name
+    it with what to do; once freed, the next run's start removes it and the warning is gone."""
+    make_task("one")
+    (tmp_path / "run.toml").write_text('harnesses = ["oracle"]\ndatasets = ["ds"]\n')
+    old_run = f"kept-{uuid.uuid4().hex[:8]}"
+    network = docker_client.networks.create(
+        f"hemra-{old_run}", labels={"hemra": "1", "hemra.run": old_run}
+    )
+    squatter = docker_client.containers.run(
+        BASE_IMAGE, ["sleep", "infinity"], detach=True, network=network.name
+    )
+
+    def run_and_list() -> str:
+        for argv in (["run", "run.toml"], ["runs"]):
+            done = subprocess.run(
+                ["hemra", *argv, "--store", "s.db"], cwd=tmp_path, capture_output=True, text=True
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    try:
+        listed = run_and_list()
+        said = f"! the engine kept network {network.name}: containers not HEMRA's sit on it"
+        assert said in listed and f"({squatter.name})" in listed, listed
+        assert "docker network disconnect" in listed and "hemra clean" in listed
+        with Store(tmp_path / "s.db") as store:
+            assert store.engine_kept() == {
+                f"network {network.name}": listed.split(f"{network.name}: ", 1)[1].strip()
+            }
+        squatter.remove(force=True)  # what the warning says to do
+        listed = run_and_list()
+        assert "the engine kept" not in listed, listed
+        assert not docker_client.networks.list(names=[network.name])  # the next start's reap
+    finally:
+        with contextlib.suppress(Exception):
+            squatter.remove(force=True)
+        with contextlib.suppress(Exception):
+            network.remove()

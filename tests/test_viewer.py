@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO
+from pytest_hemra.core.events import ENGINE_KEPT
 from pytest_hemra.core.records import CallRow, PlannedTrial
 from pytest_hemra.report.tables import build_report, report_dict
 from pytest_hemra.store import Store
@@ -191,6 +192,17 @@ def test_runs_list_every_run_with_its_progress(fixture: Fixture, viewer: str) ->
     assert runs[fixture.done]["outcomes"] == {"fail": 3, "infra_error": 1, "pass": 8}
     assert runs[fixture.live]["progress"]["queued"] == 12 and runs[fixture.live]["is_active"]
     assert runs[fixture.done]["harnesses"] == HARNESSES and not runs[fixture.done]["is_active"]
+
+
+def test_the_runs_page_names_what_the_engine_kept_as_the_last_runner_found_it(
+    fixture: Fixture, viewer: str
+) -> None:
+    assert get(viewer, "/api/runs")[1]["engine_kept"] == {}
+    kept = {"network hemra-x": "containers not HEMRA's sit on it (web); disconnect them"}
+    fixture.store.record_event(fixture.done, None, ENGINE_KEPT, {"stuck": kept})
+    assert get(viewer, "/api/runs")[1]["engine_kept"] == kept
+    fixture.store.record_event(fixture.live, None, ENGINE_KEPT, {"stuck": {}})  # removed since
+    assert get(viewer, "/api/runs")[1]["engine_kept"] == {}
 
 
 def test_deselected_trials_are_not_counted_and_an_interrupted_run_says_what_is_left(
@@ -579,9 +591,15 @@ def cells(page: Any) -> list[str]:
 def test_runs_page_to_a_run_its_filtered_grid_and_a_trial(
     fixture: Fixture, viewer: str, page: Any, tmp_path: Path
 ) -> None:
+    kept = {"network hemra-x": "containers not HEMRA's sit on it (web); disconnect them"}
+    fixture.store.record_event(fixture.done, None, ENGINE_KEPT, {"stuck": kept})
     page.goto(viewer + "/")
     page.wait_for_selector(f'tr[data-run="{fixture.done}"]')
     assert page.text_content(f'tr[data-run="{fixture.done}"] .count-finished') == "12"
+    said = page.text_content("#engine-kept li") or ""
+    assert said == "the engine kept network hemra-x: containers not HEMRA's sit on it (web);" + (
+        " disconnect them"
+    )
     shot(page, tmp_path, "runs")
 
     page.click(f'tr[data-run="{fixture.done}"] a')

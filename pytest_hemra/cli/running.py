@@ -24,6 +24,7 @@ from pytest_hemra.core.errors import HemraError
 from pytest_hemra.core.lifecycle import RUN_WAITING, JobState, RunStatus, TrialStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.store_location import STORE_HELP, store_location
+from pytest_hemra.core.text import printable
 from pytest_hemra.core.words import plural
 from pytest_hemra.resolve.overrides import OVERRIDE_FLAGS, positive_int, read_overrides
 
@@ -134,7 +135,13 @@ def add_commands(commands: Commands) -> None:
     cancel.add_argument("--wait", type=float, default=10.0, help="seconds to wait for runners")
     cancel.set_defaults(handler=cancel_command)
 
-    runs = commands.add_parser("runs", help="list the runs in a store")
+    runs = commands.add_parser(
+        "runs",
+        help="list the runs in a store",
+        description="List the runs in a store; under the table, anything the engine kept that"
+        " HEMRA could not remove (a run's network), with what to do, as the last runner to"
+        " start found it.",
+    )
     add_store_argument(runs)
     runs.add_argument(
         "--format", choices=("table", "json"), default="table", help="json: a list, for scripts"
@@ -356,6 +363,8 @@ def runs_command(args: argparse.Namespace) -> int:
     print(fitted.text)
     if fitted.dropped:
         print(left_out_line(fitted.dropped, width))
+    for name, why in store.engine_kept().items():  # as the last runner to start found them
+        print(printable(f"! the engine kept {name}: {why}"))
     return 0
 
 

@@ -11,6 +11,8 @@ Kinds a runner writes while it waits out an outage (docs/runs.md, "Faults"):
 | `engine_busy` | engine, starts, error                  | answering pings, it did not answer a    |
 |               |                                        | start in time: `starts` in flight now   |
 | `store_wait`  | waited, error                          | a store write waited for space or lock  |
+| `engine_kept` | stuck: {network: what to do}           | a runner's start: what its engine kept  |
+|               |                                        | that HEMRA could not remove (or none)   |
 | `rerun`       | replaces, cause                        | run again without using up a retry      |
 | `retry`       | replaces                               | run again for its own infra_error       |
 
@@ -27,6 +29,7 @@ ENGINE_BACK = "engine_back"
 ENGINE_GONE = "engine_gone"
 ENGINE_BUSY = "engine_busy"
 STORE_WAIT = "store_wait"
+ENGINE_KEPT = "engine_kept"  # the last one says what the engine holds that HEMRA cannot remove
 RERUN = "rerun"
 RETRY = "retry"
 # written by the store itself

@@ -33,7 +33,7 @@ from pytest_hemra.core.errors import (
     HemraError,
     StoreUnavailable,
 )
-from pytest_hemra.core.events import ENGINE_BUSY
+from pytest_hemra.core.events import ENGINE_BUSY, ENGINE_KEPT
 from pytest_hemra.core.lifecycle import TAKEN, JobState, RunStatus
 from pytest_hemra.core.outcome import Cause, Outcome
 from pytest_hemra.core.records import UPSTREAM_REFUSED, TrialRecord
@@ -257,6 +257,14 @@ class Runner:
                     self.provider, self.store, engine_backoff(), engine_settle_secs()
                 )
                 watch.sweep()
+                # what the engine kept that the sweep could not remove, for `hemra runs` and
+                # the viewer (none: said too, the last runner's start is what they show)
+                kept = {"stuck": self.provider.kept()}
+                with contextlib.suppress(StoreUnavailable):
+                    durably(
+                        self.store,
+                        lambda: self.store.record_event(self.run.id, None, ENGINE_KEPT, kept),
+                    )
                 self.watch = watch.start()
             return self.watch
 

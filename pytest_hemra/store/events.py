@@ -1,5 +1,5 @@
-"""The events table read back: a trial's story (`hemra show`) and the runs waiting for an engine
-now (`hemra runs`, the viewer)."""
+"""The events table read back: a trial's story (`hemra show`), the runs waiting for an engine
+now and what an engine kept that HEMRA could not remove (`hemra runs`, the viewer)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from sqlalchemy import and_, exists, select
 
 from pytest_hemra.core.events import (
     ENGINE_DOWN,
+    ENGINE_KEPT,
     ENGINE_WAIT_ENDS,
     EngineWait,
     EventRecord,
@@ -40,6 +41,15 @@ class EventStore(StoreBase):
             )
             for row in rows
         ]
+
+    def engine_kept(self) -> dict[str, str]:
+        """What an engine kept that HEMRA could not remove, as the last runner to start found
+        it (each name with what to do); empty when it found nothing, or none said."""
+        e = events.c
+        query = select(e.data).where(e.kind == ENGINE_KEPT).order_by(e.id.desc()).limit(1)
+        with self._reading() as db:
+            data = db.execute(query).scalar_one_or_none()
+        return dict(json.loads(data).get("stuck") or {}) if data else {}
 
     def engine_waits(
         self, run_id: str | None = None, alive: Callable[[str | None], bool] = is_alive

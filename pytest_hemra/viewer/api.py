@@ -181,7 +181,9 @@ async def outcomes(request: web.Request) -> web.Response:
 
 
 async def runs(request: web.Request) -> web.Response:
-    return web.json_response({"runs": await viewer(request).pool.call(_runs)})
+    pool = viewer(request).pool
+    listed, kept = await pool.call(_runs), await pool.call(Store.engine_kept)
+    return web.json_response({"runs": listed, "engine_kept": kept})
 
 
 async def run(request: web.Request) -> web.Response:

@@ -295,6 +295,12 @@ class SandboxProvider(Protocol):
         `engine` by name, else any of its engines. Default: it always answers."""
         return None
 
+    def kept(self) -> dict[str, str]:
+        """What its engine kept that HEMRA could not remove when this process first reached it
+        (`gateway_host`): each object's name with what to do. Each runner's start tries
+        again. Default: nothing."""
+        return {}
+
     def remove_leftovers(self, is_over: Callable[[str], bool]) -> int:
         """Once its engine answers again (and before a runner's first trial): remove what it
         holds for trials that are over (`is_over`, by trial id); return how many sandboxes

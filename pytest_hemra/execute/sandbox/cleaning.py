@@ -17,26 +17,18 @@ Task images are a cache, not leftovers: they stay.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import docker.errors
 
 from pytest_hemra.execute.sandbox import firewall
 from pytest_hemra.execute.sandbox.leftovers import over_trials
 from pytest_hemra.execute.sandbox.networks import (
     GATEWAY_NETWORK,
+    RUN_LABEL,
     Networks,
     bridge_of,
     listening,
-)
-
-RUN_LABEL = "hemra.run"
-STUCK_NETWORK = (
-    "the engine refuses, holding an endpoint it no longer lists (a Docker fault under load);"
-    " restarting the Docker daemon clears it, and `hemra clean` then removes the network"
+    why_stuck,
 )
 
 
@@ -60,34 +52,18 @@ def clean(networks: Networks, is_over: Callable[[str], bool], *, dry_run: bool) 
     ]  # fmt: skip
     for network in client.networks.list(filters={"label": RUN_LABEL}):
         run_id = (network.attrs.get("Labels") or {}).get(RUN_LABEL)
-        if run_id and not _run_has_containers(client, run_id):
+        if run_id and not networks.run_has_containers(run_id):
             why = f"no sandbox of run {run_id} is on it"
             if not dry_run:
-                _drop_stale_endpoints(client, network)
+                networks.drop_stale_endpoints(network)
                 networks.remove_run_network(run_id)
-                if networks.find(network.name) is not None:
-                    found.append(Leftover("network", network.name, why, STUCK_NETWORK))
+                left = networks.find(network.name)
+                if left is not None:
+                    found.append(Leftover("network", network.name, why, why_stuck(left)))
                     continue
             found.append(Leftover("network", network.name, why))
     found += _firewall(networks, dry_run)
     return found
-
-
-def _run_has_containers(client: docker.DockerClient, run_id: str) -> bool:
-    filters = {"label": [f"{RUN_LABEL}={run_id}"]}
-    return bool(client.containers.list(all=True, filters=filters, sparse=True))
-
-
-def _drop_stale_endpoints(client: docker.DockerClient, network: Any) -> None:
-    """Disconnect, with force, the endpoints of containers that no longer exist."""
-    with contextlib.suppress(docker.errors.NotFound):
-        network.reload()
-    for endpoint, attached in (network.attrs.get("Containers") or {}).items():
-        try:
-            client.containers.get(endpoint)
-        except docker.errors.NotFound:
-            with contextlib.suppress(docker.errors.APIError):
-                network.disconnect(attached.get("Name") or endpoint, force=True)
 
 
 def _firewall(networks: Networks, dry_run: bool) -> list[Leftover]:

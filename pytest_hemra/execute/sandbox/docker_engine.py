@@ -107,9 +107,12 @@ class DockerEngine(SandboxProvider):
     def remove_leftovers(self, is_over: Callable[[str], bool]) -> int:
         """After an outage: what HEMRA left on this engine for trials that are over (`is_over`
         by trial id: their runner finished with them or is gone) removed, containers and
-        their services networks; what this process remembers of the engine found again."""
+        their services networks, and runs' networks no sandbox is on (what the engine keeps
+        anyway: `kept`); what this process remembers of the engine found again."""
         self.networks.forget()
-        return leftovers.remove(self.networks, is_over)
+        removed = leftovers.remove(self.networks, is_over)
+        self.networks.reap_run_networks()
+        return removed
 
     def clean(self, is_over: Callable[[str], bool], *, dry_run: bool) -> list[Leftover]:
         try:
@@ -137,6 +140,9 @@ class DockerEngine(SandboxProvider):
     def gateway_host(self) -> str | None:
         """The host side of every sandbox's network, where the gateway listens for them."""
         return self.networks.gateway_host()
+
+    def kept(self) -> dict[str, str]:
+        return {f"network {name}": why for name, why in self.networks.stuck.items()}
 
     def release(self, run_id: str, ports: Sequence[int]) -> None:
         """The gateway's `ports` closed again in the host firewall, and the run's network

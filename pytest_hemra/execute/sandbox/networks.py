@@ -33,6 +33,11 @@ NETWORK_LOCK_SECS = 120.0
 GATEWAY_NETWORK = "hemra-gateway"  # every sandbox of the engine: reaches the gateway, nothing else
 NETWORK_OPTIONS = {"com.docker.network.bridge.enable_icc": "false"}  # sandboxes never reach peers
 SERVICES_LABEL = "hemra.services"  # a trial's services network
+RUN_LABEL = "hemra.run"  # a run's network (`hemra-<run id>`), and its sandboxes
+STUCK_NETWORK = (
+    "the engine refuses, holding an endpoint it no longer lists (a Docker fault under load);"
+    " restarting the Docker daemon clears it, and `hemra clean` then removes the network"
+)
 
 
 class Networks:
@@ -46,6 +51,8 @@ class Networks:
         self._networks: dict[str, Any] = {}  # HEMRA's networks as this process last found them
         self._lock = threading.Lock()  # one of the process's threads looks one up
         self._admitted: set[tuple[str, str, int]] = set()  # (bridge, host, port) let in
+        # runs' networks the engine kept at this process's start, each with what to do
+        self.stuck: dict[str, str] = {}
 
     @property
     def client(self) -> docker.DockerClient:
@@ -62,13 +69,10 @@ class Networks:
     def gateway_host(self) -> str | None:
         """The host side of every sandbox's network, where the gateway listens for them:
         `hemra-gateway`'s (created when missing), else (a pool's engine) the default bridge's.
-        Runs' networks no sandbox uses any more, and gateway ports whose runner is gone (and
-        nothing listens on), are reaped meanwhile."""
+        Gateway ports whose runner is gone (and nothing listens on) are reaped meanwhile."""
         if self.own:
             try:
                 gateway = self.network(GATEWAY_NETWORK, internal=True, labels={})
-                for network in self.client.networks.list(filters={"label": "hemra.run"}):
-                    self.remove_run_network(network.attrs["Labels"]["hemra.run"])  # if empty
                 firewall.reap_admitted(bridge_of(gateway), listening)  # runners gone
                 return gateway_of(gateway)
             except DOCKER_ERRORS as error:
@@ -143,7 +147,7 @@ class Networks:
             if not locked:  # shared: sandboxes join at once; only its removal waits for them
                 lock = self.run_lock(run_id)
             name = run_network(run_id)
-            network = self.network(name, internal=False, labels={"hemra.run": run_id})
+            network = self.network(name, internal=False, labels={RUN_LABEL: run_id})
         admits = [(network, request.gateway_port), (network, request.proxy_port)]
         if network is not gateway:
             admits += [(gateway, request.proxy_port), (gateway, request.gateway_port)]
@@ -174,6 +178,42 @@ class Networks:
         except DOCKER_ERRORS as error:
             raise InfraError(f"docker: cannot release run {run_id}'s networks ({error})") from error
 
+    def reap_run_networks(self) -> None:
+        """Runs' networks no sandbox of their run sits on, removed; one the engine keeps is
+        tried again with its stale endpoints (containers gone) disconnected by force, and then
+        named in `stuck` with what to do (each runner's start tries again). Only on the
+        engine whose networks are HEMRA's (`own`)."""
+        self.stuck = {}
+        if not self.own:
+            return
+        for network in self.client.networks.list(filters={"label": RUN_LABEL}):
+            run_id = (network.attrs.get("Labels") or {}).get(RUN_LABEL)
+            if not run_id:
+                continue
+            self.remove_run_network(run_id)  # if no sandbox of its run is on it
+            if self.find(network.name) is None or self.run_has_containers(run_id):
+                continue  # removed, or in use
+            self.drop_stale_endpoints(network)
+            self.remove_run_network(run_id)
+            left = self.find(network.name)
+            if left is not None:
+                self.stuck[network.name] = why_stuck(left)
+
+    def run_has_containers(self, run_id: str) -> bool:
+        filters = {"label": [f"{RUN_LABEL}={run_id}"]}
+        return bool(self.client.containers.list(all=True, filters=filters, sparse=True))
+
+    def drop_stale_endpoints(self, network: Any) -> None:
+        """Disconnect, with force, the endpoints of containers that no longer exist."""
+        with contextlib.suppress(docker.errors.NotFound):
+            network.reload()
+        for endpoint, attached in (network.attrs.get("Containers") or {}).items():
+            try:
+                self.client.containers.get(endpoint)
+            except docker.errors.NotFound:
+                with contextlib.suppress(docker.errors.APIError):
+                    network.disconnect(attached.get("Name") or endpoint, force=True)
+
     def remove_run_network(self, run_id: str) -> None:
         name = run_network(run_id)
         with (
@@ -183,7 +223,7 @@ class Networks:
             network = self.find(name)
             if network is None or network.attrs.get("Containers"):
                 return
-            filters = {"label": [f"hemra.run={run_id}"]}
+            filters = {"label": [f"{RUN_LABEL}={run_id}"]}
             if self.client.containers.list(all=True, filters=filters, sparse=True):
                 return  # a sandbox of the run still exists (one cut off for its verifier, say)
             bridge = bridge_of(network)
@@ -213,13 +253,13 @@ class Networks:
     def join_egress(self, container: Any, request: SandboxRequest) -> None:
         """A service of a task with internet joins the run's own network (HEMRA's: firewalled,
         no inter-container traffic), else (an engine without HEMRA's networks) Docker's bridge."""
-        run_id = request.labels.get("hemra.run")
+        run_id = request.labels.get(RUN_LABEL)
         if not (self.own and run_id):
             self.client.networks.get("bridge").connect(container)
             return
         name = run_network(run_id)
         with self.run_lock(run_id):
-            network = self.network(name, internal=False, labels={"hemra.run": run_id})
+            network = self.network(name, internal=False, labels={RUN_LABEL: run_id})
             network.connect(container)
 
     def remove_services_networks(self, filters: list[str]) -> None:
@@ -265,3 +305,17 @@ def listening(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def why_stuck(network: Any) -> str:
+    """Why the engine keeps a run's network no sandbox of the run is on, and what to do."""
+    names = sorted(
+        attached.get("Name") or endpoint
+        for endpoint, attached in (network.attrs.get("Containers") or {}).items()
+    )
+    if names:
+        return (
+            f"containers not HEMRA's sit on it ({', '.join(names)}); disconnect them"
+            f" (`docker network disconnect {network.name} CONTAINER`), then `hemra clean`"
+        )
+    return STUCK_NETWORK

@@ -7,10 +7,12 @@ const COUNTS = ["queued", "running", "finished", "cancelled"];
 export async function showRuns(app) {
   const body = h("tbody");
   const message = h("div");
+  const kept = h("ul", { id: "engine-kept", class: "flags" });
   const confirming = new Set();
   clear(app,
     h("h1", {}, "Runs"),
     h("p", { class: "muted" }, "Every run in the store, newest first; progress updates by itself."),
+    kept,
     message,
     h("div", { class: "scroll" }, h("table", { id: "runs" },
       h("thead", {}, h("tr", {},
@@ -20,10 +22,13 @@ export async function showRuns(app) {
 
   let last = "";
   async function refresh() {
-    const { runs } = await api("/api/runs");
-    const seen = JSON.stringify(runs);
+    const { runs, engine_kept: stuck } = await api("/api/runs");
+    const seen = JSON.stringify([runs, stuck]);
     if (seen === last) return;
     last = seen;
+    // what the engine kept that HEMRA could not remove, with what to do (as `hemra runs` says)
+    clear(kept, Object.entries(stuck || {}).map(([name, why]) =>
+      h("li", {}, `the engine kept ${name}: ${why}`)));
     if (runs.length === 0) {
       clear(body, h("tr", {}, h("td", { colspan: 11, class: "muted" }, "No runs in this store yet.")));
       return;
