@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 # its agent calls the model directly, not through HEMRA's gateway, and runs in Harbor's own
@@ -160,7 +161,7 @@ class StoredPlan:
             return list(self.harness_names)
         return [self.baseline, *(h for h in self.harness_names if h != self.baseline)]
 
-    @property
+    @cached_property
     def run_reward_key(self) -> str | None:
         """The run file's `[report] reward_key`: the headline where `reward` is missing."""
         return _text(_mapping(self.settings.get("report")).get("reward_key"))

@@ -18,7 +18,7 @@ from pytest_hemra.core.records import UPSTREAM_REFUSED, TrialRecord
 from pytest_hemra.core.text import printable
 from pytest_hemra.core.usage import Usage, disagrees
 from pytest_hemra.core.words import plural
-from pytest_hemra.report.taskset import one_task_set
+from pytest_hemra.report.taskset import TaskSet, one_task_set
 
 # kinds said of a dataset's every trial, whichever table (one per model in a matrix) shows them
 WHOLE_DATASET = frozenset({"agent_user_differs", "agent_root", "no_headline", "processes_kept"})
@@ -43,16 +43,19 @@ def dataset_flags(
     model: str | None,
     unmetered: frozenset[str] = frozenset(),
     unisolated: frozenset[str] = frozenset(),
+    task_set: TaskSet | None = None,
 ) -> list[Flag]:
     """The flags a dataset's trials raise by themselves (statistics add `too_few_tasks`);
     `harnesses` are the table's rows, the baseline first; `unmetered` names the harnesses whose
     tokens the gateway cannot count, `unisolated` those whose agents ran outside HEMRA's sandbox
-    (`StoredPlan`). What several rows share (a cancel leaves every row short) is one line."""
+    (`StoredPlan`); `task_set`: the table's, found from these trials already (`one_task_set`).
+    What several rows share (a cancel leaves every row short) is one line."""
     counted = [t for t in trials if t.status != TrialStatus.DESELECTED]
     by_harness: dict[str, list[TrialRecord]] = defaultdict(list)
     for trial in counted:
         by_harness[trial.harness].append(trial)
-    flags = _unfinished(harnesses, by_harness) + _task_set(harnesses, by_harness)
+    found = task_set or one_task_set(by_harness, harnesses, 1)
+    flags = _unfinished(harnesses, by_harness) + _task_set(found)
     for harness in harnesses:
         mine = by_harness.get(harness, [])
         flags += _other_models(harness, mine, model)
@@ -186,11 +189,10 @@ def _unscoreable(harness: str, mine: list[TrialRecord]) -> list[Flag]:
     return [Flag("verifier_error", harness, message)]
 
 
-def _task_set(harnesses: Sequence[str], by_harness: dict[str, list[TrialRecord]]) -> list[Flag]:
+def _task_set(found: TaskSet) -> list[Flag]:
     """Tasks left out of every row's numbers (`taskset.py`): some row has a trial on them
     without a score (an infra_error past its retries, a cancel, a trial not yet run). One line
     for the table: which tasks, why, and how many the numbers are over."""
-    found = one_task_set(by_harness, harnesses, 1)
     if not found.left_out:
         return []
     alike: dict[tuple[str, ...], list[str]] = defaultdict(list)  # why -> its tasks

@@ -28,22 +28,41 @@ from pytest_hemra.report.stats import Estimate, mean_ci
 Named = Callable[[str], tuple[str, ...]]
 
 
+# each task's distinct key lists (the keys of a trial's rewards, in order) among its scored
+# trials, first seen first: what `extra_keys` and `headline_less` read (`reward_shapes`)
+Shapes = Mapping[str, Mapping[tuple[str, ...], None]]
+
+
+def reward_shapes(trials: Iterable[TrialRecord]) -> dict[str, dict[tuple[str, ...], None]]:
+    """Each task's scored trials' key lists, told apart once: a task's trials mostly write the
+    same keys, and which is the headline depends on the keys alone, not their values."""
+    found: dict[str, dict[tuple[str, ...], None]] = defaultdict(dict)
+    for trial in trials:
+        if trial.outcome in Outcome.SCORED:
+            found[trial.task][tuple(trial.rewards)] = None
+    return dict(found)
+
+
 def extra_keys(trials: Iterable[TrialRecord], named: Named) -> dict[str, list[str]]:
     """Each task's keys that are no trial's headline (nor `reward`), in the order first seen."""
-    seen: dict[str, dict[str, None]] = defaultdict(dict)
-    headlines: dict[str, set[str]] = defaultdict(set)
-    for trial in trials:
-        if trial.outcome not in Outcome.SCORED:
-            continue
-        seen[trial.task].update(dict.fromkeys(trial.rewards))
-        key = headline_key(trial.rewards, named(trial.task))
-        if key is not None:
-            headlines[trial.task].add(key)
-    found = {
-        task: [k for k in keys if k != HEADLINE and k not in headlines[task]]
-        for task, keys in seen.items()
-    }
-    return {task: keys for task, keys in found.items() if keys}
+    return shape_extra_keys(reward_shapes(trials), named)
+
+
+def shape_extra_keys(shapes: Shapes, named: Named) -> dict[str, list[str]]:
+    """`extra_keys` from the trials' `reward_shapes`."""
+    found = {}
+    for task, lists in shapes.items():
+        seen: dict[str, None] = {}
+        headlines = set()
+        for keys in lists:
+            seen.update(dict.fromkeys(keys))
+            key = headline_key(dict.fromkeys(keys, 0.0), named(task))
+            if key is not None:
+                headlines.add(key)
+        extra = [k for k in seen if k != HEADLINE and k not in headlines]
+        if extra:
+            found[task] = extra
+    return found
 
 
 def key_estimates(
@@ -63,10 +82,16 @@ def key_estimates(
 
 def headline_less(trials: Iterable[TrialRecord], named: Named) -> dict[str, list[str]]:
     """The tasks with a trial of several keys and no headline, each with its keys (sorted)."""
+    return shape_headline_less(reward_shapes(trials), named)
+
+
+def shape_headline_less(shapes: Shapes, named: Named) -> dict[str, list[str]]:
+    """`headline_less` from the trials' `reward_shapes`."""
     found: dict[str, set[str]] = defaultdict(set)
-    for trial in trials:
-        if trial.outcome in Outcome.SCORED and has_no_headline(trial.rewards, named(trial.task)):
-            found[trial.task].update(trial.rewards)
+    for task, lists in shapes.items():
+        for keys in lists:
+            if has_no_headline(dict.fromkeys(keys, 0.0), named(task)):
+                found[task].update(keys)
     return {task: sorted(keys) for task, keys in sorted(found.items())}
 
 

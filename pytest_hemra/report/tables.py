@@ -14,6 +14,7 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cache, cached_property, partial
 from typing import Any
 
 from pytest_hemra.core.errors import StoreError
@@ -31,11 +32,13 @@ from pytest_hemra.report.fairness import (
 )
 from pytest_hemra.report.rewardkeys import (
     Named,
-    extra_keys,
-    headline_less,
+    Shapes,
     key_estimates,
     key_trials,
     no_headline_flag,
+    reward_shapes,
+    shape_extra_keys,
+    shape_headline_less,
 )
 from pytest_hemra.report.stats import (
     Comparison,
@@ -232,9 +235,7 @@ def build_report(store: Store, run_id: str) -> RunReport:
         mine = [t for t in trials if t.dataset == name]
         attempts = max((t.attempt for t in mine), default=1)
 
-        def named(task: str, dataset: str = name) -> tuple[str, ...]:
-            return plan.reward_keys(dataset, task)
-
+        named: Named = cache(partial(plan.reward_keys, name))  # a task's, asked of every trial
         views = _views(plan, mine)
         tables = [
             _table(plan, name, entry.digest or "", len(entry.tasks), attempts, view, named)
@@ -265,6 +266,11 @@ class View:
     trials: list[TrialRecord]
     rows: list[str]
     model: str | None
+
+    @cached_property
+    def shapes(self) -> Shapes:
+        """Its tasks' reward key lists (`rewardkeys.reward_shapes`), read once a view."""
+        return reward_shapes(self.trials)
 
 
 def _views(plan: StoredPlan, trials: list[TrialRecord]) -> list[View]:
@@ -310,7 +316,11 @@ def _key_tables(
 ) -> list[DatasetReport]:
     """For the tasks without a headline (`rewardkeys.py`), one table a key and view: the
     harnesses compared on that key alone; the first table of the dataset gets the flag."""
-    tasks = headline_less((t for view in views for t in view.trials), named)
+    shapes: dict[str, dict[tuple[str, ...], None]] = defaultdict(dict)
+    for view in views:
+        for task, lists in view.shapes.items():
+            shapes[task].update(lists)
+    tasks = shape_headline_less(shapes, named)
     keys = sorted({key for names in tasks.values() for key in names})
     tables = []
     for view in views:
@@ -343,7 +353,7 @@ def _table(
     baseline = view.rows[0] if view.rows else ""
     found = one_task_set(groups, view.rows, attempts)
     base_rewards = by_task([t for t in groups[baseline] if t.task in found.counted])
-    extras = extra_keys(view.trials, named)
+    extras = shape_extra_keys(view.shapes, named)
     rows = [
         summarize(groups[h], h, attempts, None if h == baseline else base_rewards, found, extras)
         for h in view.rows
@@ -351,9 +361,9 @@ def _table(
     mine = [t for h in view.rows for t in groups[h]]
     unmetered = plan.unmetered if view.axis == "harness" else frozenset()
     unisolated = plan.unisolated if view.axis == "harness" else frozenset()
-    flags = dataset_flags(mine, view.rows, view.model, unmetered, unisolated)
+    flags = dataset_flags(mine, view.rows, view.model, unmetered, unisolated, found)
     flags += [flag for row in rows if (flag := too_few_tasks(row)) is not None]
-    without = headline_less(view.trials, named)
+    without = shape_headline_less(view.shapes, named)
     if without:
         flags.append(no_headline_flag(without, plan.run_reward_key))
     left_out = {task: list(why) for task, why in sorted(found.left_out.items())}

@@ -11,7 +11,7 @@ harness leaves in its sandbox takes a task out.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -35,21 +35,21 @@ def one_task_set(
     rows: Mapping[str, Sequence[TrialRecord]], names: Sequence[str], attempts: int
 ) -> TaskSet:
     """The table's task set from its rows' trials (`names` are the rows, in order)."""
-    ran: dict[str, set[str]] = defaultdict(set)  # task -> the rows with a trial on it
+    ran: dict[str, set[str]] = {}  # row -> the tasks it has a trial on
+    scored: dict[str, Counter[str]] = {}  # row -> task -> scored trials
     why: dict[str, list[str]] = defaultdict(list)
-    scored: dict[tuple[str, str], int] = defaultdict(int)  # (row, task) -> scored trials
     for name in names:
-        for trial in rows.get(name, []):
-            if trial.status == TrialStatus.DESELECTED:
-                continue
-            ran[trial.task].add(name)
+        mine = [t for t in rows.get(name, ()) if t.status != TrialStatus.DESELECTED]
+        ran[name] = {t.task for t in mine}
+        scored[name] = Counter(t.task for t in mine if t.outcome in Outcome.SCORED)
+        for trial in mine:
             if trial.outcome in Outcome.SCORED:
-                scored[name, trial.task] += 1
-            elif (reason := f"{name} {trial.outcome or trial.status}") not in why[trial.task]:
+                continue
+            if (reason := f"{name} {trial.outcome or trial.status}") not in why[trial.task]:
                 why[trial.task].append(reason)
-    every_task = sorted(ran)
+    every_task = sorted(set[str]().union(*ran.values()))
     for task in every_task:
-        why[task] += [f"{name} not run" for name in names if name not in ran[task]]
+        why[task] += [f"{name} not run" for name in names if task not in ran[name]]
     kept = frozenset(task for task in every_task if not why[task])
-    full = frozenset(t for t in kept if all(scored[name, t] >= attempts for name in names))
+    full = frozenset(t for t in kept if all(scored[name][t] >= attempts for name in names))
     return TaskSet(kept, {task: tuple(why[task]) for task in every_task if why[task]}, full)
