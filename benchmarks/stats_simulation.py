@@ -16,7 +16,8 @@ datasets and computes, as a report does:
   model + task + task x cell, with harness effects -0.5, 0, 0.5 (variance 1/6), model effects
   -0.3, 0, 0.3 (variance 0.06), no harness x model interaction, task sd 1 and task x cell sd 0.5
   (variance 0.25). Each component `variance.decompose` reports, as a ratio of its true variance
-  (1.00 unbiased), averaged over the runs; the interaction (true 0) as its mean estimate.
+  (1.00 unbiased), averaged over the runs; the interaction (true 0) as its mean estimate; and
+  beside each, the share of runs whose 95% interval holds the true value (nominal 95%).
 
 Difficulty, a task's chance of passing: Beta(1, 1) (uniform), Beta(0.5, 2) (skewed: most tasks
 hard; mean 0.2), Beta(0.3, 0.3) (bimodal: tasks mostly easy or hard), or the logistic of
@@ -46,7 +47,6 @@ from pytest_hemra.report.variance import Observation, decompose
 
 LEVEL = 0.05
 EFFECT = 0.2  # the share of b's failures a fixes in the effect datasets
-LOGISTIC_VARIANCE = math.pi**2 / 3
 HARNESS_EFFECTS = np.array([-0.5, 0.0, 0.5])
 MODEL_EFFECTS = np.array([-0.3, 0.0, 0.3])
 TASK_SD, CELL_SD = 1.0, 0.5
@@ -112,25 +112,34 @@ def simulate(cell: Cell, datasets: int, runs: int, seed: int) -> list[str]:
 
 
 def _components(cell: Cell, runs: int, rng: np.random.Generator) -> list[str]:
-    """Each component's mean estimate over its truth, the interaction's mean estimate, and how
-    many runs were not fitted."""
-    found: dict[str, list[float]] = {name: [] for name in [*TRUE_VARIANCE, "harness:model"]}
+    """Each component's mean estimate over its truth and the share of runs whose 95% interval
+    holds the truth; the interaction's mean estimate and coverage (truth 0); and how many runs
+    were not fitted."""
+    truth = {**TRUE_VARIANCE, "harness:model": 0.0}
+    found: dict[str, list[float]] = {name: [] for name in truth}
+    held: dict[str, list[bool]] = {name: [] for name in truth}
     unfitted = 0
     for _ in range(runs):
         report = decompose(_run(rng, cell.tasks, cell.attempts), "h0", "m0")
         if report.note is not None:
             unfitted += 1
             continue
-        latent_total = LOGISTIC_VARIANCE / report.shares["residual"]
         for name, values in found.items():
-            if name in report.shares:
-                values.append(report.shares[name] * latent_total)
-    ratios = [
-        f"{np.mean(found[name]) / truth:.2f}" if found[name] else "-"
-        for name, truth in TRUE_VARIANCE.items()
-    ]
-    interaction = f"{np.mean(found['harness:model']):.3f}" if found["harness:model"] else "-"
-    return [*ratios, interaction, str(unfitted)]
+            if name in report.variances:
+                values.append(report.variances[name])
+            if name in report.intervals:
+                low, high = report.intervals[name]
+                held[name].append(low <= truth[name] <= high)
+    cells = []
+    for name, value in truth.items():
+        if not found[name]:
+            cells.append("-")
+            continue
+        mean = np.mean(found[name])
+        estimate = f"{mean / value:.2f}" if value else f"{mean:.3f}"
+        cover = f" / {100 * np.mean(held[name]):.0f}%" if held[name] else ""
+        cells.append(estimate + cover)
+    return [*cells, str(unfitted)]
 
 
 def _run(rng: np.random.Generator, tasks: int, attempts: int) -> list[Observation]:
@@ -194,17 +203,18 @@ def main() -> None:
         "null p<.05 %",
         "effect CI covers %",
         "pass@k bias pt",
-        "harness var",
-        "model var",
-        "task var",
-        "cell var",
-        "h:m var (0)",
+        "harness var / cov.",
+        "model var / cov.",
+        "task var / cov.",
+        "cell var / cov.",
+        "h:m var (0) / cov.",
         "unfit",
     ]
     print(
         f"pass/fail rewards, {args.datasets} datasets a cell ({args.runs} variance runs a"
         " logit-normal cell; a variance as its mean estimate over its truth, harness x model as"
-        " its mean estimate, truth 0; unfit: runs with no fit)"
+        " its mean estimate, truth 0; cov.: the share of runs whose 95% interval holds the truth;"
+        " unfit: runs with no fit)"
     )
     print(tabulate(rows, headers=headers, disable_numparse=True))
     print(f"{time.perf_counter() - started:.1f} s")

@@ -353,7 +353,7 @@ def test_a_pair_without_enough_tasks_leaves_out_the_interaction_not_the_fit() ->
     ]  # fmt: skip
 
 
-def test_the_rendering_names_method_shares_and_each_coefficient() -> None:
+def test_the_rendering_names_method_each_source_and_each_coefficient() -> None:
     report = decompose(
         simulate(tasks=12, attempts=2, pass_fail=False, task_sd=0.2, noise_sd=0.1),
         "base",
@@ -363,15 +363,85 @@ def test_the_rendering_names_method_shares_and_each_coefficient() -> None:
     lines = render_variance(report)
 
     assert lines[0] == f"Where the variance comes from (144 trials, 12 tasks): {report.method}"
-    assert lines[1].startswith("  shares of the variance: harness ")
-    assert lines[1].count("%") == len(report.shares)
-    assert lines[2] == (
+    assert lines[1] == "  source               share  variance  95% interval"
+    sources = lines[2 : 2 + len(report.shares)]
+    assert [line.split()[0] for line in sources] == list(report.shares)
+    assert all(line.split()[1].endswith("%") for line in sources)
+    # the linear model's fixed sources have intervals (from the effects' covariance), its
+    # random ones none
+    assert sources[0].split()[3].startswith("[")
+    assert sources[-1].endswith("  none")
+    assert lines[2 + len(report.shares)] == (
         "  too few levels to estimate a variance beyond those run: model (its share describes"
         " them only)"
     )
-    assert len(lines) == 3 + len(report.coefficients)
-    assert lines[3].split()[0] == "harness[fast]"
-    assert lines[3].split()[2].startswith("[")
+    assert len(lines) == 3 + len(report.shares) + len(report.coefficients)
+    assert lines[-len(report.coefficients)].split()[0] == "harness[fast]"
+    assert lines[-len(report.coefficients)].split()[2].startswith("[")
+
+
+def test_the_binomial_rendering_gives_every_component_its_interval_within_100_columns() -> None:
+    report = decompose(
+        simulate(tasks=30, attempts=3, pass_fail=True, task_sd=1.0, cell_sd=0.5, scale=5),
+        "base",
+        "small",
+    )
+
+    lines = render_variance(report)
+
+    rows = {line.split()[0]: line for line in lines[2 : 2 + len(report.shares)]}
+    for name in ("harness", "model", "harness:model", "task", "task:harness:model"):
+        low, high = report.intervals[name]
+        assert rows[name].endswith(f"  [{low:.3g}, {high:.3g}]"), name
+        assert f"  {report.variances[name]:.3g}  " in rows[name], name
+    assert rows["residual"].endswith("  none: the logistic's pi^2/3")
+    assert max(len(line) for line in lines[1:]) < 100
+
+
+def test_binomial_intervals_hold_the_true_components_of_seeded_runs() -> None:
+    """Twelve seeded runs of known components (3 harnesses x 2 models, 60 tasks, 4 attempts):
+    a 95% interval holds its truth in about 11.4 of them, so at least 10 (the chance of 9 or
+    fewer is 3%), and each interval brackets its own estimate."""
+    truths = {
+        "harness": float(np.var([0.0, 0.75, -0.5])),  # 5 x HARNESS_EFFECT
+        "model": float(np.var([0.0, 0.5])),
+        "task": 1.0,
+        "task:harness:model": 0.25,
+    }
+    held = dict.fromkeys(truths, 0)
+    for seed in range(12):
+        observations = simulate(
+            tasks=60, attempts=4, pass_fail=True, task_sd=1.0, cell_sd=0.5, scale=5, seed=seed
+        )
+        report = decompose(observations, "base", "small")
+
+        assert report.note is None
+        for name, truth in truths.items():
+            low, high = report.intervals[name]
+            assert low <= report.variances[name] <= high, (seed, name)
+            held[name] += low <= truth <= high
+    assert min(held.values()) >= 10, held
+
+
+def test_the_harness_variance_is_the_plug_in_one_less_the_noise_of_its_estimates() -> None:
+    """With every harness the same, the variance of the estimated harness effects (the plug-in
+    estimate) is their noise alone: the reported variance takes it off."""
+    plug_ins, reported = [], []
+    for seed in range(8):
+        report = decompose(
+            simulate(tasks=20, attempts=2, pass_fail=True, task_sd=1.0, scale=0.0, seed=seed),
+            "base",
+            "small",
+        )
+        estimates = [0.0] + [
+            c.estimate for c in report.coefficients if c.term in ("harness[fast]", "harness[slow]")
+        ]
+        plug_ins.append(float(np.var(estimates)))
+        reported.append(report.variances["harness"])
+        assert report.intervals["harness"][0] == 0.0  # a harness variance of 0 is not ruled out
+
+    assert all(r < p for r, p in zip(reported, plug_ins, strict=True))
+    assert np.mean(reported) < 0.6 * np.mean(plug_ins)  # 0.031 against 0.058
 
 
 def test_binomial_fit_reports_the_task_by_cell_component_it_was_given() -> None:

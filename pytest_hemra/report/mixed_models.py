@@ -8,7 +8,9 @@ the trials themselves, so 150,000 trials fit in a fraction of a second:
   approximation with numpy alone (`_fit_binomial`): the task sd maximises the approximate
   marginal likelihood, the effects and task intercepts are their joint mode given it; the
   intervals come from the likelihood's curvature there, widened for overdispersion, and the
-  task x harness x model variance is the overdispersion's method-of-moments estimate.
+  task x harness x model variance is the overdispersion's method-of-moments estimate. The task
+  variance's interval is the profile of that likelihood, the cell term's a Wald interval on
+  its moment estimate.
 - **fractional rewards**: a linear mixed model (statsmodels `MixedLM`, REML) on the cells'
   means, with the trial-to-trial variance taken from the spread inside the cells. With the same
   number of attempts in every cell this is exactly the REML fit of the model with a random
@@ -23,7 +25,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +36,11 @@ Ints = npt.NDArray[np.intp]
 LOGISTIC_VARIANCE = math.pi**2 / 3  # the latent residual of a logit model (Nakagawa 2013)
 PRIOR_SD_EFFECT = 10.0  # a fixed effect's prior sd in log-odds: weak, odds of e^20 within 2 sd
 ATTENUATION = 16 * math.sqrt(3) / (15 * math.pi)  # the logistic as a scaled normal, c
+PROFILE_DROP = 1.920729  # half chi-square(1)'s 95% point: a profile interval's log-likelihood drop
+NORMAL_QUANTILE = 1.959964  # the normal's 97.5% point
+PROFILE_FIRST_STEP = 0.25  # the profile interval's first step from the estimate, in log sd
+PROFILE_TOLERANCE = 0.02  # an end's signed root of twice the drop within this of the target
+PROFILE_STEPS = 8
 MAX_TASK_SD = 20.0  # the widest task sd in log-odds the binomial fit looks at
 UNBOUNDED_SD = PRIOR_SD_EFFECT / 2  # a posterior sd this wide means the data do not bound it
 SINGULAR_TASK_SD = 1e-3  # a task sd below this on the log-odds scale: the tasks collapsed
@@ -68,6 +75,8 @@ class Fit:
     # what the fixed effects' variances are multiplied by to be on the random terms' scale
     # (binomial with a cell term: the effects are fitted averaged over it, hence shrunk)
     effect_scale: float = 1.0
+    # a random variance's 95% interval (binomial: task, task:harness:model); none for the rest
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 class Unfitted(Exception):
@@ -180,7 +189,7 @@ def _fit_binomial(cells: Cells) -> Fit:
         options={"xatol": 1e-4},
     )  # fmt: skip
     log_sd = float(found.x)
-    best.evaluate(log_sd)
+    peak = best.evaluate(log_sd)
     task_sd = math.exp(log_sd)
     if task_sd < SINGULAR_TASK_SD:
         raise Unfitted("the binomial mixed model came out singular: the task variance is 0")
@@ -226,7 +235,57 @@ def _fit_binomial(cells: Cells) -> Fit:
         random["task:harness:model"] = cell_variance
     random["residual"] = LOGISTIC_VARIANCE
     covariance = covariance * dispersion
-    return Fit(method, best.effects.copy(), covariance, df, random, effect_scale)
+    effects = best.effects.copy()
+    sd_low, sd_high = _profile_interval(best, log_sd, peak, (low, high))
+    intervals = {"task": (sd_low**2 * effect_scale, sd_high**2 * effect_scale)}
+    if repeated:
+        # Pearson's statistic is a sum over tasks, which are independent: the spread of the
+        # tasks' sums gives its standard error, and the method of moments turns it into one for
+        # tau^2 (a Wald interval, clipped at 0 like the estimate)
+        by_task = np.where(present, (grid.passes - grid.trials * chance) ** 2, 0.0)
+        by_task = (by_task / np.where(present, grid.trials * chance * (1 - chance), 1.0)).sum(1)
+        spread_pearson = math.sqrt(float(by_task.var(ddof=1)) * by_task.size)
+        half = NORMAL_QUANTILE * spread_pearson / (df * float(np.mean((n - 1) * spread)))
+        raw = (pearson / df - 1) / float(np.mean((n - 1) * spread))
+        intervals["task:harness:model"] = (max(raw - half, 0.0), max(raw + half, 0.0))
+    return Fit(method, effects, covariance, df, random, effect_scale, intervals)
+
+
+def _profile_interval(
+    fit: _LaplaceFit, log_sd: float, peak: float, bounds: tuple[float, float]
+) -> tuple[float, float]:
+    """The task sd's 95% profile-likelihood interval: the sds whose Laplace log-likelihood
+    (the effects and task intercepts at their mode for each) is within PROFILE_DROP of its
+    peak, the chi-square(1) cut-off.
+
+    Each end is found by the secant method on the signed root of twice the drop, which is
+    nearly linear in log sd (exactly so where the likelihood is quadratic): three or four fits,
+    each warm-started from the last. An end the likelihood does not drop by that much within
+    the bounds the fit looks in is that bound (the lower one read as 0)."""
+    target = math.sqrt(2 * PROFILE_DROP)  # the normal's 97.5% point
+
+    def signed_root(x: float) -> float:
+        return math.sqrt(max(2 * (peak - fit.evaluate(x)), 0.0))
+
+    ends = []
+    for bound in bounds:
+        last, last_root = log_sd, 0.0
+        x = log_sd + math.copysign(PROFILE_FIRST_STEP, bound - log_sd)
+        for _ in range(PROFILE_STEPS):
+            x = min(max(x, bounds[0]), bounds[1])
+            root = signed_root(x)
+            if abs(root - target) < PROFILE_TOLERANCE:
+                break
+            if x == bound and root < target:
+                x = -math.inf if bound < log_sd else bound
+                break
+            if abs(root - last_root) > 1e-9:
+                step = (target - root) * (x - last) / (root - last_root)
+            else:  # flat so far: go twice as far out
+                step = x - last
+            last, last_root, x = x, root, x + step
+        ends.append(math.exp(x))
+    return ends[0], ends[1]
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ for it, their interaction) as fixed effects and the task as a random intercept, 
 per-cell sufficient statistics (`mixed_models.py` holds the fits: a Laplace fit in numpy for
 pass/fail rewards, statsmodels' MixedLM for fractional ones); `docs/reports.md` ("Where the
 variance comes from") states the method and its assumptions. Here: checking the design,
-summing the trials per cell, and turning a fit into coefficients, shares and text. Pure
+summing the trials per cell, and turning a fit into coefficients, shares, intervals and text. Pure
 functions over plain values, like `stats`: nothing here reads the store.
 
 scipy is imported inside the function that uses it: every process that reads a report imports
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -35,6 +35,7 @@ from pytest_hemra.report.mixed_models import (
 
 CONFIDENCE = 0.95
 MIN_DF = 2  # a fixed source of fewer degrees of freedom (levels - 1) is flagged as too few
+DRAWS = 2000  # draws of the fixed effects behind a fixed source's interval
 
 
 class Observation(NamedTuple):
@@ -82,6 +83,13 @@ class VarianceReport:
     # fixed sources in `shares` from too few levels (2 harnesses) to estimate a variance
     # beyond those levels: their share describes the levels run, nothing more
     too_few_levels: tuple[str, ...] = ()
+    # each source's variance, whose share of their total is `shares`: on the latent log-odds
+    # scale for the binomial model, the reward's for the linear one
+    variances: dict[str, float] = field(default_factory=dict)
+    # a 95% interval for a source's variance, on the scale of `variances`: every fixed source;
+    # the random ones where the fit gives one (binomial: task, task:harness:model); none for
+    # the residual (binomial: fixed at pi^2/3; linear: not computed)
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def is_fitted(self) -> bool:
@@ -105,9 +113,18 @@ def decompose(
     try:
         cells = _summarize(observations, baseline_harness, baseline_model, min_tasks, is_pass_fail)
         fit = fit_model(cells, is_pass_fail)
-        shares, too_few = _shares(cells, fit)
+        found = _components(cells, fit)
+        total = sum(found.variances.values())
         report = VarianceReport(
-            fit.method, n_trials, n_tasks, _coefficients(cells, fit), shares, None, too_few
+            fit.method,
+            n_trials,
+            n_tasks,
+            _coefficients(cells, fit),
+            {name: variance / total for name, variance in found.variances.items()},
+            None,
+            found.too_few,
+            found.variances,
+            found.intervals,
         )
     except Unfitted as why:
         return VarianceReport(model_kind(is_pass_fail), n_trials, n_tasks, (), {}, note=str(why))
@@ -115,13 +132,19 @@ def decompose(
 
 
 def render_variance(report: VarianceReport) -> list[str]:
-    """A few lines for a text report: the method, the shares, the coefficients; or the note."""
+    """A few lines for a text report: the method; each source's share, variance and 95%
+    interval, one a line; the sources with too few levels; the coefficients. Or the note."""
     counts = f"{plural(report.n_trials, 'trial')}, {plural(report.n_tasks, 'task')}"
     head = f"Where the variance comes from ({counts})"
     if report.note is not None:
         return [f"{head}: not fitted: {report.note}"]
-    shares = ", ".join(f"{name} {share:.1%}" for name, share in report.shares.items())
-    lines = [f"{head}: {report.method}", f"  shares of the variance: {shares}"]
+    lines = [f"{head}: {report.method}"]
+    width = max(len(name) for name in report.shares)
+    lines.append(f"  {'source':<{width}}   share  variance  95% interval")
+    for name, share in report.shares.items():
+        variance = report.variances.get(name)
+        shown = "" if variance is None else f"{variance:.3g}"
+        lines.append(f"  {name:<{width}}  {share:6.1%}  {shown:>8}  {_interval(report, name)}")
     if report.too_few_levels:
         names = ", ".join(report.too_few_levels)
         lines.append(
@@ -133,6 +156,15 @@ def render_variance(report: VarianceReport) -> list[str]:
         p = "p<0.001" if c.p_value < 0.001 else f"p={c.p_value:.3f}"
         lines.append(f"  {c.term:<{width}}  {c.estimate:+.3f}  [{c.low:+.3f}, {c.high:+.3f}]  {p}")
     return lines
+
+
+def _interval(report: VarianceReport, name: str) -> str:
+    if name in report.intervals:
+        low, high = report.intervals[name]
+        return f"[{low:.3g}, {high:.3g}]"
+    if name == "residual" and report.method.startswith("binomial"):
+        return "none: the logistic's pi^2/3"
+    return "none"
 
 
 def _summarize(
@@ -288,17 +320,32 @@ def _coefficients(cells: Cells, fit: Fit) -> tuple[Coefficient, ...]:
     return tuple(coefficients)
 
 
-def _shares(cells: Cells, fit: Fit) -> tuple[dict[str, float], tuple[str, ...]]:
+@dataclass(frozen=True)
+class _Components:
+    """Each source's variance, the fixed ones from too few levels, and the 95% intervals."""
+
+    variances: dict[str, float]
+    too_few: tuple[str, ...]
+    intervals: dict[str, tuple[float, float]]
+
+
+def _components(cells: Cells, fit: Fit) -> _Components:
     """The fixed effects' variance over the harness x model grid (each pair weighing the
-    same), split into harness, model and interaction parts, beside the random variances; and
-    the fixed sources with too few levels to estimate a variance from.
+    same), split into harness, model and interaction parts, beside the random variances; the
+    fixed sources with too few levels to estimate a variance from; and the 95% intervals.
 
     A fixed part's plug-in variance, the mean square of its estimated effects, is too large by
     their estimation noise, the mean of their variances (from the fit's covariance): that is
     taken off (at least 0 remains), so the estimate is unbiased to first order whatever the
     number of tasks. A source of fewer than MIN_DF degrees of freedom (two harnesses: one
     difference) is named as well: its share describes those levels, and says nothing of a
-    variance across harnesses (or models) beyond them."""
+    variance across harnesses (or models) beyond them.
+
+    A fixed part's interval: the draws' 2.5% and 97.5% points of the same estimate computed on
+    DRAWS of the effects from their fitted normal distribution (no refitting), each draw's less
+    the noise twice: a draw's mean square is the estimates' plus their noise again, so taking
+    it off twice centres the draws on the estimate (clipped at 0 like it). Seeded, so a report
+    reads the same every time."""
     grid = _grid(cells)  # (harness, model, effect)
     by_harness = grid.mean(axis=1)
     by_model = grid.mean(axis=0)
@@ -309,7 +356,9 @@ def _shares(cells: Cells, fit: Fit) -> tuple[dict[str, float], tuple[str, ...]]:
         ("model", n_m > 1, n_m - 1, by_model - by_model.mean(axis=0)),
         ("harness:model", cells.has_interaction, (n_h - 1) * (n_m - 1), interplay),
     ]
+    draws = _draws(fit)
     variances: dict[str, float] = {}
+    intervals: dict[str, tuple[float, float]] = {}
     too_few = []
     for name, is_present, df, rows in sources:
         if not is_present:
@@ -320,8 +369,20 @@ def _shares(cells: Cells, fit: Fit) -> tuple[dict[str, float], tuple[str, ...]]:
         plug_in = float(np.mean((maps @ fit.effects) ** 2))
         noise = float(np.mean(np.einsum("ij,jk,ik->i", maps, fit.covariance, maps)))
         variances[name] = max(plug_in - noise, 0.0) * fit.effect_scale
+        drawn = np.mean((draws @ maps.T) ** 2, axis=1) - 2 * noise
+        ends = np.percentile(drawn, [50 * (1 - CONFIDENCE), 50 * (1 + CONFIDENCE)])
+        low, high = np.maximum(ends, 0.0) * fit.effect_scale
+        intervals[name] = (float(low), float(high))
     variances.update(fit.random)
-    total = sum(variances.values())
-    if not total > 0:
+    intervals.update(fit.intervals)
+    if not sum(variances.values()) > 0:
         raise Unfitted("the fitted variances are all 0: nothing to share out")
-    return {name: variance / total for name, variance in variances.items()}, tuple(too_few)
+    return _Components(variances, tuple(too_few), intervals)
+
+
+def _draws(fit: Fit) -> Floats:
+    """DRAWS samples of the fixed effects from N(effects, covariance), one a row."""
+    eigenvalues, eigenvectors = np.linalg.eigh(fit.covariance)
+    root = eigenvectors * np.sqrt(np.clip(eigenvalues, 0.0, None))
+    normal = np.random.default_rng(0).standard_normal((DRAWS, fit.effects.size))
+    return np.asarray(fit.effects + normal @ root.T, dtype=np.float64)
