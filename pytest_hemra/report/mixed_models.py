@@ -41,6 +41,8 @@ NORMAL_QUANTILE = 1.959964  # the normal's 97.5% point
 PROFILE_FIRST_STEP = 0.25  # the profile interval's first step from the estimate, in log sd
 PROFILE_TOLERANCE = 0.02  # an end's signed root of twice the drop within this of the target
 PROFILE_STEPS = 8
+NULL_CELLS = 40_000  # cells drawn in all for Pearson's expectation with no cell term
+NULL_NEWTON_STEPS = 6
 MAX_TASK_SD = 20.0  # the widest task sd in log-odds the binomial fit looks at
 UNBOUNDED_SD = PRIOR_SD_EFFECT / 2  # a posterior sd this wide means the data do not bound it
 SINGULAR_TASK_SD = 1e-3  # a task sd below this on the log-odds scale: the tasks collapsed
@@ -206,11 +208,11 @@ def _fit_binomial(cells: Cells) -> Fit:
     # The attempts of one cell can agree more than a binomial allows (a task that suits a
     # harness): the task x harness x model component. A cell term of variance tau^2 on the
     # log-odds multiplies a cell's expected squared Pearson residual by about
-    # 1 + tau^2 (n - 1) p (1 - p) (delta method), and the fit takes its share df / cells of
-    # both parts alike, so Pearson's statistic over df is about 1 + tau^2 times the cells'
-    # mean of (n - 1) p (1 - p): a method of moments for tau^2. The same statistic over df
-    # widens the intervals, as a quasi-binomial model does (Williams 1982). One attempt per
-    # cell has no such spread.
+    # 1 + tau^2 (n - 1) p (1 - p) (delta method), and the fit takes the same share of both
+    # parts, so Pearson's statistic over its expectation with no cell term is about 1 + tau^2
+    # times the cells' mean of (n - 1) p (1 - p): a method of moments for tau^2. The
+    # statistic over df widens the intervals, as a quasi-binomial model does (Williams 1982).
+    # One attempt per cell has no such spread.
     k = grid.pair_design.shape[1]
     df = _residual_df(cells, k)
     chance, present = best.chance, grid.trials > 0
@@ -222,9 +224,13 @@ def _fit_binomial(cells: Cells) -> Fit:
     method += " task as random intercept)"
     if dispersion > 1:
         method += f"; intervals widened x{math.sqrt(dispersion):.2f} for overdispersion"
-    cell_variance = 0.0
-    if repeated:
-        cell_variance = max((pearson / df - 1) / float(np.mean((n - 1) * spread)), 0.0)
+    # Pearson's statistic with no cell term runs below df (the fit bends most to the cells with
+    # few passes or failures), by as much as the cell term adds with few attempts: its
+    # expectation with none is read from draws of the fitted model instead (`_null_pearson`)
+    null = _null_pearson(grid, best, log_sd) if repeated else df
+    moment = float(np.mean((n - 1) * spread))
+    raw = (pearson / null - 1) / moment
+    cell_variance = max(raw, 0.0) if repeated else 0.0
     # A cell term the model leaves out shrinks the log-odds it fits (the effects and the task
     # intercepts alike) towards 0 by about 1 / sqrt(1 + c^2 tau^2), c = 16 sqrt(3) / (15 pi)
     # (Zeger, Liang and Albert 1988): their variances are put back on the cell term's scale.
@@ -245,10 +251,36 @@ def _fit_binomial(cells: Cells) -> Fit:
         by_task = np.where(present, (grid.passes - grid.trials * chance) ** 2, 0.0)
         by_task = (by_task / np.where(present, grid.trials * chance * (1 - chance), 1.0)).sum(1)
         spread_pearson = math.sqrt(float(by_task.var(ddof=1)) * by_task.size)
-        half = NORMAL_QUANTILE * spread_pearson / (df * float(np.mean((n - 1) * spread)))
-        raw = (pearson / df - 1) / float(np.mean((n - 1) * spread))
+        half = NORMAL_QUANTILE * spread_pearson / (null * moment)
         intervals["task:harness:model"] = (max(raw - half, 0.0), max(raw + half, 0.0))
     return Fit(method, effects, covariance, df, random, effect_scale, intervals)
+
+
+def _null_pearson(grid: _CountGrid, fit: _LaplaceFit, log_sd: float) -> float:
+    """Pearson's statistic's expectation under the fitted model with no cell term, by
+    simulation: passes drawn from each cell's fitted chance, the task intercepts fitted again
+    to each draw (Newton steps per task, the effects and task sd held), and the statistic's
+    mean over the draws, less the effects' degrees of freedom (not refitted). Enough draws for
+    about NULL_CELLS cells in all, seeded: a report reads the same every time."""
+    from scipy.special import expit
+
+    present = grid.trials > 0
+    draws = min(max(math.ceil(NULL_CELLS / int(present.sum())), 2), 200)
+    fixed = grid.pair_design @ fit.effects  # (pair,)
+    precision = math.exp(-2 * log_sd)
+    chance = expit(fixed + fit.intercepts[:, None])
+    trials = grid.trials.astype(np.int64)
+    passes = np.random.default_rng(0).binomial(trials, chance, (draws, *chance.shape))
+    intercepts = np.repeat(fit.intercepts[None, :], draws, axis=0)
+    for _ in range(NULL_NEWTON_STEPS):
+        chance = expit(fixed + intercepts[..., None])
+        gradient = (passes - grid.trials * chance).sum(axis=2) - precision * intercepts
+        intercepts += gradient / ((grid.trials * chance * (1 - chance)).sum(axis=2) + precision)
+    chance = expit(fixed + intercepts[..., None])
+    variance = np.where(present, grid.trials * chance * (1 - chance), 1.0)
+    pearson = np.where(present, (passes - grid.trials * chance) ** 2 / variance, 0.0)
+    total = float(np.mean(pearson.sum(axis=(1, 2))))
+    return total - float(grid.pair_design.shape[1] - 1)
 
 
 def _profile_interval(
