@@ -423,6 +423,23 @@ def test_binomial_intervals_hold_the_true_components_of_seeded_runs() -> None:
     assert min(held.values()) >= 10, held
 
 
+def test_one_pass_fail_attempt_per_cell_is_fitted_without_a_task_by_cell_component() -> None:
+    """One attempt a cell cannot tell a cell term from chance: no such component, no interval."""
+    report = decompose(
+        simulate(tasks=40, attempts=1, pass_fail=True, task_sd=1.0, scale=5, seed=2),
+        "base",
+        "small",
+    )
+
+    assert report.note is None
+    assert list(report.shares) == [
+        "harness", "model", "harness:model", "task", "residual"
+    ]  # fmt: skip
+    assert set(report.intervals) == {"harness", "model", "harness:model", "task"}
+    low, high = report.intervals["task"]
+    assert 0 < low < report.variances["task"] < high
+
+
 def test_the_harness_variance_is_the_plug_in_one_less_the_noise_of_its_estimates() -> None:
     """With every harness the same, the variance of the estimated harness effects (the plug-in
     estimate) is their noise alone: the reported variance takes it off."""

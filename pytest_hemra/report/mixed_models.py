@@ -227,10 +227,12 @@ def _fit_binomial(cells: Cells) -> Fit:
     # Pearson's statistic with no cell term runs below df (the fit bends most to the cells with
     # few passes or failures), by as much as the cell term adds with few attempts: its
     # expectation with none is read from draws of the fitted model instead (`_null_pearson`)
-    null = _null_pearson(grid, best, log_sd) if repeated else df
-    moment = float(np.mean((n - 1) * spread))
-    raw = (pearson / null - 1) / moment
-    cell_variance = max(raw, 0.0) if repeated else 0.0
+    cell_variance = raw = null = moment = 0.0
+    if repeated:
+        null = _null_pearson(grid, best, log_sd)
+        moment = float(np.mean((n - 1) * spread))
+        raw = (pearson / null - 1) / moment
+        cell_variance = max(raw, 0.0)
     # A cell term the model leaves out shrinks the log-odds it fits (the effects and the task
     # intercepts alike) towards 0 by about 1 / sqrt(1 + c^2 tau^2), c = 16 sqrt(3) / (15 pi)
     # (Zeger, Liang and Albert 1988): their variances are put back on the cell term's scale.
