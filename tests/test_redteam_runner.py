@@ -126,7 +126,9 @@ def test_a_teardown_slowed_by_200k_files_is_the_trials_own_time_never_a_free_rer
     # the removal's answer awaited 0.5 s (the engine's client waits 120 s): 200k files take
     # the engine ~3 s to remove, so the client gives up on it while the engine answers pings
     monkeypatch.setenv("HEMRA_REMOVE_TIMEOUT_SECS", "0.5")
-    make_task("one")
+    # 200k files take the agent ~10 s on a quiet machine, over 30 s on a loaded CI one: its
+    # time is not what this test is about
+    make_task("one", task_toml="[agent]\ntimeout_sec = 300\n[verifier]\ntimeout_sec = 60\n")
     command = ["bash", "-c", MANY_FILES]
     write_harness("many-files", f'kind = "program"\ncommand = {json.dumps(command)}\n')
     result, trial = _run(pytester, tmp_path, "many-files", "max_infra_retries = 2\n")
