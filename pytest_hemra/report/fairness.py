@@ -50,7 +50,8 @@ def dataset_flags(
     tokens the gateway cannot count, `unisolated` those whose agents ran outside HEMRA's sandbox
     (`StoredPlan`); `task_set`: the table's, found from these trials already (`one_task_set`).
     What several rows share (a cancel leaves every row short) is one line."""
-    counted = [t for t in trials if t.status != TrialStatus.DESELECTED]
+    deselected = TrialStatus.DESELECTED  # read once: a member read off its enum class is slow
+    counted = [t for t in trials if t.status != deselected]
     by_harness: dict[str, list[TrialRecord]] = defaultdict(list)
     for trial in counted:
         by_harness[trial.harness].append(trial)
@@ -72,7 +73,7 @@ def dataset_flags(
             flags.append(Flag("not_isolated", harness, message))
         flags += _usage_unknown(harness, mine)
         failed_judges: dict[str, int] = defaultdict(int)
-        for trial in mine:
+        for trial in [t for t in mine if t.judges]:
             for judge, score in trial.judges.items():
                 failed_judges[judge] += score is None
         for judge, count in sorted(failed_judges.items()):
@@ -96,7 +97,7 @@ def _unpriced(harnesses: Sequence[str], by_harness: dict[str, list[TrialRecord]]
     is unknown (never 0). A model is unpriced when a trial that called it has a call without a
     price and no trial whose calls were all priced called it."""
     trials = [t for h in harnesses for t in by_harness.get(h, [])]
-    unpriced = [t for t in trials if t.status == TrialStatus.FINISHED and not t.is_priced]
+    unpriced = [t for t in trials if not t.is_priced and t.status == TrialStatus.FINISHED]
     if not unpriced:
         return []
     priced = {m for t in trials if t.is_priced and t.calls for m in t.models}
@@ -153,7 +154,8 @@ def _agent_users(trials: Sequence[TrialRecord]) -> list[Flag]:
 
 def _verifier_offline(harness: str, mine: list[TrialRecord]) -> list[Flag]:
     """Trials whose verifier failed with its network cut and printed a network error."""
-    offline = [t for t in mine if t.cause == Cause.VERIFIER_OFFLINE]
+    cause = Cause.VERIFIER_OFFLINE  # read once: a member read off its enum class is slow
+    offline = [t for t in mine if t.cause == cause]
     if not offline:
         return []
     tasks = sorted({t.task for t in offline})
@@ -166,9 +168,8 @@ def _verifier_offline(harness: str, mine: list[TrialRecord]) -> list[Flag]:
 def _tampered(harness: str, mine: list[TrialRecord]) -> list[Flag]:
     """Trials whose agent changed what scores them: a reward its verifier did not write, a
     tool or library the verifier runs, what steers the hidden tests (docs/security.md)."""
-    tampered = [
-        t for t in mine if t.outcome == Outcome.TAMPERED or t.swe_class == SweClass.TAMPERED
-    ]
+    outcome, swe_class = Outcome.TAMPERED, SweClass.TAMPERED  # read once: slow off the class
+    tampered = [t for t in mine if t.outcome == outcome or t.swe_class == swe_class]
     if not tampered:
         return []
     message = f"{plural(len(tampered), 'trial')} tampered with what scores them (a reward the"
@@ -180,7 +181,8 @@ def _tampered(harness: str, mine: list[TrialRecord]) -> list[Flag]:
 def _unscoreable(harness: str, mine: list[TrialRecord]) -> list[Flag]:
     """Trials scored 0 because the verifier gave no reward from the sandbox the agent left (a
     verifier past its timeout, a reward missing or unreadable): the agent's result, labelled."""
-    found = [t for t in mine if t.outcome == Outcome.VERIFIER_ERROR]
+    outcome = Outcome.VERIFIER_ERROR  # read once: a member read off its enum class is slow
+    found = [t for t in mine if t.outcome == outcome]
     if not found:
         return []
     message = f"{plural(len(found), 'trial')} scored 0 with no reward from the verifier"
@@ -220,10 +222,10 @@ def _shown(names: Sequence[str], most: int = 5) -> str:
 def _unfinished(harnesses: Sequence[str], by_harness: dict[str, list[TrialRecord]]) -> list[Flag]:
     """The trials without a score, one line for every row: how many, why, and whose."""
     found: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # why -> row -> n
+    scored = Outcome.SCORED  # read once: a member read off its enum class is slow
     for harness in harnesses:
-        for trial in by_harness.get(harness, []):
-            if trial.outcome not in Outcome.SCORED:
-                found[trial.outcome or trial.status][harness] += 1
+        for trial in [t for t in by_harness.get(harness, []) if t.outcome not in scored]:
+            found[trial.outcome or trial.status][harness] += 1
     if not found:
         return []
     rows = [h for h in harnesses if any(h in per for per in found.values())]
@@ -244,10 +246,9 @@ def _unfinished(harnesses: Sequence[str], by_harness: dict[str, list[TrialRecord
 
 
 def _upstream_refused(harness: str, mine: list[TrialRecord]) -> list[Flag]:
+    scored = Outcome.SCORED  # read once: a member read off its enum class is slow
     refused = [
-        t
-        for t in mine
-        if t.outcome in Outcome.SCORED and (t.error or "").startswith(UPSTREAM_REFUSED)
+        t for t in mine if t.error and t.error.startswith(UPSTREAM_REFUSED) and t.outcome in scored
     ]
     if not refused:
         return []
@@ -259,8 +260,8 @@ def _upstream_refused(harness: str, mine: list[TrialRecord]) -> list[Flag]:
 def _other_models(harness: str, mine: list[TrialRecord], model: str | None) -> list[Flag]:
     if not model:
         return []
-    other = sum(t.other_model_tokens for t in mine)
-    total = sum(t.tokens for t in mine)
+    other = sum([t.other_model_tokens for t in mine])
+    total = sum([t.tokens for t in mine])
     if not other or not total:
         return []
     models = sorted(
@@ -279,7 +280,7 @@ def _other_models(harness: str, mine: list[TrialRecord], model: str | None) -> l
 def _usage_unknown(harness: str, mine: list[TrialRecord]) -> list[Flag]:
     """Calls the gateway could not read usage from (a stream cut or hung up on before its final
     count, an answer without usage): their tokens and cost are unknown, not 0."""
-    unknown = sum(t.usage_unknown for t in mine)
+    unknown = sum([t.usage_unknown for t in mine])
     if not unknown:
         return []
     calls = sum(t.calls for t in mine)

@@ -23,6 +23,7 @@ import statistics
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import numpy.typing as npt
@@ -271,9 +272,10 @@ def summary(values: Sequence[float]) -> Spread:
     None rather than 0 for the total, so "nothing recorded" never reads as "free".
     Raises ValueError for a value that is not finite.
     """
-    for value in values:
-        if not math.isfinite(value):
-            raise ValueError(f"summary: {value!r} is not a finite number")
+    if not all(map(math.isfinite, values)):  # the common case, without a Python loop
+        for value in values:
+            if not math.isfinite(value):
+                raise ValueError(f"summary: {value!r} is not a finite number")
     if not values:
         return Spread(count=0, median=None, total=None)
     return Spread(
@@ -286,6 +288,8 @@ def _mean(rewards: Sequence[float]) -> float:
 
 
 def _check_finite(by_task: Mapping[str, Sequence[float]], whose: str) -> None:
+    if all(map(math.isfinite, chain.from_iterable(by_task.values()))):  # the common case
+        return
     for task, rewards in by_task.items():
         if all(map(math.isfinite, rewards)):  # the common case, without a Python loop
             continue
@@ -303,7 +307,7 @@ def _task_means(by_task: Mapping[str, Sequence[float]]) -> tuple[Floats, int]:
     ran = [rewards for _, rewards in sorted(by_task.items()) if rewards]
     if not ran:
         raise ValueError("no task has a reward: nothing to estimate")
-    means = np.array([_mean(rewards) for rewards in ran], dtype=np.float64)
+    means = np.array([math.fsum(rewards) / len(rewards) for rewards in ran], dtype=np.float64)
     return means, sum(len(rewards) for rewards in ran)
 
 

@@ -10,6 +10,7 @@ over the same tasks.
 
 from __future__ import annotations
 
+import gc
 import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
@@ -133,8 +134,9 @@ def by_task(trials: Sequence[TrialRecord]) -> dict[str, list[float]]:
     A scored trial without a reward (a Harbor agent that timed out or crashed before its
     verifier ran) counts as 0, as a failure would; docs/reports.md says so."""
     grouped: dict[str, list[float]] = defaultdict(list)
+    scored = Outcome.SCORED  # read once: a member read off its enum class is slow
     for trial in trials:
-        if trial.outcome in Outcome.SCORED:
+        if trial.outcome in scored:
             grouped[trial.task].append(trial.reward or 0.0)
     return dict(grouped)
 
@@ -150,41 +152,43 @@ def summarize(
     """A row's numbers over the table's task set (`taskset.py`; alone, its own); its counts
     (trials, scored, passes, outcomes), tokens, cost and durations over all of its trials;
     `extras`: each task's reward keys other than its headline (`rewardkeys.extra_keys`)."""
-    mine = [t for t in trials if t.status != TrialStatus.DESELECTED]  # the harness's own trials
-    finished = [t for t in mine if t.status == TrialStatus.FINISHED]
+    # read once: a member read off its enum class is slow, and a row has every trial of a harness
+    deselected, done, scored, passed = (
+        TrialStatus.DESELECTED, TrialStatus.FINISHED, Outcome.SCORED, Outcome.PASS,
+    )  # fmt: skip
+    mine = [t for t in trials if t.status != deselected]  # the harness's own trials
+    finished = [t for t in mine if t.status == done]
     found = task_set or one_task_set({harness: mine}, [harness], attempts)
-    counted = [t for t in mine if t.task in found.counted]
-    rewards = by_task(counted)
+    in_set = found.counted
+    counted = [t for t in mine if t.task in in_set]
     # a pass is the trial's outcome: the task's own threshold (the open track's) decides it
+    grouped: dict[str, list[float]] = defaultdict(list)
     passes: dict[str, list[float]] = defaultdict(list)
-    for trial in counted:
-        if trial.outcome in Outcome.SCORED:
-            passes[trial.task].append(float(trial.outcome == Outcome.PASS))
-    outcomes: dict[str, int] = defaultdict(int)
-    for trial in mine:
-        if trial.outcome:
-            outcomes[trial.outcome] += 1
+    for trial in [t for t in counted if t.outcome in scored]:
+        grouped[trial.task].append(trial.reward or 0.0)
+        passes[trial.task].append(float(trial.outcome == passed))
+    rewards = dict(grouped)
+    outcomes = Counter([t.outcome for t in mine if t.outcome])
     own = [Usage.of(t.own_report).total_tokens for t in finished if t.own_report]
     judges: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for trial in finished:
-        if trial.task not in found.counted:
-            continue
+    for trial in [t for t in finished if t.judges and t.task in in_set]:
         for name, score in trial.judges.items():
             if score is not None:
                 judges[name][trial.task].append(score)
-    bools = {task: [p == 1.0 for p in values] for task, values in passes.items()}
+    bools = {task: list(map(bool, values)) for task, values in passes.items()}  # 0.0 or 1.0
     pass_k = pass_k_over_one_task_set(
         {task: values for task, values in bools.items() if task in found.pass_k}, attempts
     )
     repeated = [values for values in bools.values() if len(values) > 1]
     disagree = sum(len(set(v)) > 1 for v in repeated) / len(repeated) if repeated else None
+    costs = [t.cost for t in finished]
     return HarnessSummary(
         harness=harness,
         is_baseline=baseline is None,
         planned=len(mine),
         finished=len(finished),
-        scored=sum(t.outcome in Outcome.SCORED for t in mine),  # counts: every trial
-        passes=sum(t.outcome == Outcome.PASS for t in mine),
+        scored=len([t for t in mine if t.outcome in scored]),  # counts: every trial
+        passes=len([t for t in mine if t.outcome == passed]),
         tasks=len(rewards),
         reward=mean_ci(rewards) if rewards else None,
         pass_rate=mean_ci(passes) if passes else None,
@@ -194,9 +198,7 @@ def summarize(
         pass_k_tasks=pass_k.tasks,
         pass_k_left_out=len(found.counted) - pass_k.tasks,
         tokens=summary([float(t.tokens) for t in finished]),
-        cost=None
-        if any(t.cost is None for t in finished)
-        else summary([t.cost or 0.0 for t in finished]),
+        cost=None if None in costs else summary([cost or 0.0 for cost in costs]),
         duration=summary([t.duration for t in finished if t.duration is not None]),
         outcomes=dict(sorted(outcomes.items())),
         own_tokens=sum(own) if own else None,
@@ -218,6 +220,19 @@ def versus_baseline(
 
 
 def build_report(store: Store, run_id: str) -> RunReport:
+    # the cyclic garbage collector is paused meanwhile: a report makes a few objects for each
+    # of a run's trials, none of them in a cycle, and the collector's passes over every record
+    # read were a quarter of the report's time
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _build_report(store, run_id)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _build_report(store: Store, run_id: str) -> RunReport:
     run = store.run(run_id)
     plan = run.plan
     if plan.baseline is None:
@@ -233,7 +248,7 @@ def build_report(store: Store, run_id: str) -> RunReport:
     datasets = []
     for name, entry in plan.datasets.items():
         mine = [t for t in trials if t.dataset == name]
-        attempts = max((t.attempt for t in mine), default=1)
+        attempts = max([t.attempt for t in mine], default=1)
 
         named: Named = cache(partial(plan.reward_keys, name))  # a task's, asked of every trial
         views = _views(plan, mine)
@@ -245,9 +260,12 @@ def build_report(store: Store, run_id: str) -> RunReport:
         for later in tables[1:]:  # what concerns the whole dataset is said once, under the first
             later.flags[:] = [flag for flag in later.flags if flag.kind not in WHOLE_DATASET]
         tables[0].flags.extend(judge_flags)
-        cells: dict[str, list[TrialRecord]] = defaultdict(list)  # every harness and model
+        pairs: dict[tuple[str, str | None], list[TrialRecord]] = defaultdict(list)
         for trial in mine:
-            cells[f"{trial.harness} {trial.model or ''}"].append(trial)
+            pairs[trial.harness, trial.model].append(trial)
+        cells: dict[str, list[TrialRecord]] = defaultdict(list)  # every harness and model
+        for (harness, model), cell in pairs.items():
+            cells[f"{harness} {model or ''}"] += cell
         counted = one_task_set(cells, list(cells), 1).counted
         variance = _variance(plan, [t for t in mine if t.task in counted])
         tables[0] = replace(tables[0], variance=variance)
@@ -299,14 +317,21 @@ def _views(plan: StoredPlan, trials: list[TrialRecord]) -> list[View]:
 def _variance(plan: StoredPlan, trials: list[TrialRecord]) -> VarianceReport | None:
     """Where a dataset's variance comes from (`variance.py`), for a run of several harnesses or
     models on at least VARIANCE_MIN_TASKS tasks; None otherwise."""
-    scored = [t for t in trials if t.outcome in Outcome.SCORED]
+    outcomes = Outcome.SCORED  # read once: a member read off its enum class is slow
+    scored = [t for t in trials if t.outcome in outcomes]
     tasks = {t.task for t in scored}
     if len(tasks) < VARIANCE_MIN_TASKS or (len(plan.harness_names) < 2 and not plan.models):
         return None
     one_model = plan.model or "-"
-    observations = [
-        Observation(t.task, t.harness, t.model or one_model, t.reward or 0.0) for t in scored
-    ]
+    columns = zip(
+        [t.task for t in scored],
+        [t.harness for t in scored],
+        [t.model or one_model for t in scored],
+        [t.reward or 0.0 for t in scored],
+        strict=True,
+    )
+    # made as the tuples they are: a named tuple's own constructor is a Python call a trial
+    observations = list(map(partial(tuple.__new__, Observation), columns))
     baseline_model = plan.baseline_model or one_model
     return decompose(observations, plan.baseline or "", baseline_model, VARIANCE_MIN_TASKS)
 

@@ -38,13 +38,13 @@ def one_task_set(
     ran: dict[str, set[str]] = {}  # row -> the tasks it has a trial on
     scored: dict[str, Counter[str]] = {}  # row -> task -> scored trials
     why: dict[str, list[str]] = defaultdict(list)
+    # read once: a member read off its enum class is slow, and this runs over every trial
+    deselected, scored_outcomes = TrialStatus.DESELECTED, Outcome.SCORED
     for name in names:
-        mine = [t for t in rows.get(name, ()) if t.status != TrialStatus.DESELECTED]
+        mine = [t for t in rows.get(name, ()) if t.status != deselected]
         ran[name] = {t.task for t in mine}
-        scored[name] = Counter(t.task for t in mine if t.outcome in Outcome.SCORED)
-        for trial in mine:
-            if trial.outcome in Outcome.SCORED:
-                continue
+        scored[name] = Counter([t.task for t in mine if t.outcome in scored_outcomes])
+        for trial in [t for t in mine if t.outcome not in scored_outcomes]:
             if (reason := f"{name} {trial.outcome or trial.status}") not in why[trial.task]:
                 why[trial.task].append(reason)
     every_task = sorted(set[str]().union(*ran.values()))
