@@ -329,7 +329,7 @@ def cancel_command(args: argparse.Namespace) -> int:
 def runs_command(args: argparse.Namespace) -> int:
     """Every run, oldest first: a table (fitting the terminal), a JSON list (`--format json`)
     or ids (`-q`)."""
-    from pytest_hemra.core.terminal import fit_table, left_out_line, output_width
+    from pytest_hemra.core.terminal import fit_table, left_out_line, output_width, wrap_line
 
     store = open_store(args.store)
     if args.quiet:
@@ -364,7 +364,7 @@ def runs_command(args: argparse.Namespace) -> int:
     if fitted.dropped:
         print(left_out_line(fitted.dropped, width))
     for name, why in store.engine_kept().items():  # as the last runner to start found them
-        print(printable(f"! the engine kept {name}: {why}"))
+        print(wrap_line(printable(f"! the engine kept {name}: {why}"), width))
     return 0
 
 
