@@ -440,6 +440,26 @@ def test_one_pass_fail_attempt_per_cell_is_fitted_without_a_task_by_cell_compone
     assert 0 < low < report.variances["task"] < high
 
 
+def test_tasks_passed_or_failed_throughout_leave_a_fit_with_intervals() -> None:
+    """Tasks every harness passes (or fails) on every attempt: their intercepts run far out,
+    in the fit and in the draws that calibrate the task x cell term alike."""
+    rng = np.random.default_rng(0)
+    chances = rng.choice([0.0, 1.0, 0.5, 0.02, 0.98], size=30)
+    observations = [
+        Observation(f"t{t}", h, m, float(rng.random() < chance))
+        for t, chance in enumerate(chances)
+        for h in HARNESSES
+        for m in MODELS
+        for _ in range(3)
+    ]
+
+    report = decompose(observations, "base", "small")
+
+    assert report.note is None
+    low, high = report.intervals["task:harness:model"]
+    assert 0 <= low <= report.variances["task:harness:model"] <= high < np.inf
+
+
 def test_the_harness_variance_is_the_plug_in_one_less_the_noise_of_its_estimates() -> None:
     """With every harness the same, the variance of the estimated harness effects (the plug-in
     estimate) is their noise alone: the reported variance takes it off."""

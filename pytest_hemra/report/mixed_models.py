@@ -43,6 +43,8 @@ PROFILE_TOLERANCE = 0.02  # an end's signed root of twice the drop within this o
 PROFILE_STEPS = 8
 NULL_CELLS = 40_000  # cells drawn in all for Pearson's expectation with no cell term
 NULL_NEWTON_STEPS = 6
+NULL_MAX_STEP = 3.0  # log-odds: the widest Newton step of a task intercept fitted to a draw
+NULL_MAX_LOG_ODDS = 30.0
 MAX_TASK_SD = 20.0  # the widest task sd in log-odds the binomial fit looks at
 UNBOUNDED_SD = PRIOR_SD_EFFECT / 2  # a posterior sd this wide means the data do not bound it
 SINGULAR_TASK_SD = 1e-3  # a task sd below this on the log-odds scale: the tasks collapsed
@@ -277,8 +279,12 @@ def _null_pearson(grid: _CountGrid, fit: _LaplaceFit, log_sd: float) -> float:
     for _ in range(NULL_NEWTON_STEPS):
         chance = expit(fixed + intercepts[..., None])
         gradient = (passes - grid.trials * chance).sum(axis=2) - precision * intercepts
-        intercepts += gradient / ((grid.trials * chance * (1 - chance)).sum(axis=2) + precision)
-    chance = expit(fixed + intercepts[..., None])
+        curvature = (grid.trials * chance * (1 - chance)).sum(axis=2) + precision
+        # a task a draw passes (or fails) throughout has its intercept far out, and so flat a
+        # likelihood that a full Newton step would overshoot: steps of a few log-odds at most
+        intercepts += np.clip(gradient / curvature, -NULL_MAX_STEP, NULL_MAX_STEP)
+    # kept off 0 and 1, where Pearson's residual would be 0 / 0
+    chance = expit(np.clip(fixed + intercepts[..., None], -NULL_MAX_LOG_ODDS, NULL_MAX_LOG_ODDS))
     variance = np.where(present, grid.trials * chance * (1 - chance), 1.0)
     pearson = np.where(present, (passes - grid.trials * chance) ** 2 / variance, 0.0)
     total = float(np.mean(pearson.sum(axis=(1, 2))))
