@@ -242,7 +242,7 @@ def test_a_client_that_hangs_up_is_recorded_as_the_clients(
     request = (
         f"POST /t/{access.token}/{path} HTTP/1.1\r\nHost: {host}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
-        f"x-api-key: {access.token}\r\nx-test-mode: drip\r\nx-test-chunks: 10\r\n\r\n"
+        f"x-api-key: {access.token}\r\nx-test-mode: drip\r\nx-test-chunks: 50\r\n\r\n"
     ).encode()
     with socket.create_connection((host, int(port)), timeout=10) as client:
         client.sendall(request + payload)
@@ -253,8 +253,8 @@ def test_a_client_that_hangs_up_is_recorded_as_the_clients(
     assert (row.error or "").startswith("client hung up mid-response"), row.error
     assert "upstream" not in (row.error or "")
     assert stored_usage(store) == [(None,) * 5] and totals.usage_unknown == 1
-    # the upstream's answer was abandoned at the next chunk, not read to its end (2 s of drip)
-    assert time.monotonic() - started < 1.5
+    # the upstream's answer was abandoned at the next chunk, not read to its end (10 s of drip)
+    assert time.monotonic() - started < 5
 
 
 def test_a_client_that_hangs_up_while_sending_is_recorded_as_the_clients(
