@@ -5,8 +5,8 @@ for it, their interaction) as fixed effects and the task as a random intercept, 
 per-cell sufficient statistics (`mixed_models.py` holds the fits: a Laplace fit in numpy for
 pass/fail rewards, statsmodels' MixedLM for fractional ones); `docs/reports.md` ("Where the
 variance comes from") states the method and its assumptions. Here: checking the design,
-summing the trials per cell, and turning a fit into coefficients, shares, intervals and text. Pure
-functions over plain values, like `stats`: nothing here reads the store.
+summing the trials per cell, and turning a fit into coefficients, shares, intervals and text.
+Pure functions over plain values, like `stats`: nothing here reads the store.
 
 scipy is imported inside the function that uses it: every process that reads a report imports
 this module.
@@ -162,7 +162,7 @@ def _interval(report: VarianceReport, name: str) -> str:
     if name in report.intervals:
         low, high = report.intervals[name]
         return f"[{low:.3g}, {high:.3g}]"
-    if name == "residual" and report.method.startswith("binomial"):
+    if name == "residual" and report.method.startswith(model_kind(is_pass_fail=True)):
         return "none: the logistic's pi^2/3"
     return "none"
 
