@@ -50,7 +50,8 @@ def dataset_flags(
     tokens the gateway cannot count, `unisolated` those whose agents ran outside HEMRA's sandbox
     (`StoredPlan`); `task_set`: the table's, found from these trials already (`one_task_set`).
     What several rows share (a cancel leaves every row short) is one line."""
-    deselected = TrialStatus.DESELECTED  # read once: a member read off its enum class is slow
+    # read once: a member read off its enum class is slow, and these look at every trial
+    deselected, unscored = TrialStatus.DESELECTED, (Outcome.TAMPERED, Outcome.VERIFIER_ERROR)
     counted = [t for t in trials if t.status != deselected]
     by_harness: dict[str, list[TrialRecord]] = defaultdict(list)
     for trial in counted:
@@ -59,13 +60,25 @@ def dataset_flags(
     flags = _unfinished(harnesses, by_harness) + _task_set(found)
     for harness in harnesses:
         mine = by_harness.get(harness, [])
+        # the trials the rarer flags below look for, found in one pass: each reads these alone
+        marked = [
+            t
+            for t in mine
+            if t.own_report is not None
+            or t.judges
+            or t.error
+            or t.stopped_by
+            or t.swe_class
+            or t.cause
+            or t.outcome in unscored
+        ]
         flags += _other_models(harness, mine, model)
         if harness in unmetered:  # its own numbers have nothing at the wire to agree with
             message = "tokens not counted at the wire: a harbor harness (its agent calls the"
             message += " model directly, not through HEMRA's gateway)"
             flags.append(Flag("not_metered", harness, message))
         else:
-            flags += _self_reports(harness, mine)
+            flags += _self_reports(harness, marked)
         if harness in unisolated:  # nothing HEMRA enforces held its agent
             message = "not isolated: its agent ran outside HEMRA's sandbox (Harbor's own"
             message += " containers, without HEMRA's hardening, clean room or limits; trusted"
@@ -73,22 +86,22 @@ def dataset_flags(
             flags.append(Flag("not_isolated", harness, message))
         flags += _usage_unknown(harness, mine)
         failed_judges: dict[str, int] = defaultdict(int)
-        for trial in [t for t in mine if t.judges]:
+        for trial in [t for t in marked if t.judges]:
             for judge, score in trial.judges.items():
                 failed_judges[judge] += score is None
         for judge, count in sorted(failed_judges.items()):
             if count:
                 message = f"judge {judge} gave no score on {plural(count, 'trial')}"
                 flags.append(Flag("judge_failed", harness, message))
-        flags += _upstream_refused(harness, mine)
-        stopped = [t for t in mine if t.stopped_by]
+        flags += _upstream_refused(harness, marked)
+        stopped = [t for t in marked if t.stopped_by]
         if stopped:
             reasons = ", ".join(sorted({t.stopped_by or "" for t in stopped}))
             message = f"{plural(len(stopped), 'trial')} stopped by {reasons}"
             flags.append(Flag("stopped", harness, message))
-        flags += _tampered(harness, mine)
-        flags += _unscoreable(harness, mine)
-        flags += _verifier_offline(harness, mine)
+        flags += _tampered(harness, marked)
+        flags += _unscoreable(harness, marked)
+        flags += _verifier_offline(harness, marked)
     return flags + _unpriced(harnesses, by_harness) + _agent_users(counted) + _kept(counted)
 
 
@@ -96,10 +109,13 @@ def _unpriced(harnesses: Sequence[str], by_harness: dict[str, list[TrialRecord]]
     """A model without a price, by name, one line each: the cost of every row that called it
     is unknown (never 0). A model is unpriced when a trial that called it has a call without a
     price and no trial whose calls were all priced called it."""
-    trials = [t for h in harnesses for t in by_harness.get(h, [])]
-    unpriced = [t for t in trials if not t.is_priced and t.status == TrialStatus.FINISHED]
+    done = TrialStatus.FINISHED  # read once: a member read off its enum class is slow
+    unpriced = [
+        t for h in harnesses for t in by_harness.get(h, []) if not t.is_priced and t.status == done
+    ]
     if not unpriced:
         return []
+    trials = [t for h in harnesses for t in by_harness.get(h, [])]
     priced = {m for t in trials if t.is_priced and t.calls for m in t.models}
     callers: dict[str, list[str]] = defaultdict(list)  # model -> the rows that called it
     for trial in unpriced:

@@ -36,10 +36,11 @@ Shapes = Mapping[str, Mapping[tuple[str, ...], None]]
 def reward_shapes(trials: Iterable[TrialRecord]) -> dict[str, dict[tuple[str, ...], None]]:
     """Each task's scored trials' key lists, told apart once: a task's trials mostly write the
     same keys, and which is the headline depends on the keys alone, not their values."""
+    scored = Outcome.SCORED  # read once: a member read off its enum class is slow
+    pairs = {(t.task, tuple(t.rewards)): None for t in trials if t.outcome in scored}
     found: dict[str, dict[tuple[str, ...], None]] = defaultdict(dict)
-    for trial in trials:
-        if trial.outcome in Outcome.SCORED:
-            found[trial.task][tuple(trial.rewards)] = None
+    for task, keys in pairs:
+        found[task][keys] = None
     return dict(found)
 
 

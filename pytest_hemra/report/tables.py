@@ -169,9 +169,10 @@ def summarize(
         passes[trial.task].append(float(trial.outcome == passed))
     rewards = dict(grouped)
     outcomes = Counter([t.outcome for t in mine if t.outcome])
-    own = [Usage.of(t.own_report).total_tokens for t in finished if t.own_report]
+    marked = [t for t in finished if t.own_report or t.judges or t.swe_class]  # the rarer ones
+    own = [Usage.of(t.own_report).total_tokens for t in marked if t.own_report]
     judges: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for trial in [t for t in finished if t.judges and t.task in in_set]:
+    for trial in [t for t in marked if t.judges and t.task in in_set]:
         for name, score in trial.judges.items():
             if score is not None:
                 judges[name][trial.task].append(score)
@@ -187,8 +188,8 @@ def summarize(
         is_baseline=baseline is None,
         planned=len(mine),
         finished=len(finished),
-        scored=len([t for t in mine if t.outcome in scored]),  # counts: every trial
-        passes=len([t for t in mine if t.outcome == passed]),
+        scored=sum(n for outcome, n in outcomes.items() if outcome in scored),  # every trial
+        passes=sum(n for outcome, n in outcomes.items() if outcome == passed),
         tasks=len(rewards),
         reward=mean_ci(rewards) if rewards else None,
         pass_rate=mean_ci(passes) if passes else None,
@@ -204,7 +205,7 @@ def summarize(
         own_tokens=sum(own) if own else None,
         judges={name: mean_ci(scores) for name, scores in sorted(judges.items())},
         keys=key_estimates(counted, extras) if extras else {},
-        classes=dict(sorted(Counter(t.swe_class for t in finished if t.swe_class).items())),
+        classes=dict(sorted(Counter(t.swe_class for t in marked if t.swe_class).items())),
         disagree=disagree,
     )
 
@@ -323,15 +324,11 @@ def _variance(plan: StoredPlan, trials: list[TrialRecord]) -> VarianceReport | N
     if len(tasks) < VARIANCE_MIN_TASKS or (len(plan.harness_names) < 2 and not plan.models):
         return None
     one_model = plan.model or "-"
-    columns = zip(
-        [t.task for t in scored],
-        [t.harness for t in scored],
-        [t.model or one_model for t in scored],
-        [t.reward or 0.0 for t in scored],
-        strict=True,
-    )
     # made as the tuples they are: a named tuple's own constructor is a Python call a trial
-    observations = list(map(partial(tuple.__new__, Observation), columns))
+    new = tuple.__new__
+    observations = [
+        new(Observation, (t.task, t.harness, t.model or one_model, t.reward or 0.0)) for t in scored
+    ]
     baseline_model = plan.baseline_model or one_model
     return decompose(observations, plan.baseline or "", baseline_model, VARIANCE_MIN_TASKS)
 
