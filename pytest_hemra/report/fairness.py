@@ -51,7 +51,8 @@ def dataset_flags(
     (`StoredPlan`); `task_set`: the table's, found from these trials already (`one_task_set`).
     What several rows share (a cancel leaves every row short) is one line."""
     # read once: a member read off its enum class is slow, and these look at every trial
-    deselected, unscored = TrialStatus.DESELECTED, (Outcome.TAMPERED, Outcome.VERIFIER_ERROR)
+    deselected = TrialStatus.DESELECTED
+    unscored = frozenset({Outcome.TAMPERED, Outcome.VERIFIER_ERROR})
     counted = [t for t in trials if t.status != deselected]
     by_harness: dict[str, list[TrialRecord]] = defaultdict(list)
     for trial in counted:

@@ -42,9 +42,11 @@ def one_task_set(
     deselected, scored_outcomes = TrialStatus.DESELECTED, Outcome.SCORED
     for name in names:
         mine = [t for t in rows.get(name, ()) if t.status != deselected]
-        ran[name] = {t.task for t in mine}
-        scored[name] = Counter([t.task for t in mine if t.outcome in scored_outcomes])
-        for trial in [t for t in mine if t.outcome not in scored_outcomes]:
+        unscored = [t for t in mine if t.outcome not in scored_outcomes]
+        scored[name] = Counter([t.task for t in mine])
+        scored[name].subtract([t.task for t in unscored])
+        ran[name] = set(scored[name])
+        for trial in unscored:
             if (reason := f"{name} {trial.outcome or trial.status}") not in why[trial.task]:
                 why[trial.task].append(reason)
     every_task = sorted(set[str]().union(*ran.values()))
