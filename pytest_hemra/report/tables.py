@@ -224,12 +224,12 @@ def build_report(store: Store, run_id: str) -> RunReport:
     # the cyclic garbage collector is paused meanwhile: a report makes a few objects for each
     # of a run's trials, none of them in a cycle, and the collector's passes over every record
     # read were a quarter of the report's time
-    paused = gc.isenabled()
+    was_enabled = gc.isenabled()
     gc.disable()
     try:
         return _build_report(store, run_id)
     finally:
-        if paused:
+        if was_enabled:
             gc.enable()
 
 
