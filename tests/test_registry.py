@@ -421,3 +421,17 @@ def test_the_registry_example_makes_a_registry_its_run_file_resolves(
     result.stdout.fnmatch_lines(["hemra-offline-mini::create-file[[]nop-1[]]", "*4 tests*"])
     fetched = resolve_dataset("hemra-offline-mini@1.0", tmp_path, "x", [], [])
     assert fetched.digest == local_digest(tmp_path)
+
+
+def test_the_registry_example_works_from_the_copy_hemra_init_writes(tmp_path: Path) -> None:
+    """`hemra init --example registry` writes the example outside any clone: its script takes
+    the installed package's bundled tasks, and makes the same commit a clone's copy makes."""
+    subprocess.run(["hemra", "init", "--example", "registry"], cwd=tmp_path, check=True)
+    copied = tmp_path / "examples" / "registry" / "make-registry.sh"
+    assert not (tmp_path / "datasets").exists()
+    made = {}
+    for name, script in (("copy", copied), ("clone", REPO / "examples" / "registry" / copied.name)):
+        subprocess.run(["bash", str(script), str(tmp_path / name)], check=True, capture_output=True)
+        (listed,) = json.loads((tmp_path / name / "registry.json").read_text())
+        made[name] = {task["git_commit_id"] for task in listed["tasks"]}
+    assert made["copy"] == made["clone"] and len(made["copy"]) == 1

@@ -10,6 +10,10 @@ here="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "${1:-$here/build}"
 out="$(cd "${1:-$here/build}" && pwd)"
 bundled="$here/../../datasets/hemra-offline"
+if [ ! -d "$bundled" ]; then  # a copy `hemra init --example registry` wrote: the installed ones
+  bundled="$("${PYTHON:-python3}" -c 'from pytest_hemra.resolve.datasets import bundled_dir
+print(bundled_dir("datasets") / "hemra-offline")')"
+fi
 repo="$out/tasks-repo"
 
 rm -rf "$repo"
