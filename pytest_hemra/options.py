@@ -84,6 +84,16 @@ def is_active(config: pytest.Config) -> bool:
     )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """In a HEMRA session, before pytest's configure puts its unraisable hook in place: a
+    Ctrl-C that lands in a finaliser is never printed, then or after (`plugin/interrupt.py`)."""
+    if is_active(config):
+        from pytest_hemra.plugin.interrupt import filter_interrupts
+
+        filter_interrupts()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     """Load the pytest face when a run is asked for, and register its plug-in for this process's

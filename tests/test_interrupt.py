@@ -20,7 +20,7 @@ import pytest
 from conftest import TaskMaker, wait_for
 from pytest_hemra.core.lifecycle import RunStatus, TrialStatus
 from pytest_hemra.core.records import PlannedTrial
-from pytest_hemra.plugin.interrupt import Interrupts
+from pytest_hemra.plugin.interrupt import AGAIN_AFTER_SECS, RUNNING, filter_interrupts
 from pytest_hemra.store import Store
 from tests.test_runs import hemra_containers
 
@@ -228,8 +228,9 @@ def test_a_sandbox_that_comes_up_just_after_ctrl_c_is_removed_by_its_trial(
 def test_a_ctrl_c_landing_in_a_finaliser_is_delivered_again_and_not_printed() -> None:
     """Ctrl-C reaches an xdist worker while its garbage collector runs a finaliser: the
     KeyboardInterrupt cannot propagate from there (Python would print it as "Exception
-    ignored" and lose it). HEMRA's hook prints nothing and raises it again in the main thread;
-    any other unraisable exception goes on to the hook before it."""
+    ignored" and lose it). HEMRA's filter prints nothing and, while the session runs, raises it
+    again in the main thread; once the session is ending, it is only dropped. Any other
+    unraisable exception goes on to the hook behind it."""
 
     class Finalised:
         def __init__(self, error: type[BaseException]) -> None:
@@ -238,18 +239,63 @@ def test_a_ctrl_c_landing_in_a_finaliser_is_delivered_again_and_not_printed() ->
         def __del__(self) -> None:
             raise self.error("raised in a finaliser")
 
-    interrupts = Interrupts()
     passed_on: list[Any] = []
-    interrupts.previous = passed_on.append
     before = sys.unraisablehook
-    sys.unraisablehook = interrupts.hook
+    sys.unraisablehook = passed_on.append
     try:
+        filter_interrupts()
+        filter_interrupts()  # once in front is enough
         Finalised(ValueError)  # collected at once: its finaliser runs here
         assert [type(u.exc_value) for u in passed_on] == [ValueError]
+        RUNNING.set()
         with pytest.raises(KeyboardInterrupt):
             Finalised(KeyboardInterrupt)
             for _ in range(100):  # the main thread's next bytecodes
                 time.sleep(0.01)
+        RUNNING.clear()  # the session is ending: dropped, not raised again
+        Finalised(KeyboardInterrupt)
+        time.sleep(10 * AGAIN_AFTER_SECS)
     finally:
+        RUNNING.clear()
         sys.unraisablehook = before
     assert len(passed_on) == 1
+
+
+CTRL_C_IN_FINALISERS = """
+import pytest
+
+
+class Finalised:
+    def __del__(self):
+        raise KeyboardInterrupt("a Ctrl-C landing in a finaliser")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    Finalised()  # the session ending
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    Finalised()  # after pytest collected what was left
+
+"""
+
+
+def test_a_ctrl_c_in_a_finaliser_at_any_point_of_a_session_is_never_printed(
+    pytester: pytest.Pytester, make_task: TaskMaker, tmp_path: Path
+) -> None:
+    """A Ctrl-C that lands in a finaliser while a HEMRA session ends, or after pytest collected
+    what was left at its end (where the last CI's came from an xdist worker), is dropped: no
+    traceback, no "Exception ignored", no PytestUnraisableExceptionWarning, and the session's
+    own exit status. (One while it runs is raised again: the test above.)"""
+    make_task("one")
+    pytester.makeconftest(CTRL_C_IN_FINALISERS)
+    dataset = str(tmp_path / "datasets" / "ds")
+    result = pytester.runpytest_subprocess(
+        "--collect-only", "--hemra-harness", "oracle", "--hemra-dataset", dataset
+    )
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.OK, output
+    for noise in ("Traceback", "Exception ignored", "Unraisable", "a Ctrl-C landing"):
+        assert noise not in output, output
