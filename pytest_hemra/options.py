@@ -87,9 +87,9 @@ def is_active(config: pytest.Config) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """In a HEMRA session, before pytest's configure puts its unraisable hook in place: a
-    Ctrl-C that lands in a finaliser is never printed, then or after (`plugin/interrupt.py`)."""
+    Ctrl-C that lands in a finaliser is never printed, then or after (`core/interrupts.py`)."""
     if is_active(config):
-        from pytest_hemra.plugin.interrupt import filter_interrupts
+        from pytest_hemra.core.interrupts import filter_interrupts
 
         filter_interrupts()
 

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from conftest import TaskMaker, wait_for
+from pytest_hemra.core.interrupts import AGAIN_AFTER_SECS, RUNNING, filter_interrupts
 from pytest_hemra.core.lifecycle import RunStatus, TrialStatus
 from pytest_hemra.core.records import PlannedTrial
-from pytest_hemra.plugin.interrupt import AGAIN_AFTER_SECS, RUNNING, filter_interrupts
 from pytest_hemra.store import Store
 from tests.test_runs import hemra_containers
 

@@ -6,8 +6,8 @@ its `WorkerInteractor`:
 - `worker.py`: where trials run (an xdist worker; without xdist, the controller's process too);
 - `items.py`: the collectors and items both collect from the recorded plan;
 - `reporter.py`: `hemra run`'s output, a line per trial and the tables (`hemra run` registers it);
-- `interrupt.py`: a Ctrl-C that lands in a finaliser, never printed, delivered again while the
-  session runs;
+- `interrupt.py`: a Ctrl-C that lands in a finaliser (`core/interrupts.py`), never printed,
+  delivered again while the session runs;
 - `protocol.py`: the run-test protocol of retries and finish order, the one module that goes past
   pytest's public API.
 

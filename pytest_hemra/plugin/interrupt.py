@@ -1,70 +1,21 @@
-"""Ctrl-C that lands where Python cannot raise it: never printed, and delivered again while the
-session runs.
-
-A terminal's Ctrl-C signals the whole process group at once: pytest's process and each xdist
-worker. Python raises it as `KeyboardInterrupt` wherever the main thread happens to be; in a
-finaliser or a weakref callback (run by the garbage collector, busiest while a session tears
-down) it cannot propagate, so Python prints it as an "Exception ignored in ..." traceback
-(pytest, as a `PytestUnraisableExceptionWarning`) and the interrupt itself is lost.
-
-`filter_interrupts` puts a hook in front of the unraisable hook in place that takes such an
-interrupt back: nothing printed, and, while the session runs, delivered again to the main thread,
-where the session stops as on any Ctrl-C (once it is ending, it ends anyway). Every other
-unraisable exception goes on to the hook behind it. It is put in place twice: before pytest's
-own hook is (`pytest_cmdline_main`: so what pytest puts back when it is done is still filtered),
-and in front of pytest's once the session starts (`Interrupts`), staying there while pytest
-collects what is left at its end.
-"""
+"""The session's part of `pytest_hemra.core.interrupts`: its filter in front of pytest's
+unraisable hook from the session's start (never taken out: pytest puts back, once done, the hook
+it found, filtered since `pytest_cmdline_main`), and interrupts delivered again only while the
+session runs."""
 
 from __future__ import annotations
 
-import _thread
-import sys
-import threading
-import time
-from typing import Any
-
 import pytest
 
-__all__ = ["INTERRUPTS", "Interrupts", "filter_interrupts"]
+from pytest_hemra.core.interrupts import RUNNING, filter_interrupts
+
+__all__ = ["INTERRUPTS", "Interrupts"]
 
 INTERRUPTS = "hemra-interrupts"  # the plug-in's name in pytest's plugin manager
-AGAIN_AFTER_SECS = 0.05  # the finaliser's hook long returned: it takes microseconds
-RUNNING = threading.Event()  # a HEMRA session of this process has started and not yet ended
-FILTERS = "hemra_filters_interrupts"  # the attribute that marks a hook as this module's
-
-
-def filter_interrupts() -> None:
-    """The unraisable hook in place, with a `KeyboardInterrupt` filter in front (unless its
-    front already is one)."""
-    behind = sys.unraisablehook
-    if getattr(behind, FILTERS, False):
-        return
-
-    def hook(unraisable: Any) -> None:
-        if isinstance(unraisable.exc_value, KeyboardInterrupt):
-            if RUNNING.is_set():
-                # from another thread, once this hook has returned: asked from the main
-                # thread, it would be raised here, in the hook, and printed and lost again
-                _thread.start_new_thread(deliver_again, ())
-            return
-        behind(unraisable)
-
-    setattr(hook, FILTERS, True)
-    sys.unraisablehook = hook
-
-
-def deliver_again() -> None:
-    """Ctrl-C again, for the main thread (run on a thread of its own), if the session still
-    runs."""
-    time.sleep(AGAIN_AFTER_SECS)
-    if RUNNING.is_set():
-        _thread.interrupt_main()
 
 
 class Interrupts:
-    """In front of pytest's unraisable hook from the session's start; never taken out (pytest
-    puts back, once done, the hook it found: `filter_interrupts`' from `pytest_cmdline_main`)."""
+    """In front of pytest's unraisable hook from the session's start; never taken out."""
 
     @pytest.hookimpl(trylast=True)  # after pytest's configure put its own hook in place
     def pytest_sessionstart(self, session: pytest.Session) -> None:
