@@ -1,6 +1,8 @@
 """The engine's locks (an image built or copied, a run's network made or removed) held in a
 shared PostgreSQL store, for runners on several machines: a runner with another $TMPDIR (as on
-another machine, whose lock files this one never sees) is still kept out."""
+another machine, whose lock files this one never sees) is still kept out. The machine's own
+engine (a Unix socket) keeps its locks in the machine's lock files whatever the store: a runner
+with a local store on the same machine is kept out too."""
 
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ from pytest_hemra.core.errors import InfraError
 from pytest_hemra.execute.sandbox.images import engine_lock, hold_engine_locks_in
 from pytest_hemra.store import Store
 
-store = Store(sys.argv[1])
-hold_engine_locks_in(store.lock)
+if sys.argv[1] != "no store":
+    hold_engine_locks_in(Store(sys.argv[1]).lock)
 try:
     with engine_lock(sys.argv[2], sys.argv[3], 1.0, shared=sys.argv[4] == "shared"):
         print("held")
@@ -29,13 +31,16 @@ except InfraError as error:
 """
 
 
-def other_runner(url: str, tmp_path: Path, mode: str) -> str:
-    """What a runner of another machine (its own $TMPDIR) gets trying the same lock."""
-    folder = tmp_path / "other-machine"
-    folder.mkdir(exist_ok=True)
-    env = {**os.environ, "TMPDIR": str(folder)}
+def other_runner(url: str, tmp_path: Path | None, mode: str, engine: str = ENGINE) -> str:
+    """What a runner of another machine (its own $TMPDIR) gets trying the same lock; with
+    `tmp_path` None, a runner of this machine; with `url` "no store", one without a shared store."""
+    env = dict(os.environ)
+    if tmp_path is not None:
+        folder = tmp_path / "other-machine"
+        folder.mkdir(exist_ok=True)
+        env["TMPDIR"] = str(folder)
     done = subprocess.run(
-        [sys.executable, "-c", OTHER_RUNNER, url, ENGINE, WHAT, mode],
+        [sys.executable, "-c", OTHER_RUNNER, url, engine, WHAT, mode],
         env=env, capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     return done.stdout.strip()
@@ -55,5 +60,26 @@ def test_runners_of_one_shared_store_exclude_each_other_whatever_their_machine(
             with engine_lock(ENGINE, WHAT, 5.0, shared=True):  # users of a network at once
                 assert other_runner(postgres_url, tmp_path, "shared") == "held"
                 assert other_runner(postgres_url, tmp_path, "exclusive") == waited
+        finally:
+            hold_engine_locks_in(None)
+
+
+def test_the_machines_own_engine_is_locked_in_its_lock_files_whatever_the_store(
+    postgres_url: str,
+) -> None:
+    """A run with a shared store and a run with a local one on the same machine's engine: the
+    first never removes the run network the second's sandbox is about to join (the network
+    was gone at the container's start when the first held its lock in the store)."""
+    engine = "unix:///var/run/docker.sock"
+    waited = f"engine {engine}: waited 1s for another runner preparing {WHAT}"
+    with Store(postgres_url) as store:
+        hold_engine_locks_in(store.lock)
+        try:
+            with engine_lock(engine, WHAT, 5.0):  # removing the network, say
+                assert other_runner("no store", None, "shared", engine) == waited
+            with engine_lock(engine, WHAT, 5.0, shared=True):  # joining it
+                assert other_runner("no store", None, "exclusive", engine) == waited
+                assert other_runner("no store", None, "shared", engine) == "held"
+            assert other_runner("no store", None, "exclusive", engine) == "held"
         finally:
             hold_engine_locks_in(None)

@@ -118,10 +118,12 @@ def engine_lock(engine: str, what: str, timeout: float, *, shared: bool = False)
     with every other shared holder (its users), only never with an exclusive one (the one that
     removes what they use). Held in the runner host's lock files (each call opens the lock's
     file anew, so the threads of one process exclude each other as other processes do), or in
-    the shared store when the process holds them there (`hold_engine_locks_in`)."""
+    the shared store when the process holds them there (`hold_engine_locks_in`) and the engine
+    is not this machine's own (a Unix socket): only this machine's processes reach that one,
+    whatever store each uses, so its locks stay in this machine's lock files."""
     name = hashlib.sha256(f"{engine}\0{what}".encode()).hexdigest()[:32]
     waited = f"engine {engine}: waited {timeout:g}s for another runner preparing {what}"
-    if _held_in is not None:
+    if _held_in is not None and not engine.startswith("unix://"):
         with _held_in(f"hemra-engine-lock {name}", timeout, waited, shared=shared):
             yield
         return
