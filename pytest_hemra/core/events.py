@@ -11,8 +11,9 @@ Kinds a runner writes while it waits out an outage (docs/runs.md, "Faults"):
 | `engine_busy` | engine, starts, error                  | answering pings, it did not answer a    |
 |               |                                        | start in time: `starts` in flight now   |
 | `store_wait`  | waited, error                          | a store write waited for space or lock  |
-| `engine_kept` | stuck: {network: what to do}           | a runner's start: what its engine kept  |
-|               |                                        | that HEMRA could not remove (or none)   |
+| `engine_kept` | stuck: {object: what to do}            | a runner's start: what its engine (and  |
+|               |                                        | the host's firewall) kept that HEMRA    |
+|               |                                        | could not remove (or none)              |
 | `rerun`       | replaces, cause                        | run again without using up a retry      |
 | `retry`       | replaces                               | run again for its own infra_error       |
 

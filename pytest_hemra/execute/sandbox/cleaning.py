@@ -18,7 +18,7 @@ Task images are a cache, not leftovers: they stay.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pytest_hemra.execute.sandbox import firewall
 from pytest_hemra.execute.sandbox.leftovers import over_trials
@@ -75,6 +75,8 @@ def _firewall(networks: Networks, dry_run: bool) -> list[Leftover]:
     ]
     if not dry_run:
         firewall.reap()
+        stuck = firewall.stuck_chains()
+        found = [replace(leftover, stuck=stuck.get(leftover.name)) for leftover in found]
     gateway = networks.find(GATEWAY_NETWORK)
     if gateway is not None:
         bridge = bridge_of(gateway)

@@ -142,7 +142,7 @@ class DockerEngine(SandboxProvider):
         return self.networks.gateway_host()
 
     def kept(self) -> dict[str, str]:
-        return {f"network {name}": why for name, why in self.networks.stuck.items()}
+        return dict(self.networks.stuck)
 
     def release(self, run_id: str, ports: Sequence[int]) -> None:
         """The gateway's `ports` closed again in the host firewall, and the run's network

@@ -227,3 +227,16 @@ def reap() -> None:
     """Remove the rules of HEMRA bridges that are gone (a network removed by hand, say)."""
     for bridge in stale_bridges():
         unguard(bridge)
+
+
+def stuck_chains() -> dict[str, str]:
+    """HEMRA's chains of bridges that are gone, still there after `reap` (a rule HEMRA did not
+    make jumps to one, so iptables refuses to delete it), each with what to do."""
+    return {
+        chain_of(bridge): (
+            f"iptables refuses to delete it: a rule HEMRA did not make still jumps to it"
+            f" (`iptables -S | grep -- '-j {chain_of(bridge)}'` shows it); delete that rule,"
+            " then `hemra clean`"
+        )
+        for bridge in stale_bridges()
+    }

@@ -51,7 +51,9 @@ class Networks:
         self._networks: dict[str, Any] = {}  # HEMRA's networks as this process last found them
         self._lock = threading.Lock()  # one of the process's threads looks one up
         self._admitted: set[tuple[str, str, int]] = set()  # (bridge, host, port) let in
-        # runs' networks the engine kept at this process's start, each with what to do
+        # what the engine (networks) and the host (firewall chains) kept at this process's
+        # start that HEMRA could not remove, by kind and name ("network hemra-<run id>"), each
+        # with what to do
         self.stuck: dict[str, str] = {}
 
     @property
@@ -181,11 +183,17 @@ class Networks:
     def reap_run_networks(self) -> None:
         """Runs' networks no sandbox of their run sits on, removed; one the engine keeps is
         tried again with its stale endpoints (containers gone) disconnected by force, and then
-        named in `stuck` with what to do (each runner's start tries again). Only on the
-        engine whose networks are HEMRA's (`own`)."""
+        named in `stuck` with what to do (each runner's start tries again); the same for the
+        firewall chains of bridges that are gone. Only on the engine whose networks are
+        HEMRA's (`own`)."""
         self.stuck = {}
         if not self.own:
             return
+        self._reap_networks()
+        firewall.reap()
+        self.stuck.update({f"firewall chain {c}": w for c, w in firewall.stuck_chains().items()})
+
+    def _reap_networks(self) -> None:
         for network in self.client.networks.list(filters={"label": RUN_LABEL}):
             run_id = (network.attrs.get("Labels") or {}).get(RUN_LABEL)
             if not run_id:
@@ -197,7 +205,7 @@ class Networks:
             self.remove_run_network(run_id)
             left = self.find(network.name)
             if left is not None:
-                self.stuck[network.name] = why_stuck(left)
+                self.stuck[f"network {network.name}"] = why_stuck(left)
 
     def run_has_containers(self, run_id: str) -> bool:
         filters = {"label": [f"{RUN_LABEL}={run_id}"]}
