@@ -11,8 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from pytest_hemra.execute.sandbox.client import LOCAL_ENGINE, EngineClient
 from pytest_hemra.execute.sandbox.images import engine_lock, hold_engine_locks_in
+from pytest_hemra.execute.sandbox.networks import Networks
 from pytest_hemra.store import Store
+from tests.slow_engine import SlowEngine
 
 ENGINE, WHAT = "tcp://10.0.0.7:2375", "hemra-task:0123"  # named, never reached
 OTHER_RUNNER = """
@@ -83,3 +88,38 @@ def test_the_machines_own_engine_is_locked_in_its_lock_files_whatever_the_store(
             assert other_runner("no store", None, "exclusive", engine) == "held"
         finally:
             hold_engine_locks_in(None)
+
+
+ONE_ENGINE_RUNNER = """
+import sys
+from pytest_hemra.core.errors import InfraError
+from pytest_hemra.execute.sandbox import networks
+from pytest_hemra.execute.sandbox.client import EngineClient
+from pytest_hemra.execute.sandbox.networks import Networks
+
+networks.NETWORK_LOCK_SECS = 1.0  # waited that long, then refused
+try:  # the engine as DOCKER_HOST names it: here, a proxy in front of the machine's own
+    with Networks(EngineClient(), own=True).run_lock("one-engine"):
+        print("held")
+except InfraError as error:
+    print(error)
+"""
+
+
+@pytest.mark.usefixtures("docker_test")
+def test_one_engine_reached_at_two_paths_is_locked_as_one(tmp_path: Path) -> None:
+    """Processes reaching the machine's engine at different paths (a symlinked socket, a proxy
+    in front of it) lock its networks as one engine: by its ID, not the path. A runner through
+    the proxy cannot remove the run network a runner on the socket is joining."""
+    with SlowEngine(tmp_path / "engine.sock", delay=0, slow_starts=0) as proxy:
+        direct = EngineClient(address=LOCAL_ENGINE)
+        assert direct.lock_key.startswith("docker ")
+        assert EngineClient(address=proxy.address).lock_key == direct.lock_key
+        removal = Networks(direct, own=True)._lock_of("connect hemra-one-engine")
+        with removal:  # what a reap holds while it removes the network
+            done = subprocess.run(
+                [sys.executable, "-c", ONE_ENGINE_RUNNER],
+                env={**os.environ, "DOCKER_HOST": proxy.address},
+                capture_output=True, text=True, timeout=300, check=True,
+            )  # fmt: skip
+        assert "waited" in done.stdout, done.stdout + done.stderr

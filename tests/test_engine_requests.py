@@ -16,7 +16,7 @@ from tests.slow_engine import SlowEngine
 # docs/runs.md, "What a trial asks of its engine": the requests one trial makes, at most, on a
 # local engine, online or not; the run's own upkeep (finding and reaping its networks between
 # trials, listing what is left) is the run's, not counted here
-TRIAL_REQUESTS = 18
+TRIAL_REQUESTS = 14
 UPKEEP = {"GET networks", "GET networks/ID", "DELETE networks/ID", "GET containers/json"}
 VERSIONED = re.compile(r"/v[\d.]+/([^?]*)")
 ID = re.compile(r"^[0-9a-f]{64}$|^hemra-")

@@ -137,6 +137,7 @@ def _run_test_sh(
             stdout=folder / "stdout.txt",
             stderr=folder / "stderr.txt",
             workdir=context.workdir,
+            exit_status=False,  # the reward files score it, as Harbor's do; not its exit code
         )
     sandbox.halt()  # nothing test.sh left (an agent's program it ran) writes after it
     logs = sandbox.read_tree(VERIFIER_LOGS)

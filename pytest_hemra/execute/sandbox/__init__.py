@@ -168,7 +168,12 @@ class Sandbox(Protocol):
         stdout: Path,
         stderr: Path,
         workdir: str = WORKDIR,
-    ) -> ExecResult: ...
+        exit_status: bool = True,
+    ) -> ExecResult:
+        """Run argv to completion or until `timeout`, streaming its output to files; without
+        `exit_status`, its exit code is not asked for (None: a caller that reads only what the
+        command wrote, one engine request fewer)."""
+        ...
 
     def start_interactive(
         self, argv: Sequence[str], *, user: str, env: Mapping[str, str], workdir: str = WORKDIR

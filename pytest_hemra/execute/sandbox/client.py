@@ -35,12 +35,27 @@ class EngineClient:
     def __init__(self, client: docker.DockerClient | None = None, address: str | None = None):
         self.address = address or os.environ.get("DOCKER_HOST") or LOCAL_ENGINE
         self._client = client
+        self._lock_key: str | None = None
 
     @property
     def client(self) -> docker.DockerClient:
         if self._client is None:
             self._client = connect()
         return self._client
+
+    @property
+    def lock_key(self) -> str:
+        """What names this engine in its locks: on a Unix socket (this machine's engine, which
+        other processes may reach at another path: a symlink, a proxy), the engine's own ID,
+        asked once; else its address."""
+        if self._lock_key is None:
+            if not self.address.startswith("unix://"):
+                return self.address
+            try:
+                self._lock_key = f"docker {self.client.info()['ID']}"
+            except (*DOCKER_ERRORS, KeyError):
+                return self.address  # asked again at the next lock: the engine is down
+        return self._lock_key
 
     @property
     def connected(self) -> docker.DockerClient | None:

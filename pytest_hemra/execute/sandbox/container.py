@@ -61,7 +61,7 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
         self.client = client
         self.container = container
         self.api = client.api
-        self._taken: list[str] = []  # networks disconnected for a verifier
+        self._taken: list[tuple[str, str]] = []  # (name, id) disconnected for a verifier
         self._kept = kept  # networks a verifier keeps: its task's services, no way out
         self._gateway_network = gateway_network  # HEMRA's, with no way out (None: a pool's)
         self._joined: list[str] = []  # networks joined for a verifier (its allowlist)
@@ -72,6 +72,7 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
         # container gave it, when it did (`Containers.open` reads it once it has started)
         self._pid: int | None = int(container.attrs.get("State", {}).get("Pid") or 0) or None
         self._cut = False  # off every network but its services' (`disconnect_network`)
+        self._on: dict[str, str] | None = None  # its networks but its services', name: id
 
     @property
     def halted(self) -> bool:
@@ -116,8 +117,10 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
         stdout: Path,
         stderr: Path,
         workdir: str = WORKDIR,
+        exit_status: bool = True,
     ) -> ExecResult:
-        """Run argv to completion or until `timeout`, streaming its output to files."""
+        """Run argv to completion or until `timeout`, streaming its output to files; its exit
+        code asked of the engine unless not wanted (`exit_status`)."""
         started = time.monotonic()
         exec_id = self._exec_create(
             argv,
@@ -158,7 +161,9 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
             reader.join(KILL_GRACE_SECS)
         if failure and not timed_out:
             raise failure[0]
-        exit_code = None if timed_out else self.api.exec_inspect(exec_id).get("ExitCode")
+        exit_code = None
+        if exit_status and not timed_out:
+            exit_code = self.api.exec_inspect(exec_id).get("ExitCode")
         return ExecResult(
             exit_code=exit_code,
             timed_out=timed_out,
@@ -196,17 +201,18 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
 
     def halt(self) -> None:
         """SIGKILL to PID 1 (the kernel kills its whole PID namespace: every process, whatever
-        its name, thread state, user or session), then wait until the engine has it stopped."""
+        its name, thread state, user or session), in one request: the engine answers a SIGKILL
+        once the container has stopped (Docker's kill waits for it), so no wait is asked."""
         if self._halted:
             return
         self._pid = None
+        url = self.api._url("/containers/{0}/kill", self.container.id)
         try:
-            self.container.kill()
+            answer = self.api._post(url, params={"signal": "SIGKILL"}, timeout=STOP_SECS)
+            self.api._raise_for_status(answer)
         except docker.errors.APIError as error:
             if error.status_code != 409:  # 409: not running (its PID 1 exited, or killed)
                 raise
-        try:
-            self.api.wait(self.container.id, timeout=STOP_SECS, condition="not-running")
         except requests.exceptions.ReadTimeout as error:
             self.client.ping()  # an engine that does not answer: its outage, raised as such
             raise VerifierError(
@@ -282,40 +288,57 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
             entries = [(str(e["Path"]), int(e["Kind"])) for e in json.loads(text) or ()]
         return [Change(path, CHANGE_KINDS.get(kind, "modified")) for path, kind in entries]
 
+    def _networks(self) -> dict[str, str]:
+        """The networks it is on but its services', by name, each with the id it is on (a
+        network of the same name made since is not it): as the engine's read of it once
+        started gave them, then as HEMRA changed them (nothing in the sandbox can join one)."""
+        if self._on is None:
+            if "NetworkSettings" not in self.container.attrs:  # never read (not HEMRA's open)
+                self.container.reload()
+            found = self.container.attrs["NetworkSettings"].get("Networks") or {}
+            self._on = {
+                name: network.get("NetworkID") or name
+                for name, network in found.items()
+                if name != "none" and name not in self._kept
+            }
+        return self._on
+
     def disconnect_network(self) -> None:
-        """Off every network but its services' (the engine's answer, not what HEMRA put it
-        on), each by the id it is on (a network of the same name made since is not it). Once
-        cut, it stays so until `reconnect_network` (nothing in the sandbox can join one)."""
+        """Off every network but its services'. Once cut, it stays so until
+        `reconnect_network` (nothing in the sandbox can join one)."""
         if self._cut:
             return
-        self.container.reload()
-        for name, network in self.container.attrs["NetworkSettings"]["Networks"].items():
-            if name != "none" and name not in self._kept:
-                found = network.get("NetworkID") or name
-                self.api.disconnect_container_from_network(self.container.id, found, force=True)
-                self._taken.append(found)
+        on = self._networks()
+        for name, found in list(on.items()):
+            self.api.disconnect_container_from_network(self.container.id, found, force=True)
+            self._taken.append((name, found))
+            del on[name]
         self._cut = True
 
     def only_gateway_network(self) -> bool:
         """Off every network but HEMRA's `hemra-gateway`, which has no route out (the gateway's
         and its egress proxy's ports on its host address are all it reaches): a verifier with
         its own allowlist. False where the sandbox has no such network (a pool's engine)."""
-        if self._gateway_network is None:
+        gateway = self._gateway_network
+        if gateway is None:
             return False
-        self.container.reload()
-        networks = set(self.container.attrs["NetworkSettings"]["Networks"]) - set(self._kept)
-        if networks == {self._gateway_network}:
+        if set(self._networks()) == {gateway}:
             return True
         self.disconnect_network()
-        self.api.connect_container_to_network(self.container.id, self._gateway_network)
-        self._joined.append(self._gateway_network)
-        self._cut = False  # on a network again: a later cut asks the engine
+        self.api.connect_container_to_network(self.container.id, gateway)
+        self._joined.append(gateway)
+        self._networks()[gateway] = gateway
+        self._cut = False  # on a network again: a later cut takes it off
         return True
 
     def reconnect_network(self) -> None:
         self._cut = False
+        on = self._networks()
         while self._joined:
             network = self._joined.pop()
             self.api.disconnect_container_from_network(self.container.id, network, force=True)
+            on.pop(network, None)
         while self._taken:
-            self.api.connect_container_to_network(self.container.id, self._taken.pop())
+            name, found = self._taken.pop()
+            self.api.connect_container_to_network(self.container.id, found)
+            on[name] = found

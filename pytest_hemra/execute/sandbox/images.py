@@ -113,15 +113,18 @@ def hold_engine_locks_in(holder: LockHolder | None) -> None:
 
 
 @contextmanager
-def engine_lock(engine: str, what: str, timeout: float, *, shared: bool = False) -> Iterator[None]:
+def engine_lock(
+    engine: str, what: str, timeout: float, *, shared: bool = False, key: str | None = None
+) -> Iterator[None]:
     """Hold the lock on (`engine`, `what`) for up to `timeout` seconds of waiting; `shared`:
     with every other shared holder (its users), only never with an exclusive one (the one that
     removes what they use). Held in the runner host's lock files (each call opens the lock's
     file anew, so the threads of one process exclude each other as other processes do), or in
     the shared store when the process holds them there (`hold_engine_locks_in`) and the engine
     is not this machine's own (a Unix socket): only this machine's processes reach that one,
-    whatever store each uses, so its locks stay in this machine's lock files."""
-    name = hashlib.sha256(f"{engine}\0{what}".encode()).hexdigest()[:32]
+    whatever store each uses, so its locks stay in this machine's lock files. `key` names the
+    engine in the lock when its address does not alone (`EngineClient.lock_key`)."""
+    name = hashlib.sha256(f"{key or engine}\0{what}".encode()).hexdigest()[:32]
     waited = f"engine {engine}: waited {timeout:g}s for another runner preparing {what}"
     if _held_in is not None and not engine.startswith("unix://"):
         with _held_in(f"hemra-engine-lock {name}", timeout, waited, shared=shared):
@@ -223,7 +226,7 @@ class Images:
             copy_image(source, self.client, reference)
 
     def _lock(self, image: str, timeout: float) -> contextlib.AbstractContextManager[None]:
-        return engine_lock(self.engine.address, image, timeout)
+        return engine_lock(self.engine.address, image, timeout, key=self.engine.lock_key)
 
     def has_image(self, reference: str) -> bool:
         """Whether this engine holds `reference` (False when it does not answer)."""

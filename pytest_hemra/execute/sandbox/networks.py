@@ -94,7 +94,7 @@ class Networks:
             return self._networks[name]
         with (  # one thread of the process finds or makes it; the others then find it here
             self._lock,
-            engine_lock(self.engine.address, f"network {name}", NETWORK_LOCK_SECS),
+            self._lock_of(f"network {name}"),
         ):
             if name in self._networks:
                 return self._networks[name]
@@ -129,10 +129,16 @@ class Networks:
                 return network
         return None
 
+    def _lock_of(self, what: str, *, shared: bool = False) -> AbstractContextManager[None]:
+        """The engine's lock on `what` (one of its networks), by the engine's own ID: every
+        process of the machine agrees on it, whatever path it reaches the engine at."""
+        key = self.engine.lock_key
+        return engine_lock(self.engine.address, what, NETWORK_LOCK_SECS, shared=shared, key=key)
+
     def run_lock(self, run_id: str) -> AbstractContextManager[None]:
         """Held, shared, while a container joins the run's network; its removal takes it alone."""
         name = run_network(run_id)
-        return engine_lock(self.engine.address, f"connect {name}", NETWORK_LOCK_SECS, shared=True)
+        return self._lock_of(f"connect {name}", shared=True)
 
     def sandbox_network(
         self, request: SandboxRequest, run_id: str, *, locked: bool
@@ -225,8 +231,8 @@ class Networks:
     def remove_run_network(self, run_id: str) -> None:
         name = run_network(run_id)
         with (
-            engine_lock(self.engine.address, f"connect {name}", NETWORK_LOCK_SECS),
-            engine_lock(self.engine.address, f"network {name}", NETWORK_LOCK_SECS),
+            self._lock_of(f"connect {name}"),
+            self._lock_of(f"network {name}"),
         ):
             network = self.find(name)
             if network is None or network.attrs.get("Containers"):
