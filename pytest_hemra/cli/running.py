@@ -139,8 +139,8 @@ def add_commands(commands: Commands) -> None:
         "runs",
         help="list the runs in a store",
         description="List the runs in a store; under the table, anything the engine kept that"
-        " HEMRA could not remove (a run's network), with what to do, as the last runner to"
-        " start found it.",
+        " HEMRA could not remove (a run's network, a firewall chain), with what to do, as the"
+        " last runner to start found it.",
     )
     add_store_argument(runs)
     runs.add_argument(

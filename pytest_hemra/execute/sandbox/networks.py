@@ -237,8 +237,7 @@ class Networks:
             network = self.find(name)
             if network is None or network.attrs.get("Containers"):
                 return
-            filters = {"label": [f"{RUN_LABEL}={run_id}"]}
-            if self.client.containers.list(all=True, filters=filters, sparse=True):
+            if self.run_has_containers(run_id):
                 return  # a sandbox of the run still exists (one cut off for its verifier, say)
             bridge = bridge_of(network)
             try:
