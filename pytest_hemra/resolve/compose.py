@@ -14,7 +14,6 @@ import shlex
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pytest_hemra.core.errors import SpecError
@@ -234,6 +233,8 @@ def compose_file(environment_dir: Path) -> Path | None:
 def load_compose(path: Path, *, has_dockerfile: bool, docker_image: str | None) -> Compose:
     """Parse and check a task's compose file; anything HEMRA cannot act on is a SpecError
     naming the file, the service and the key."""
+    import yaml  # here: only a task with a compose file needs it (a worker's import cost)
+
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as error:

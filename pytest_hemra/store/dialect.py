@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import URL, Connection, Engine, Insert, Table, create_engine, event, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import ConnectionPoolEntry
 
@@ -179,8 +178,13 @@ def upsert(
     """Insert a row, or on a conflict over `keys` update it with `values` (or leave it, when
     not `update`): `INSERT ... ON CONFLICT`, which both databases spell alike but SQLAlchemy
     builds per dialect."""
-    module = postgresql if tx.dialect.name == "postgresql" else sqlite
-    statement = module.insert(table).values(values)
+    # the dialect's module imported here, not at the top: a process of a SQLite store (an
+    # xdist worker, say) never loads PostgreSQL's (benchmarks/import_cost.py)
+    if tx.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+    statement = insert(table).values(values)
     done: Insert
     if update:
         changed = {name: statement.excluded[name] for name in values if name not in keys}
