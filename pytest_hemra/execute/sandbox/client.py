@@ -28,6 +28,13 @@ def connect() -> docker.DockerClient:
     return client
 
 
+def on_this_machine(address: str) -> bool:
+    """Whether an engine's address is a Unix socket: this machine's engine, which only this
+    machine's processes reach (HEMRA's networks and firewall go there; its locks stay in this
+    machine's lock files)."""
+    return address.startswith("unix://")
+
+
 class EngineClient:
     """One engine by its address (`address`: named in locks and errors), and its client: the
     one given, else the runner's own engine's (`connect`), made on first use."""
@@ -49,7 +56,7 @@ class EngineClient:
         other processes may reach at another path: a symlink, a proxy), the engine's own ID,
         asked once; else its address."""
         if self._lock_key is None:
-            if not self.address.startswith("unix://"):
+            if not on_this_machine(self.address):
                 return self.address
             try:
                 self._lock_key = f"docker {self.client.info()['ID']}"

@@ -22,7 +22,7 @@ from pytest_hemra.execute.sandbox import (
     leftovers,
 )
 from pytest_hemra.execute.sandbox.cleaning import Leftover
-from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS, EngineClient
+from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS, EngineClient, on_this_machine
 from pytest_hemra.execute.sandbox.container import DockerSandbox
 from pytest_hemra.execute.sandbox.containers import Containers
 from pytest_hemra.execute.sandbox.health import ping, probe_client, probe_for
@@ -56,7 +56,7 @@ class DockerEngine(SandboxProvider):
         self._engine = EngineClient(client, engine)
         self.engine = self._engine.address
         if own_networks is None:
-            own_networks = client is None and self.engine.startswith("unix://")
+            own_networks = client is None and on_this_machine(self.engine)
         self._capabilities: frozenset[str] | None = None
         self._probe: Any = probe  # a short-timeout client for pings alone (`engine_error`)
         self.images = Images(self._engine, image_source)

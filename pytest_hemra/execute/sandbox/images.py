@@ -23,7 +23,7 @@ import docker.errors
 from pytest_hemra.core.errors import InfraError
 from pytest_hemra.core.filelock import file_lock
 from pytest_hemra.execute.sandbox import AGENT_HOME, AGENT_USER, WORKDIR, buildkit
-from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS, EngineClient
+from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS, EngineClient, on_this_machine
 from pytest_hemra.resolve.compose import Build, Compose
 from pytest_hemra.resolve.datasets import Task, tree_digest
 
@@ -126,7 +126,7 @@ def engine_lock(
     engine in the lock when its address does not alone (`EngineClient.lock_key`)."""
     name = hashlib.sha256(f"{key or engine}\0{what}".encode()).hexdigest()[:32]
     waited = f"engine {engine}: waited {timeout:g}s for another runner preparing {what}"
-    if _held_in is not None and not engine.startswith("unix://"):
+    if _held_in is not None and not on_this_machine(engine):
         with _held_in(f"hemra-engine-lock {name}", timeout, waited, shared=shared):
             yield
         return
