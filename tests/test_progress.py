@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -145,10 +146,17 @@ def test_a_worker_with_nothing_queued_says_once_that_it_waits(tmp_path: Path) ->
         ["hemra", "worker", "--store", str(store)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
     )  # fmt: skip
+    assert worker.stdout is not None
+    # the worker's start (imports, a sweep of its engine) takes seconds on a loaded machine:
+    # wait for its first line, then for several polls of the empty queue (a poll is 1 s)
+    watchdog = threading.Timer(120, worker.kill)
+    watchdog.start()
     try:
-        time.sleep(4)  # several polls of an empty queue
+        first = worker.stdout.readline()
+        time.sleep(4)
     finally:
+        watchdog.cancel()
         worker.send_signal(signal.SIGTERM)
-        out, _ = worker.communicate(timeout=30)
-    assert out.splitlines() == ["hemra worker: the queue is empty; waiting for runs"]
+        rest, _ = worker.communicate(timeout=30)
+    assert (first + rest).splitlines() == ["hemra worker: the queue is empty; waiting for runs"]
     assert worker.returncode == 0
