@@ -324,8 +324,9 @@ def test_a_request_outside_every_trial_is_refused_in_the_providers_format_and_re
     assert (anthropic.status_code, openai.status_code) == (404, 404)
     assert anthropic.json()["error"]["type"] == "not_found_error"
     assert "/t/<token>/" in openai.json()["error"]["message"]
-    time.sleep(0.2)  # rows are written by the gateway's writer thread
-    rows = store.calls()
+    deadline = time.monotonic() + 30  # rows are written by the gateway's writer thread
+    while len(rows := store.calls()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert [(r.refused, r.trial_id, r.status, r.path) for r in rows] == [
         (True, None, 404, "/v1/messages"),
         (True, None, 404, "/v1/chat/completions"),
