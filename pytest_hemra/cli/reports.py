@@ -40,6 +40,12 @@ def add_commands(commands: Commands) -> None:
         help="text (the terminal's tables) or a file format (default: text)",
     )
     report.add_argument("-o", "--output", help="write to this file (default: stdout)")
+    report.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="build the report from every trial even when a closed run's report is kept (and"
+        " keep the new one): after its store was edited by hand",
+    )
     add_wide_argument(report)
     report.set_defaults(handler=report_command)
 
@@ -60,7 +66,7 @@ def add_commands(commands: Commands) -> None:
 def report_command(args: argparse.Namespace) -> int:
     from pytest_hemra.report.comparison import compare_runs, render_comparison
     from pytest_hemra.report.formats import render
-    from pytest_hemra.report.tables import build_report
+    from pytest_hemra.report.snapshot import report_of
 
     store = open_store(args.store)
     width = None if args.output else output_width(args.wide)  # a file gets every column
@@ -76,7 +82,7 @@ def report_command(args: argparse.Namespace) -> int:
             )
         text = render_comparison(compare_runs(store, run_id, args.other_run), args.format, width)
     else:
-        text = render(build_report(store, run_id), args.format, width)
+        text = render(report_of(store, run_id, rebuild=args.rebuild), args.format, width)
     if args.format != "json":  # an agent's words shown, never obeyed (JSON escapes its own)
         text = printable_lines(text)
     if args.output:

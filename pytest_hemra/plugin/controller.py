@@ -42,7 +42,8 @@ from pytest_hemra.report.comparison import (
 )
 from pytest_hemra.report.formats import render_text
 from pytest_hemra.report.gates import Gate, parse_gate, tripped
-from pytest_hemra.report.tables import RunReport, build_report, report_dict
+from pytest_hemra.report.snapshot import report_of
+from pytest_hemra.report.tables import RunReport, report_dict
 from pytest_hemra.resolve.plan import Plan, load_recorded, record_plan
 from pytest_hemra.run.job import Runner, sandbox_for
 from pytest_hemra.store import Store
@@ -208,7 +209,7 @@ class Controller:
             with contextlib.suppress(HemraError):  # its engine down: removed when one is back
                 runner.provider.remove_sandboxes({"hemra.run": run_id})
             self.interrupted_line = resume_line(session.config, store, run_id)
-        self.report = build_report(store, run_id)
+        self.report = report_of(store, run_id)
         previous = session.config.getoption("hemra_compare")
         self.comparison = compare_runs(store, previous, run_id) if previous else None
         if self.gates and not interrupted:
@@ -239,7 +240,7 @@ class Controller:
         if self.runner is None:
             return
         terminalreporter.write_sep("=", "HEMRA")
-        report = self.report or build_report(self.runner.store, self.runner.run.id)
+        report = self.report or report_of(self.runner.store, self.runner.run.id)
         # a terminal: its width, the most important columns kept (a log file or CI: every
         # column, unless COLUMNS says otherwise; --hemra-wide: every column)
         width = (

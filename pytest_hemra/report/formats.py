@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 from collections.abc import Callable
 from importlib import resources
 from typing import Any
@@ -163,6 +164,10 @@ def render_text(
         sections.append("\n" + left_out_line(list(dropped), width, more))
     if report.prices:  # where the cost column's prices came from, and their version
         sections.append(wrap_line(f"prices: {report.prices}", width))
+    if report.kept_at is not None:  # read back, not built now (`snapshot.py`)
+        kept = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(report.kept_at))
+        line = f"numbers: as kept at {kept}; the run's trials and HEMRA unchanged since"
+        sections.append(wrap_line(line, width))
     return "\n".join(sections)
 
 

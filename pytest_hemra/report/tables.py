@@ -126,6 +126,7 @@ class RunReport:
     model: str | None
     datasets: list[DatasetReport]
     prices: str | None = None  # where its costs came from: the price dataset and its version
+    kept_at: float | None = None  # read back as kept at this time (`snapshot.py`); None: built now
 
 
 def by_task(trials: Sequence[TrialRecord]) -> dict[str, list[float]]:

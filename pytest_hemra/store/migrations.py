@@ -107,6 +107,13 @@ def to_12(ops: Operations, tx: Connection) -> None:
     tx.execute(update(trials).where(tampered).values(cause=trials.c.error_class))
 
 
+def to_13(ops: Operations, tx: Connection) -> None:
+    """A trial's revision, and a run's report kept as it was built (`report/snapshot.py`). Rows
+    written before have none (NULL), which a sum of revisions passes over."""
+    _columns(ops, "trials", Column("revision", BigInteger))
+    _tables(tx, schema.reports)
+
+
 # the step that brings a store of the version before to each version
 STEPS: dict[int, Step] = {
     3: to_3,
@@ -119,6 +126,7 @@ STEPS: dict[int, Step] = {
     10: to_10,
     11: to_11,
     12: to_12,
+    13: to_13,
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import secrets
 from collections.abc import Iterable
 from dataclasses import fields
 from typing import Any
@@ -39,7 +40,7 @@ from pytest_hemra.core.lifecycle import TrialStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialFilter, TrialRecord
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 OLDEST_MIGRATED = 2  # stores from schema 2 on are brought forward when opened
 
 metadata = MetaData()
@@ -60,6 +61,13 @@ def real(name: str) -> _Column[float]:
 def row_id() -> _Column[int]:
     """A numbered row: SQLite's rowid, PostgreSQL's identity column."""
     return _Column("id", BigInteger().with_variant(Integer, "sqlite"), Identity(), primary_key=True)
+
+
+def fresh_revision() -> int:
+    """A trial row's revision, drawn at random at each write: the sum over a run's rows then
+    changes with any write but with odds of 2**-40, with no counter for writers to share (40
+    bits: the sum of a million rows stays within a 64-bit integer)."""
+    return secrets.randbits(40)
 
 
 meta = Table("meta", metadata, text("key", key=True), text("value"))
@@ -119,6 +127,9 @@ trials = Table(
     text("model"),  # a matrix run's cell model (NULL: the run's one model)
     integer("kept_processes"),  # 1: verified with the agent's processes running
     text("cause"),  # why it ended so beside its outcome (`Cause`); in error_class before 12
+    # drawn afresh at each write of the row, by every insert and update the store makes: a
+    # run's rows' count and sum of revisions change with any write (`Store.report_key`)
+    _Column("revision", BigInteger, default=fresh_revision, onupdate=fresh_revision),
 )
 jobs = Table(
     "jobs",
@@ -246,6 +257,10 @@ shared_claims = Table(
     text("result"),
     text("trial_id"),
     real("at"),
+)
+# a run's report as it was built (`report/snapshot.py`), with the key of what it was built from
+reports = Table(
+    "reports", metadata, text("run_id", key=True), text("key"), text("body"), real("made_at")
 )
 # who holds a run's board of one kind while it starts, watches or stops shared jobs
 shared_locks = Table(

@@ -13,7 +13,8 @@ from collections import OrderedDict
 from typing import Any
 
 from pytest_hemra.report.formats import chart, table, title, variance_lines
-from pytest_hemra.report.tables import RunReport, build_report, report_dict
+from pytest_hemra.report.snapshot import report_of
+from pytest_hemra.report.tables import RunReport, report_dict
 from pytest_hemra.store import Store
 from pytest_hemra.viewer.pool import StorePool
 
@@ -33,7 +34,7 @@ def run_state(store: Store, run_id: str) -> StateKey:
 def report_json(store: Store, run_id: str) -> dict[str, Any]:
     """The report as `hemra report --format json` has it, with each dataset's table as the
     text report prints it and the geometry of its chart."""
-    report = build_report(store, run_id)
+    report = report_of(store, run_id)
     tables = []
     for dataset in report.datasets:
         headers, rows = table(dataset)

@@ -5,6 +5,7 @@ version's own code, at the last commit where `store/schema.py` (`store.py` befor
 store it wrote is dumped as SQL text (SQLite's `iterdump`; `pg_dump --inserts`).
 
     python tests/stores/make_dumps.py     # from the repository; rewrites tests/stores/*.sql
+    python tests/stores/make_dumps.py 12  # only schema 12's
 
 The older versions' code needs what they depended on (`pip install sqlite-utils`, which HEMRA
 itself no longer does) and psycopg; PostgreSQL's server programs for the PostgreSQL dumps.
@@ -55,6 +56,7 @@ def write(worktree: Path, address: str) -> None:
 
 
 def main() -> None:
+    chosen = {int(version) for version in sys.argv[1:]} or set(MOVED_ON)
     bin_dir = binaries()
     server = None
     if bin_dir is not None:
@@ -62,6 +64,8 @@ def main() -> None:
         server.start()
     try:
         for version, commit in MOVED_ON.items():
+            if version not in chosen:
+                continue
             last = git("rev-parse", f"{commit}^")
             with tempfile.TemporaryDirectory(prefix=f"hemra-schema-{version}-") as folder:
                 worktree = Path(folder) / "tree"
