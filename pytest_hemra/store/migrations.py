@@ -13,14 +13,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import sqlalchemy
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from sqlalchemy import BigInteger, Column, Connection, Table, Text, and_, update
 
 from pytest_hemra.core.outcome import Cause, Outcome
 from pytest_hemra.store import schema
-from pytest_hemra.store.schema import trials
 
+# the trials table as steps write it: without today's revision, which a store before 13 has no
+# column for (`schema.trials` draws one at every update)
+trials = sqlalchemy.table(
+    "trials", *(sqlalchemy.column(c.name) for c in schema.trials.c if c.name != "revision")
+)
 Step = Callable[[Operations, Connection], None]
 
 
@@ -36,8 +41,8 @@ def _indexes(tx: Connection, *names: str) -> None:
 
 
 def _columns(ops: Operations, table: str, *columns: Column[object]) -> None:
-    for column in columns:
-        ops.add_column(table, column)
+    for added in columns:
+        ops.add_column(table, added)
 
 
 def to_3(ops: Operations, tx: Connection) -> None:

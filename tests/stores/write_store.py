@@ -10,6 +10,7 @@ kept in `error_class` before schema 12), one failed with a SWE class, one still 
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,25 @@ def result(outcome: str, reward: float | None, **more: Any) -> dict[str, Any]:
     }
 
 
+def typed(store: Store, finished: dict[str, Any]) -> Any:
+    """The result as this version's `finish_trial` takes it: a dict up to schema 11, a typed
+    `TrialResult` from 12 (the cause apart from the SWE track's class)."""
+    if "TrialResult" not in str(inspect.signature(store.finish_trial).parameters["result"]):
+        return finished
+    from pytest_hemra.core.outcome import Cause, SweClass
+    from pytest_hemra.core.trial import SelfReport, TrialResult, TrialUsage
+
+    fields = dict(finished)
+    error_class = fields.pop("error_class")
+    fields["usage"] = TrialUsage(**fields["usage"])
+    fields["own_report"] = SelfReport(**fields["own_report"])
+    if error_class in {str(cause) for cause in Cause}:
+        fields["cause"] = Cause(error_class)
+    elif error_class is not None:
+        fields["swe_class"] = SweClass(error_class)
+    return TrialResult(**fields)
+
+
 def main() -> None:
     address = sys.argv[1]
     store = Store(address if address.startswith("postgresql:") else Path(address))
@@ -80,7 +100,7 @@ def main() -> None:
             store.claim(trial, "main@old-host:1", 600.0)
         else:  # schema 2: no queue yet
             store.start_trial(trial, "main@old-host:1")
-        store.finish_trial(trial, finished)
+        store.finish_trial(trial, typed(store, finished))
     store.close()
 
 
