@@ -4,11 +4,12 @@ Building a report reads every trial of the run: 150,000 take seconds (`benchmark
 A closed run's report (finished, cancelled or interrupted) is kept in the store the first time
 it is built (the terminal summary at the run's end builds it), with a key of everything it was
 built from: HEMRA's own code (a digest of its source, so an upgrade builds reports anew), the
-judges' calibrations its flags read, and the run's trial rows (`Store.trials_key`: their count
-and sum of revisions, which any write of a trial changes, a resume's or a retry's included).
-While the key is the same, `report_of` loads the kept report (the run's status and name, and
-the store's name, read now); otherwise it builds the report and keeps the new one. A report
-loaded so says when it was kept (`RunReport.kept_at`), and the text report prints it.
+run's recorded plan, the judges' calibrations its flags read, and the run's trial rows
+(`Store.trials_key`: their count and sum of revisions, which any write of a trial changes, a
+resume's or a retry's included). While the key is the same, `report_of` loads the kept report
+(the run's status and name, and the store's name, read now); otherwise it builds the report
+and keeps the new one. A report loaded so says when it was kept (`RunReport.kept_at`), and the
+text report prints it.
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ def report_key(store: Store, run: RunRecord) -> str:
         for judge in run.plan.judges
         if judge.model is not None
     ]
-    judged = hashlib.sha256(json.dumps(calibrations, sort_keys=True, default=str).encode())
-    return f"{code_digest()}:{judged.hexdigest()[:16]}:{store.trials_key(run.id)}"
+    read = json.dumps([run.spec, calibrations], sort_keys=True, default=str)
+    inputs = hashlib.sha256(read.encode()).hexdigest()[:16]
+    return f"{code_digest()}:{inputs}:{store.trials_key(run.id)}"
 
 
 @cache
