@@ -4,9 +4,10 @@ any write of one of its trials, another HEMRA, or a run still going builds it an
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from pytest_hemra.report.formats import render
 from pytest_hemra.report.snapshot import report_of
 from pytest_hemra.report.tables import RunReport
 from pytest_hemra.store import Store
-from tests.records import trial_result
+from tests.records import sql, trial_result
 from tests.test_reports import TASKS, result, spec
 
 FORMATS = ("text", "markdown", "csv", "json", "html")
@@ -114,3 +115,25 @@ def test_hemra_report_says_its_numbers_were_kept(tmp_path: Path) -> None:
     assert "numbers: as kept at" in second.stdout
     assert second.stdout.split("numbers: as kept at")[0] == first.stdout  # its last lines
     assert rebuilt.stdout == first.stdout  # built from every trial again
+
+
+def test_a_kept_report_keeps_a_nan_and_one_that_does_not_read_is_built_anew(
+    tmp_path: Path,
+) -> None:
+    with Store(tmp_path / "s.db") as store:
+        record_run(store, "r", {"base": lambda task, attempt: result(1.0)})
+        built = report_of(store, "r")
+        (table,) = built.datasets
+        row = table.harnesses[0]
+        assert row.reward is not None
+        odd = replace(row, reward=replace(row.reward, low=math.nan))
+        with_nan = replace(built, datasets=[replace(table, harnesses=[odd])])
+        key = snapshot.report_key(store, store.run("r"))
+        store.store_report("r", key, json.dumps(asdict(with_nan)))
+        read = report_of(store, "r")
+        assert read.kept_at is not None
+        reward = read.datasets[0].harnesses[0].reward
+        assert reward is not None and math.isnan(reward.low)  # not null, not an error
+
+        sql(store, "UPDATE reports SET body = '{\"run_id\": 1}'")  # not a report
+        assert report_of(store, "r") == built

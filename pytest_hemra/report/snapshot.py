@@ -9,7 +9,8 @@ run's recorded plan, the judges' calibrations its flags read, and the run's tria
 resume's or a retry's included). While the key is the same, `report_of` loads the kept report
 (the run's status and name, and the store's name, read now); otherwise it builds the report
 and keeps the new one. A report loaded so says when it was kept (`RunReport.kept_at`), and the
-text report prints it.
+text report prints it. Kept as Python's JSON of its fields (a NaN stays one), read back through
+pydantic into the same dataclasses; a kept body that does not read is built anew.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,15 +40,16 @@ def report_of(store: Store, run_id: str, *, rebuild: bool = False) -> RunReport:
     key = report_key(store, run)  # read before the trials: a write after it changes the key
     kept = None if rebuild else store.stored_report(run_id)
     if kept is not None and kept.key == key:
-        report = _adapter().validate_json(kept.body)
-        return replace(
-            report, status=run.status, name=run.name, store=store.name, kept_at=kept.made_at
-        )
+        with contextlib.suppress(ValueError):  # a body that does not read: built anew below
+            report = _adapter().validate_python(json.loads(kept.body))
+            return replace(
+                report, status=run.status, name=run.name, store=store.name, kept_at=kept.made_at
+            )
     report = build_report(store, run_id)
     if run.status in RunStatus.CLOSED:
         # the store busy for now: the report stands, and is kept at its next reading
         with contextlib.suppress(StoreUnavailable):
-            store.store_report(run_id, key, _adapter().dump_json(report).decode())
+            store.store_report(run_id, key, json.dumps(asdict(report)))
     return report
 
 
