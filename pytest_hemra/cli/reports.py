@@ -64,7 +64,6 @@ def add_commands(commands: Commands) -> None:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from pytest_hemra.report.comparison import compare_runs, render_comparison
     from pytest_hemra.report.formats import render
     from pytest_hemra.report.snapshot import report_of
 
@@ -74,6 +73,8 @@ def report_command(args: argparse.Namespace) -> int:
         find_run(store, args.store, args.run_id) if args.run_id else _latest_run(store, args.store)
     )
     if args.other_run:
+        from pytest_hemra.report.comparison import compare_runs, render_comparison
+
         find_run(store, args.store, args.other_run)
         if args.other_run == run_id:
             raise HemraError(
