@@ -66,7 +66,7 @@ def row_id() -> _Column[int]:
 def fresh_revision() -> int:
     """A trial row's revision, drawn at random at each write: the sum over a run's rows then
     changes with any write but with odds of 2**-40, with no counter for writers to share (40
-    bits: the sum of a million rows stays within a 64-bit integer)."""
+    bits: the sum over a run's rows stays within SQLite's 64-bit integer up to 8 million rows)."""
     return secrets.randbits(40)
 
 
