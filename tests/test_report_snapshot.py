@@ -6,35 +6,21 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from pytest_hemra.core.lifecycle import RunStatus
-from pytest_hemra.core.records import PlannedTrial
 from pytest_hemra.report import snapshot
 from pytest_hemra.report.formats import render
 from pytest_hemra.report.snapshot import report_of
 from pytest_hemra.report.tables import RunReport
 from pytest_hemra.store import Store
 from tests.records import sql, trial_result
-from tests.test_reports import TASKS, result, spec
+from tests.test_reports import record_run, result
 
 FORMATS = ("text", "markdown", "csv", "json", "html")
-Outcomes = dict[str, Callable[[str, int], dict[str, Any] | None]]
-
-
-def record_run(store: Store, run_id: str, outcomes: Outcomes) -> None:
-    """`outcomes[harness](task, attempt)`: a result dict, or None for a trial never run."""
-    plan = [PlannedTrial("ds", t, h, a) for t in TASKS for h in outcomes for a in (1, 2)]
-    store.record_plan(run_id, run_id, spec(list(outcomes)), Path("/srv/trials"), plan)
-    for trial in store.trials(run_id):
-        found = outcomes[trial.harness](trial.task, trial.attempt)
-        if found is not None:
-            store.finish_trial(trial.id, trial_result(found))
 
 
 def renders(report: RunReport) -> dict[str, str]:

@@ -54,7 +54,8 @@ def record_run(store: Store, run_id: str, outcomes: dict[str, Any], **kwargs: An
     """`outcomes[harness](task, attempt)` -> a result dict, or None for a trial never run."""
     harnesses = list(outcomes)
     plan = [PlannedTrial("ds", t, h, a) for t in TASKS for h in harnesses for a in (1, 2)]
-    store.record_plan(run_id, run_id, spec(harnesses, **kwargs), store.path.parent, plan)
+    folder = store.path.parent if store.path is not None else Path("/srv/trials")  # PostgreSQL
+    store.record_plan(run_id, run_id, spec(harnesses, **kwargs), folder, plan)
     for trial in store.trials(run_id):
         found = outcomes[trial.harness](trial.task, trial.attempt)
         if found is not None:

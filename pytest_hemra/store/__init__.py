@@ -12,7 +12,7 @@ from pytest_hemra.store.placements import PlacementStore
 from pytest_hemra.store.queue import QueueStore
 from pytest_hemra.store.schema import OLDEST_MIGRATED, SCHEMA_VERSION, metadata, trial_id
 from pytest_hemra.store.shared import SharedBoard, SharedJobStore
-from pytest_hemra.store.snapshots import SnapshotStore, StoredReport
+from pytest_hemra.store.snapshots import SnapshotStore
 
 
 class Store(QueueStore, PlacementStore, SharedJobStore, EventStore, SnapshotStore):
@@ -26,12 +26,4 @@ class Store(QueueStore, PlacementStore, SharedJobStore, EventStore, SnapshotStor
     they were built)."""
 
 
-__all__ = [
-    "OLDEST_MIGRATED",
-    "SCHEMA_VERSION",
-    "SharedBoard",
-    "Store",
-    "StoredReport",
-    "metadata",
-    "trial_id",
-]
+__all__ = ["OLDEST_MIGRATED", "SCHEMA_VERSION", "SharedBoard", "Store", "metadata", "trial_id"]

@@ -41,8 +41,8 @@ def _indexes(tx: Connection, *names: str) -> None:
 
 
 def _columns(ops: Operations, table: str, *columns: Column[object]) -> None:
-    for added in columns:
-        ops.add_column(table, added)
+    for column in columns:
+        ops.add_column(table, column)
 
 
 def to_3(ops: Operations, tx: Connection) -> None:

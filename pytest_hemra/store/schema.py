@@ -128,7 +128,7 @@ trials = Table(
     integer("kept_processes"),  # 1: verified with the agent's processes running
     text("cause"),  # why it ended so beside its outcome (`Cause`); in error_class before 12
     # drawn afresh at each write of the row, by every insert and update the store makes: a
-    # run's rows' count and sum of revisions change with any write (`Store.report_key`)
+    # run's rows' count and sum of revisions change with any write (`Store.trials_key`)
     _Column("revision", BigInteger, default=fresh_revision, onupdate=fresh_revision),
 )
 jobs = Table(
