@@ -350,3 +350,42 @@ def test_call_bodies_past_the_trials_cap_are_not_kept_and_the_cut_is_noted(
     assert kept_bytes <= 1500
     note = (calls_dir / "over-cap.txt").read_text()
     assert note.startswith(f"bodies of call {len(kept) + 1} and later not kept")
+
+
+# an offline task's agent keeps the gateway's address and its token where test.sh finds them
+SAVES_ITS_TOKEN = (
+    'kind = "program"\ncommand = ["sh", "-c",'
+    ' "printf \\"HEMRA_BASE_URL=%s\\\\nHEMRA_API_KEY=%s\\\\n\\" $HEMRA_BASE_URL $HEMRA_API_KEY'
+    ' > /app/creds"]\n'
+)
+
+
+def test_an_offline_verifier_left_on_the_gateways_network_is_refused_the_agents_ended_token(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[..., Path],
+    docker_test: None,
+) -> None:
+    """An offline sandbox sits on `hemra-gateway` (no route out) from its start, and its
+    verifier stays there rather than being cut (a request saved: docs/runs.md): what it reaches
+    there answers nothing without a live token. test.sh asks the gateway for a model with the
+    token the agent left in /app: refused 401, so nothing of the agent's reaches a model."""
+    make_task(
+        "offline",
+        test="set -a; . /app/creds; set +a\n" + ASKS_A_MODEL,
+        dockerfile="FROM debian:bookworm-slim\nWORKDIR /app\n",  # a root agent, as Harbor's
+        task_toml="[agent]\ntimeout_sec = 30\n[verifier]\ntimeout_sec = 30\n"
+        "[environment]\nallow_internet = false\n",
+    )
+    write_harness("saver", SAVES_ITS_TOKEN)
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('harnesses = ["saver"]\ndatasets = ["ds"]\nmodel = "hemra/scripted"\n')
+    pytester.runpytest("--hemra-run", str(run_file)).assert_outcomes(failed=1)
+    store = Store(pytester.path / ".hemra" / "hemra.db")
+    (run,) = store.runs()
+    (trial,) = store.trials(run.id)
+    assert trial.reward == 0.0
+    folder = Path(trial.trial_dir or "")
+    said = (folder / "verifier" / "stdout.txt").read_text()
+    assert "HTTP/1.1 401" in said, said  # reached the gateway, which refused the ended token

@@ -50,10 +50,10 @@ from pytest_hemra.run.turn import (
     AGENT_LOGS,
     gateway_port,
     healthy,
+    instruction_files,
     keep_tree_notes,
     model_access,
     proxy_port,
-    put_instruction,
     run_agent,
 )
 from pytest_hemra.score.judges import material, run_judge
@@ -268,6 +268,9 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
         output_cap=context.spec.sandbox.output_cap_mb << 20,
         pass_env=tuple(context.spec.sandbox.pass_env),
     )
+    if not task.config.steps:  # in before it starts (a step's goes in at the step)
+        files, folders = instruction_files(context, task.path, task.instruction)
+        request = replace(request, files=files, folders=folders)
     _raise_if_stopped(context, "before its sandbox started")
     sandboxes = ExitStack()
     starts = admission(progress.engine or context.provider.engine or LOCAL_ENGINE)
@@ -288,8 +291,7 @@ def _run_in_sandbox(context: TrialContext, progress: Progress) -> tuple[float, d
             return _noting_offline(
                 context, progress, lambda: run_steps(context, sandbox, progress, installed, request)
             )
-        with progress.phase("setup"):
-            put_instruction(context, sandbox, task.path, task.instruction)
+        with progress.phase("setup"):  # the instruction went in as it started
             before = sandbox.read_start_tree(context.workdir)
         with progress.phase("agent"), model_access(context, progress) as access:
             run_agent(context, sandbox, progress, access, installed)

@@ -72,12 +72,19 @@ def healthy(context: TrialContext, sandbox: Sandbox, check: Healthcheck | None, 
         )
 
 
-def put_instruction(context: TrialContext, sandbox: Sandbox, folder: Path, text: str) -> None:
-    """The instruction file, and the solution for a harness that uses it (the oracle), in at
-    once: root's, read-only for the agent."""
+def instruction_files(
+    context: TrialContext, folder: Path, text: str
+) -> tuple[dict[str, bytes], dict[str, Path]]:
+    """The instruction file, and the solution for a harness that uses it (the oracle): the
+    files and folders to put in (root's, read-only for the agent)."""
     solution = folder / "solution"
     use = context.harness.spec.uses_solution and solution.is_dir()
-    sandbox.put({INSTRUCTION_FILE: text.encode()}, {"/solution": solution} if use else {})
+    return {INSTRUCTION_FILE: text.encode()}, {"/solution": solution} if use else {}
+
+
+def put_instruction(context: TrialContext, sandbox: Sandbox, folder: Path, text: str) -> None:
+    """`instruction_files` in at once (a step's: the first sandbox took its task's at start)."""
+    sandbox.put(*instruction_files(context, folder, text))
 
 
 def gateway_port(context: TrialContext) -> int | None:

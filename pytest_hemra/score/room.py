@@ -77,6 +77,8 @@ def cut_network(context: TrialContext, sandbox: Sandbox, settings: TaskVerifier)
     network = verifier_network(context, settings)
     if network == "allowlist" and sandbox.only_gateway_network():
         return True
+    if network == "none" and sandbox.without_route_out():
+        return False  # an offline sandbox: nothing there answers the verifier (no cut asked)
     if network != "bridge":
         sandbox.disconnect_network()
     return False
@@ -138,6 +140,8 @@ def verifier_room(
         name=f"{request.name}-verifier" if request.name else None,
         labels={**request.labels, "hemra.verifier": "separate"},
         mounts=(),
+        files={},  # nothing of the agent's phase: the instruction, the oracle's solution
+        folders={},
     )
     with context.provider.open(room_request) as room:
         copy_into(context, sandbox, room)

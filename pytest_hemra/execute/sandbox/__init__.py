@@ -84,6 +84,10 @@ class SandboxRequest:
     # the runner variables a task's env templates may read (the run's `[sandbox] pass_env`):
     # its compose services' `${VAR}`s are filled from these alone
     pass_env: tuple[str, ...] = ()
+    # placed before it starts, root's and read-only for the agent (the instruction, the
+    # oracle's solution): into its storage on this host where it can be, no request carrying them
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    folders: Mapping[str, Path] = field(default_factory=dict)
 
 
 class Tree(dict[str, bytes]):
@@ -245,6 +249,12 @@ class Sandbox(Protocol):
     def only_gateway_network(self) -> bool:
         """Only HEMRA's network without a route out, where the egress proxy is reached (a
         verifier's allowlist); False where there is none (the caller cuts the network)."""
+
+    def without_route_out(self) -> bool:
+        """On HEMRA's network without a route out alone (where an offline sandbox starts), on
+        which nothing answers once the agent's token and pass have ended: as good as cut for a
+        verifier without a network, at no request. False where not (the caller cuts)."""
+        return False
 
     def reconnect_network(self) -> None:
         """Give back the networks `disconnect_network` (or `only_gateway_network`) took (the

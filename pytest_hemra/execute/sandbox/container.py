@@ -53,6 +53,7 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
         gateway_network: str | None = None,
         output_cap: int = DEFAULT_OUTPUT_CAP,
         entrypoint: tuple[str, ...] = (),
+        networks: dict[str, str] | None = None,
     ) -> None:
         self.output_cap = output_cap  # each file an exec's output goes to: bytes kept at most
         # without: PID 1 is `sleep infinity` (the image has no ENTRYPOINT), and every other
@@ -72,7 +73,8 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
         # container gave it, when it did (`Containers.open` reads it once it has started)
         self._pid: int | None = int(container.attrs.get("State", {}).get("Pid") or 0) or None
         self._cut = False  # off every network but its services' (`disconnect_network`)
-        self._on: dict[str, str] | None = None  # its networks but its services', name: id
+        # its networks but its services', name: id (as created, when read before it started)
+        self._on: dict[str, str] | None = dict(networks) if networks is not None else None
 
     @property
     def halted(self) -> bool:
@@ -330,6 +332,14 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
         self._networks()[gateway] = gateway
         self._cut = False  # on a network again: a later cut takes it off
         return True
+
+    def without_route_out(self) -> bool:
+        """On `hemra-gateway` alone (an offline sandbox is placed there at its start): no
+        route out, and nothing it reaches there (the gateway, its egress proxy) answers without
+        a live token or pass, which the agent's ended with its turn. No request: as read once
+        started, then as HEMRA changed it."""
+        gateway = self._gateway_network
+        return gateway is not None and set(self._networks()) == {gateway}
 
     def reconnect_network(self) -> None:
         self._cut = False

@@ -19,11 +19,13 @@ import docker.errors
 from docker.models.containers import _create_container_args
 
 from pytest_hemra.core.errors import InfraError
-from pytest_hemra.execute.sandbox import ROOT_USER, WORKDIR, SandboxRequest
+from pytest_hemra.execute.sandbox import ROOT_USER, WORKDIR, SandboxRequest, storage
 from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS, EngineClient
 from pytest_hemra.execute.sandbox.container import DockerSandbox
+from pytest_hemra.execute.sandbox.files import files_archive
 from pytest_hemra.execute.sandbox.images import Images
 from pytest_hemra.execute.sandbox.networks import GATEWAY_NETWORK, Networks
+from pytest_hemra.execute.sandbox.overlay import overlay_put
 from pytest_hemra.execute.sandbox.removal import remove_container
 from pytest_hemra.resolve.compose import MAIN
 
@@ -74,16 +76,17 @@ class Containers:
         options = _options(request, bool(entrypoint))
         container = None
         own = self.networks.own
+        on: dict[str, str] | None = None  # its networks, name: id, where known here
         try:
             run_id = request.labels.get("hemra.run")
             if own and run_id:
-                container = self._on_networks(request, options, run_id)
+                container, on = self._on_networks(request, options, run_id)
             elif request.services_network and not request.network:  # a pool's, with services
                 container = self._on_services(request, options)
             else:  # a pool's, or outside any run (tests, benchmarks): Docker's default bridge
                 container = self.client.containers.create(request.image, **options)
                 self._join_services(container, request)
-                container.start()
+                self._start(container, request, read=False)  # the SDK's create read it
             kept = (request.services_network,) if request.services_network else ()
             yield DockerSandbox(
                 self.client,
@@ -93,6 +96,7 @@ class Containers:
                 kept=kept,
                 gateway_network=GATEWAY_NETWORK if own and run_id else None,
                 output_cap=request.output_cap,
+                networks=on,
             )
         except DOCKER_ERRORS as error:
             if isinstance(error, docker.errors.ImageNotFound):  # removed since it was seen
@@ -111,7 +115,9 @@ class Containers:
             remove_container(container)
         return len(found)
 
-    def _on_networks(self, request: SandboxRequest, options: dict[str, Any], run_id: str) -> Any:
+    def _on_networks(
+        self, request: SandboxRequest, options: dict[str, Any], run_id: str
+    ) -> tuple[Any, dict[str, str]]:
         """The container on one network of HEMRA's: `hemra-gateway` (internal) without internet,
         its run's own network with it; either way its firewall lets in the gateway's port on
         `hemra-gateway`'s host address, the one address the gateway listens on. One network, one
@@ -130,9 +136,10 @@ class Containers:
 
     def _place(
         self, request: SandboxRequest, options: dict[str, Any], run_id: str, *, whole: bool
-    ) -> Any:
-        """Create and start the container on its network (`_on_networks`); `whole`: the caller
-        holds the run network's lock, else it is taken while the container is created."""
+    ) -> tuple[Any, dict[str, str]]:
+        """Create and start the container on its network (`_on_networks`), with it (name: id);
+        `whole`: the caller holds the run network's lock, else it is taken while the container
+        is created."""
         network, lock = self.networks.sandbox_network(request, run_id, locked=whole)
         container = None
         try:
@@ -140,13 +147,30 @@ class Containers:
                 # process, whose bridge this one never let its gateway's port into
                 container = self._create(request.image, network=network.id, **options)
             self._join_services(container, request)
-            container.start()
-            container.reload()  # read once, started: its PID 1 known (`listening_ports`)
-            return container
+            self._start(container, request)
+            return container, {network.name: network.id}
         except BaseException:
             if container is not None:
                 remove_container(container)
             raise
+
+    def _start(self, container: Any, request: SandboxRequest, *, read: bool = True) -> None:
+        """Started, with the request's files in first, and (`read`) read once: a container that
+        takes files is read before it starts (where its storage is: they are unpacked there on
+        a local engine, no request; else one archive to the created container), its PID 1 then
+        read where it is needed (`listening_ports`); one that takes none once started."""
+        if not (request.files or request.folders):
+            container.start()
+            if read:
+                container.reload()
+            return
+        if read:
+            container.reload()
+        archive = files_archive(request.files, request.folders)
+        writes = storage.writes_storage(self.client)
+        if not (writes and overlay_put(container.attrs, True, archive)):
+            container.put_archive("/", archive)
+        container.start()
 
     def _create(self, image: str, **options: Any) -> Any:
         """A container created, without the SDK's read of it back (`containers.create` reads
@@ -167,7 +191,7 @@ class Containers:
             request.image, network=name, networking_config={name: endpoint}, **options
         )
         try:
-            container.start()
+            self._start(container, request, read=False)  # the SDK's create read it
         except BaseException:
             remove_container(container)
             raise

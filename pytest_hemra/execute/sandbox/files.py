@@ -51,6 +51,23 @@ KNOWN_ERRNOS = (
 )
 
 
+def files_archive(
+    files: Mapping[str, bytes], dirs: Mapping[str, Path] = {}, owner: str | None = None
+) -> bytes:
+    """One tar of files (by path) and host folders (by target), to unpack at /: root's and
+    read-only for the agent, or with `owner` ("uid:gid") that user's, modes kept."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for target, content in files.items():
+            info = tarfile.TarInfo(target.strip("/"))
+            info.size, info.mode, info.mtime = len(content), 0o644, int(time.time())
+            archive.addfile(info, io.BytesIO(content))
+        for target, source in dirs.items():
+            keep = _root_owned if owner is None else _owned_by(owner)
+            archive.add(source, arcname=target.strip("/"), filter=keep)
+    return buffer.getvalue()
+
+
 class FileTransfer:
     """What `DockerSandbox` puts in and takes out of its container."""
 
@@ -83,16 +100,7 @@ class FileTransfer:
         """Files (by path) and host folders (by target) in, in one archive (one round trip to
         the engine): root's and read-only for the agent, or with `owner` ("uid:gid") that
         user's, modes kept."""
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
-            for target, content in files.items():
-                info = tarfile.TarInfo(target.strip("/"))
-                info.size, info.mode, info.mtime = len(content), 0o644, int(time.time())
-                archive.addfile(info, io.BytesIO(content))
-            for target, source in dirs.items():
-                keep = _root_owned if owner is None else _owned_by(owner)
-                archive.add(source, arcname=target.strip("/"), filter=keep)
-        self.container.put_archive("/", buffer.getvalue())
+        self.container.put_archive("/", files_archive(files, dirs, owner))
 
     def put_file(self, content: bytes, target: str, owner: str | None = None) -> None:
         """Write one file; with `owner` ("uid:gid") it and its new folders under the agent's

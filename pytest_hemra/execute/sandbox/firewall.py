@@ -87,8 +87,17 @@ def _forward_chain() -> str:
     return "DOCKER-USER" if _run("iptables", "-S", "DOCKER-USER").returncode == 0 else "FORWARD"
 
 
-def guard(bridge: str) -> None:
-    """Reject everything from `bridge` to the host and to link-local addresses (idempotent)."""
+def _no_way_out(bridge: str) -> tuple[str, ...]:
+    """A rule refusing what leaves `bridge` for anywhere else as an unreachable network: what
+    Docker's internal network drops (a connection then hangs until its timeout) fails at once,
+    as it does with the network cut ("Network is unreachable")."""
+    rejected = ("-j", "REJECT", "--reject-with", "icmp-net-unreachable")
+    return ("-i", bridge, "!", "-o", bridge, *rejected)
+
+
+def guard(bridge: str, *, internal: bool = False) -> None:
+    """Reject everything from `bridge` to the host and to link-local addresses, and for an
+    `internal` network (no route out) to anywhere off it (idempotent)."""
     chain = chain_of(bridge)
     if _run("iptables", "-S", chain).returncode != 0:
         created = _run("iptables", "-N", chain)
@@ -97,6 +106,8 @@ def guard(bridge: str) -> None:
     _ensure("iptables", chain, "-j", "REJECT", first=False)
     _ensure("iptables", "INPUT", "-i", bridge, "-j", chain)
     _ensure("iptables", _forward_chain(), "-i", bridge, "-d", LINK_LOCAL, "-j", "REJECT")
+    if internal:
+        _ensure("iptables", _forward_chain(), *_no_way_out(bridge))
     if shutil.which("ip6tables") is not None:
         for base in ("INPUT", "FORWARD"):
             _ensure("ip6tables", base, "-i", bridge, "-j", "DROP")
@@ -199,6 +210,7 @@ def unguard(bridge: str) -> None:
     chain = chain_of(bridge)
     _delete("iptables", "INPUT", "-i", bridge, "-j", chain)
     _delete("iptables", _forward_chain(), "-i", bridge, "-d", LINK_LOCAL, "-j", "REJECT")
+    _delete("iptables", _forward_chain(), *_no_way_out(bridge))
     if _run("iptables", "-S", chain).returncode == 0:
         _run("iptables", "-F", chain)
         _run("iptables", "-X", chain)

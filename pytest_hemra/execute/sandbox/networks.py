@@ -112,7 +112,7 @@ class Networks:
             bridge = bridge_of(network)
             if bridge not in self._guarded:
                 firewall.reap()
-                firewall.guard(bridge)
+                firewall.guard(bridge, internal=internal)
                 self._guarded.add(bridge)
             self._networks[name] = network
             return network

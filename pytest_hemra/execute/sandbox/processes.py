@@ -17,6 +17,33 @@ END_USER_SECS = 5.0  # a user's processes killed and seen gone, else the sandbox
 ENGINE_DNS = "0B00007F"
 
 
+# where an engine's cgroups hold a container's processes on its host: cgroup v2 or v1 (its
+# pids, unified or systemd hierarchy), under the cgroupfs or the systemd driver
+CGROUP_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified")
+CGROUP_GROUPS = ("docker/{id}", "system.slice/docker-{id}.scope")
+
+
+def init_pid(container_id: str) -> int | None:
+    """The PID (this machine's) of the container's PID 1, read from its cgroup on this host
+    (no request to its engine): the process there that is 1 in its own PID namespace. None
+    where it cannot be found here (an engine elsewhere, another driver's layout)."""
+    for root in CGROUP_ROOTS:
+        for group in CGROUP_GROUPS:
+            try:
+                listed = Path(root, group.format(id=container_id), "cgroup.procs").read_text()
+            except OSError:
+                continue
+            for pid in listed.split():
+                try:
+                    status = Path(f"/proc/{pid}/status").read_text()
+                except OSError:
+                    continue
+                for line in status.splitlines():
+                    if line.startswith("NSpid:") and line.split()[-1] == "1":
+                        return int(pid)
+    return None
+
+
 def _tcp_in_use(pid: int) -> bool:
     """Whether the network namespace of `pid` holds any TCP socket (its sockstat counts), or
     that cannot be read (then the tables are)."""
@@ -68,6 +95,8 @@ class ProcessSweep:
         """Read from /proc/<PID 1>/net/tcp{,6} on the engine's host (a local engine, a runner
         that may read it): the sockets in LISTEN state (0A), by port."""
         if self._pid is None:  # PID 1's, as long as it runs (`halt` forgets it)
+            self._pid = init_pid(self.container.id)
+        if self._pid is None:  # not found on this host: asked of the engine
             try:
                 self.container.reload()
                 self._pid = int(self.container.attrs["State"]["Pid"] or 0)
