@@ -15,7 +15,9 @@ in Docker sandboxes can take on this machine, as a ratio to the ideal.
 `--before` also runs 64 trials the way a runner did before lanes: `-n 16` workers, one trial at
 once each.
 
-    python benchmarks/concurrency.py [--levels 16 64 200] [--sleep 10] [--before]
+`--offline` runs tasks without internet (their sandboxes on `hemra-gateway`).
+
+    python benchmarks/concurrency.py [--levels 16 64 200] [--sleep 10] [--before] [--offline]
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ BASE_IMAGE = "debian:bookworm-slim"
 
 
 def write_dataset(root: Path, tasks: int, offline: bool = False) -> None:
-    """`tasks` copies of a task a sleeping harness solves; `offline`: with no network at all
-    (for engines that have no bridge network)."""
+    """`tasks` copies of a task a sleeping harness solves; `offline`: without internet (on
+    `hemra-gateway`; an engine without HEMRA's networks gives them none)."""
     network = "[environment]\nallow_internet = false\n" if offline else ""
     for n in range(tasks):
         task = root / "datasets" / "bench" / f"task-{n:02d}"
@@ -179,11 +181,12 @@ def main() -> None:
     parser.add_argument("--levels", type=int, nargs="+", default=[16, 64, 200])
     parser.add_argument("--sleep", type=float, default=10.0)
     parser.add_argument("--before", action="store_true", help="also 64 trials on -n 16")
+    parser.add_argument("--offline", action="store_true", help="tasks without internet")
     args = parser.parse_args()
     tasks = max([*args.levels, 64])
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
-        write_dataset(root, tasks)
+        write_dataset(root, tasks, offline=args.offline)
         write_harness(root, "sleeper", args.sleep)
         write_harness(root, "instant", 0)
         session(root, "instant", 1, 1)  # builds the task image once; not measured

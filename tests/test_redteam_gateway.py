@@ -360,17 +360,16 @@ SAVES_ITS_TOKEN = (
 )
 
 
-def test_an_offline_verifier_left_on_the_gateways_network_is_refused_the_agents_ended_token(
+def test_a_verifier_handed_the_agents_token_reaches_no_model(
     pytester: pytest.Pytester,
     tmp_path: Path,
     make_task: TaskMaker,
     write_harness: Callable[..., Path],
     docker_test: None,
 ) -> None:
-    """An offline sandbox sits on `hemra-gateway` (no route out) from its start, and its
-    verifier stays there rather than being cut (a request saved: docs/runs.md): what it reaches
-    there answers nothing without a live token. test.sh asks the gateway for a model with the
-    token the agent left in /app: refused 401, so nothing of the agent's reaches a model."""
+    """An agent leaves the gateway's address and its token in /app for test.sh, which asks the
+    gateway for a model with them: no reply (the token ended with the agent's turn, and the
+    verifier's network, by default, is cut), so nothing of the agent's reaches a model."""
     make_task(
         "offline",
         test="set -a; . /app/creds; set +a\n" + ASKS_A_MODEL,
@@ -387,5 +386,6 @@ def test_an_offline_verifier_left_on_the_gateways_network_is_refused_the_agents_
     (trial,) = store.trials(run.id)
     assert trial.reward == 0.0
     folder = Path(trial.trial_dir or "")
+    assert "HEMRA_API_KEY=" in (folder / "diff.patch").read_text()  # the agent left its token
     said = (folder / "verifier" / "stdout.txt").read_text()
-    assert "HTTP/1.1 401" in said, said  # reached the gateway, which refused the ended token
+    assert "a scripted reply" not in said, said

@@ -277,6 +277,37 @@ def test_sandboxes_of_one_run_with_internet_never_reach_each_other_the_host_or_m
     assert run_network(run_id) not in {n.name for n in provider.client.networks.list()}
 
 
+@pytest.mark.usefixtures("docker_test")
+def test_a_sandbox_without_internet_is_refused_anywhere_off_its_network_at_once(
+    tmp_path: Path, make_task: TaskMaker
+) -> None:
+    """From `hemra-gateway`, a connection to an address off it (here a listener in another
+    run's sandbox, on that run's network) fails at once as an unreachable network, as with no
+    network at all: Docker's `internal` alone drops it, and the agent's connection would hang
+    until its timeout (the probe's 4 s)."""
+    provider = DockerProvider()
+    image = python_image(provider, make_task)
+    run_id = f"redteam-off-{time.time_ns()}"
+
+    def request(trial: str, network: bool) -> SandboxRequest:
+        return SandboxRequest(
+            image=image,
+            limits=Limits(),
+            network=network,
+            labels={"hemra.run": run_id, "hemra.trial": f"{run_id}.{trial}"},
+        )
+
+    with ExitStack() as stack:
+        online = stack.enter_context(provider.open(request("online", True)))
+        offline = stack.enter_context(provider.open(request("offline", False)))
+        peer = serve_peer(online, tmp_path)
+        found = probe(offline, {"peer off its network": (peer, PEER_PORT)}, tmp_path)
+    provider.release(run_id, None)
+    reached = found["probes"]["peer off its network"]
+    assert reached["result"] == "OSError", found  # ENETUNREACH, not a timeout
+    assert reached["secs"] < QUICK_SECS, found
+
+
 @pytest.mark.parametrize(
     ("task_toml", "run_extra", "expected"),
     [

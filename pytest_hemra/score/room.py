@@ -77,8 +77,6 @@ def cut_network(context: TrialContext, sandbox: Sandbox, settings: TaskVerifier)
     network = verifier_network(context, settings)
     if network == "allowlist" and sandbox.only_gateway_network():
         return True
-    if network == "none" and sandbox.without_route_out():
-        return False  # an offline sandbox: nothing there answers the verifier (no cut asked)
     if network != "bridge":
         sandbox.disconnect_network()
     return False

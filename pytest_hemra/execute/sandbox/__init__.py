@@ -250,12 +250,6 @@ class Sandbox(Protocol):
         """Only HEMRA's network without a route out, where the egress proxy is reached (a
         verifier's allowlist); False where there is none (the caller cuts the network)."""
 
-    def without_route_out(self) -> bool:
-        """On HEMRA's network without a route out alone (where an offline sandbox starts), on
-        which nothing answers once the agent's token and pass have ended: as good as cut for a
-        verifier without a network, at no request. False where not (the caller cuts)."""
-        return False
-
     def reconnect_network(self) -> None:
         """Give back the networks `disconnect_network` (or `only_gateway_network`) took (the
         next step of a task)."""

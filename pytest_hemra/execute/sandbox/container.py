@@ -333,14 +333,6 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
         self._cut = False  # on a network again: a later cut takes it off
         return True
 
-    def without_route_out(self) -> bool:
-        """On `hemra-gateway` alone (an offline sandbox is placed there at its start): no
-        route out, and nothing it reaches there (the gateway, its egress proxy) answers without
-        a live token or pass, which the agent's ended with its turn. No request: as read once
-        started, then as HEMRA changed it."""
-        gateway = self._gateway_network
-        return gateway is not None and set(self._networks()) == {gateway}
-
     def reconnect_network(self) -> None:
         self._cut = False
         on = self._networks()
