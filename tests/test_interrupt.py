@@ -51,7 +51,13 @@ def listed(store_path: Path, run_id: str) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
+@pytest.mark.parametrize(
+    "stop",
+    [signal.SIGINT, signal.SIGTERM],  # a terminal's Ctrl-C; a CI job cancelled, a `kill`
+    ids=["ctrl-c", "sigterm"],
+)
 def test_ctrl_c_prints_the_command_that_finishes_the_run_and_it_finishes_every_trial_once(
+    stop: signal.Signals,
     xdist: list[str],
     tmp_path: Path,
     make_task: TaskMaker,
@@ -73,7 +79,7 @@ def test_ctrl_c_prints_the_command_that_finishes_the_run_and_it_finishes_every_t
         )
         try:
             wait_for(lambda: finished_count(store_path) >= 1, 180, "a trial with a result")
-            os.killpg(runner.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+            os.killpg(runner.pid, stop)  # the whole group, as a terminal's Ctrl-C does
             assert runner.wait(timeout=60) == 2
         finally:
             if runner.poll() is None:
