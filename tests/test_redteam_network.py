@@ -115,6 +115,16 @@ def python_image(provider: DockerProvider, make_task: TaskMaker) -> str:
     return provider.prepare(load_task(task), "")
 
 
+def run_request(image: str, run_id: str, trial: str, network: bool) -> SandboxRequest:
+    """A sandbox of run `run_id` (on its network with `network`, else on hemra-gateway)."""
+    return SandboxRequest(
+        image=image,
+        limits=Limits(),
+        network=network,
+        labels={"hemra.run": run_id, "hemra.trial": f"{run_id}.{trial}"},
+    )
+
+
 def probe(sandbox: DockerSandbox, targets: dict[str, tuple[str, int]], logs: Path) -> Any:
     out, err = logs / "probe.out", logs / "probe.err"
     sandbox.exec(
@@ -238,18 +248,10 @@ def test_sandboxes_of_one_run_with_internet_never_reach_each_other_the_host_or_m
     assert gateway_host is not None
     run_id = f"redteam-net-{time.time_ns()}"
 
-    def request(trial: str) -> SandboxRequest:
-        return SandboxRequest(
-            image=image,
-            limits=Limits(),
-            network=True,
-            labels={"hemra.run": run_id, "hemra.trial": f"{run_id}.{trial}"},
-        )
-
     with ExitStack() as stack:
         port, accepted = stack.enter_context(host_listener())
-        first = stack.enter_context(provider.open(request("1")))
-        second = stack.enter_context(provider.open(request("2")))
+        first = stack.enter_context(provider.open(run_request(image, run_id, "1", True)))
+        second = stack.enter_context(provider.open(run_request(image, run_id, "2", True)))
         peer = serve_peer(first, tmp_path)
         second.container.reload()
         networks = second.container.attrs["NetworkSettings"]["Networks"]
@@ -289,17 +291,9 @@ def test_a_sandbox_without_internet_is_refused_anywhere_off_its_network_at_once(
     image = python_image(provider, make_task)
     run_id = f"redteam-off-{time.time_ns()}"
 
-    def request(trial: str, network: bool) -> SandboxRequest:
-        return SandboxRequest(
-            image=image,
-            limits=Limits(),
-            network=network,
-            labels={"hemra.run": run_id, "hemra.trial": f"{run_id}.{trial}"},
-        )
-
     with ExitStack() as stack:
-        online = stack.enter_context(provider.open(request("online", True)))
-        offline = stack.enter_context(provider.open(request("offline", False)))
+        online = stack.enter_context(provider.open(run_request(image, run_id, "online", True)))
+        offline = stack.enter_context(provider.open(run_request(image, run_id, "offline", False)))
         peer = serve_peer(online, tmp_path)
         found = probe(offline, {"peer off its network": (peer, PEER_PORT)}, tmp_path)
     provider.release(run_id, None)
