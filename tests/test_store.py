@@ -11,7 +11,7 @@ from sqlalchemy import inspect
 
 from pytest_hemra.core.errors import StoreError
 from pytest_hemra.core.records import PlannedTrial
-from pytest_hemra.store import SCHEMA_VERSION, Store
+from pytest_hemra.store import SCHEMA_VERSION, Store, queue
 from tests.records import OLD_PLAN, OLD_RUN, load_sqlite_dump, sql, trial_result
 
 PLAN = [PlannedTrial("ds", "t", "h", 1), PlannedTrial("ds", "t", "h", 2)]
@@ -88,6 +88,24 @@ def test_one_write_renews_many_leases_and_says_which_are_cancelling(
     assert store.cancel_run("r1", lambda owner: True) == (0, 2)
     beats = store.heartbeats([first.id, second.id], "gw0@elsewhere:1", 30)
     assert beats == {first.id: "cancelling", second.id: None}  # the second is not its lease
+
+
+def test_a_beat_past_one_statements_share_renews_every_lease_of_its_worker_only(
+    tmp_path: Path, store_address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leases are renewed `BEAT_CHUNK` trials a statement: every chunk's trials, and only the
+    worker's own, whatever chunk each falls in."""
+    monkeypatch.setattr(queue, "BEAT_CHUNK", 2)
+    store = Store(store_address)
+    store.record_plan(
+        "r1", "run", {}, tmp_path, [PlannedTrial("ds", f"t{i}", "h", 1) for i in range(5)]
+    )
+    ids = [trial.id for trial in store.trials("r1")]
+    for n, trial in enumerate(ids):
+        store.claim(trial, "gw1@elsewhere:2" if n == 3 else "gw0@elsewhere:1", -1)
+    beats = store.heartbeats([*ids, "no-such-trial"], "gw0@elsewhere:1", 30)
+    assert beats == {**dict.fromkeys(ids, "leased"), ids[3]: None, "no-such-trial": None}
+    assert store.stale_trials("r1", lambda owner: True) == [ids[3]]  # only its lease expired
 
 
 def test_an_expired_lease_is_stale_even_if_its_owner_may_live(

@@ -25,6 +25,7 @@ STOP_REASONS = {
     RunStatus.CANCELLED: "cancelled by hemra cancel",
     RunStatus.INTERRUPTED: "interrupted (Ctrl-C)",
 }
+BEAT_CHUNK = 500  # trials a statement of `heartbeats` names (SQLite's bound-parameter limit)
 
 
 class QueueStore(ResultStore):
@@ -187,20 +188,22 @@ class QueueStore(ResultStore):
     def heartbeats(
         self, trial_ids: Sequence[str], worker: str, lease_secs: float
     ) -> dict[str, str | None]:
-        """`heartbeat` for many trials of one worker, in one transaction: a process running
-        hundreds of trials at once renews them all in one write a beat."""
+        """`heartbeat` for many trials of one worker, in one transaction of two statements a
+        `BEAT_CHUNK` trials: a process running hundreds of trials at once renews them all in
+        one write a beat (a statement a trial cost 89 ms of CPU a beat at 200 trials)."""
         now = time.time()
-        states: dict[str, str | None] = {}
+        states: dict[str, str | None] = dict.fromkeys(trial_ids)
         with self._transaction() as tx:
-            for trial in trial_ids:
-                mine = and_(J.id == trial, J.lease_owner == worker)
+            for start in range(0, len(trial_ids), BEAT_CHUNK):
+                chunk = list(trial_ids[start : start + BEAT_CHUNK])
+                mine = and_(J.id.in_(chunk), J.lease_owner == worker)
                 tx.execute(
                     update(jobs)
                     .where(mine, J.state.in_(JobState.LIVE))
                     .values(lease_expires=now + lease_secs, heartbeat_at=now)
                 )
-                found = tx.execute(select(J.state).where(mine)).scalar()
-                states[trial] = None if found is None else str(found)
+                for trial, state in tx.execute(select(J.id, J.state).where(mine)):
+                    states[str(trial)] = str(state)
         return states
 
     def cancel_trials(self, trial_ids: Sequence[str], reason: str) -> int:
