@@ -13,15 +13,20 @@ from pathlib import Path
 from typing import Any
 
 # pytester's in-process runs drop the modules each run imported, and numpy cannot be imported
-# twice in one process: numpy, scipy and statsmodels (with its pandas), which HEMRA imports only
-# where a report needs them, and the pytest face, which the `pytest11` entry point loads only when
-# a run is asked for, are imported once here, before any run.
+# twice in one process, nor SQLAlchemy (its compiled modules keep the first import's classes: a
+# second run fails "'InternalTraversal' object is not callable"): numpy, scipy and statsmodels
+# (with its pandas), which HEMRA imports only where a report needs them, and the pytest face
+# with the controller's and the worker's parts (the store's SQLAlchemy among them), which the
+# `pytest11` entry point loads only when a run is asked for, are imported once here, before any
+# run.
 import numpy  # noqa: F401
 import pytest
 import scipy.special  # noqa: F401
 import statsmodels.api  # noqa: F401
 
-import pytest_hemra.plugin  # noqa: F401
+import pytest_hemra.plugin
+import pytest_hemra.plugin.controller
+import pytest_hemra.plugin.worker  # noqa: F401
 
 pytest_plugins = ["pytester"]
 

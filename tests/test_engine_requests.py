@@ -13,10 +13,15 @@ import pytest
 from conftest import TaskMaker
 from tests.slow_engine import SlowEngine
 
-# docs/runs.md, "What a trial asks of its engine": the requests one trial makes, at most, on a
-# local engine, online and offline; the run's own upkeep (finding and reaping its networks between
-# trials, listing what is left) is the run's, not counted here
-TRIAL_REQUESTS = 13
+# docs/runs.md, "What a trial asks of its engine": the requests one trial by a root agent makes,
+# at most, on a local engine, online and offline, by its sandbox's PID 1 (HEMRA's keeper where the
+# image has perl, else docker-init); the run's own upkeep (finding and reaping its networks
+# between trials, listing what is left) is the run's, not counted here
+TRIAL_REQUESTS = {"keeper": 12, "docker-init": 13}
+IMAGES = {  # a root agent's, as Harbor's
+    "keeper": "FROM debian:bookworm-slim\nWORKDIR /app\n",
+    "docker-init": "FROM debian:bookworm-slim\nRUN rm /usr/bin/perl\nWORKDIR /app\n",
+}
 UPKEEP = {"GET networks", "GET networks/ID", "DELETE networks/ID", "GET containers/json"}
 VERSIONED = re.compile(r"/v[\d.]+/([^?]*)")
 ID = re.compile(r"^[0-9a-f]{64}$|^hemra-")
@@ -43,18 +48,23 @@ def asked(root: Path, pytester: pytest.Pytester, attempts: int, engine: SlowEngi
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
-@pytest.mark.parametrize("online", [True, False], ids=["online", "offline"])
+@pytest.mark.parametrize(
+    ("pid1", "online"),
+    [("keeper", True), ("keeper", False), ("docker-init", True)],
+    ids=["keeper-online", "keeper-offline", "docker-init-online"],
+)
 def test_a_trial_asks_its_engine_no_more_than_docs_runs_md_lists(
     pytester: pytest.Pytester,
     tmp_path: Path,
     make_task: TaskMaker,
     monkeypatch: pytest.MonkeyPatch,
+    pid1: str,
     online: bool,
 ) -> None:
     network = "" if online else "allow_internet = false\n"
     make_task(
         "one",
-        dockerfile="FROM debian:bookworm-slim\nWORKDIR /app\n",  # a root agent, as Harbor's
+        dockerfile=IMAGES[pid1],
         task_toml="[agent]\ntimeout_sec = 30\n[verifier]\ntimeout_sec = 30\n"
         f"[environment]\n{network}",
     )
@@ -66,4 +76,6 @@ def test_a_trial_asks_its_engine_no_more_than_docs_runs_md_lists(
     kinds = (set(one) | set(three)) - UPKEEP
     per_trial = {k: (three.count(k) - one.count(k)) / 2 for k in kinds}
     asked_of_it = {k: n for k, n in sorted(per_trial.items()) if n}
-    assert sum(per_trial.values()) <= TRIAL_REQUESTS, f"more than docs/runs.md: {asked_of_it}"
+    assert sum(per_trial.values()) <= TRIAL_REQUESTS[pid1], f"over docs/runs.md: {asked_of_it}"
+    started = per_trial.get("POST containers/ID/start")
+    assert started == (1 if pid1 == "keeper" else 2), asked_of_it  # which clean room it had

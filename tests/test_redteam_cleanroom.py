@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conftest import BASE_IMAGE, TaskMaker, wait_for
+from conftest import BASE_IMAGE, TaskMaker
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.execute.sandbox import AGENT_USER, ROOT_USER, Limits, SandboxRequest
 from pytest_hemra.execute.sandbox.docker import DockerProvider
@@ -235,7 +235,9 @@ def test_emptying_a_sandbox_leaves_only_a_fresh_init_whatever_ran_and_init_reaps
     """Below the trial, as the engine lists it from outside: a daemon that forks in a loop, a
     root process and one whose name holds a newline are gone once the sandbox is emptied
     (killed whole, started again), its files kept; an orphan that exits is reaped by PID 1
-    (docker-init), never left a zombie."""
+    (HEMRA's keeper, the image having perl and no ENTRYPOINT), never left a zombie. Then the
+    same left again, and every process but PID 1 killed from the host (`end_all_but_init`):
+    PID 1 alone, the same one, and the files kept."""
     provider = DockerProvider(docker_client)
     request = SandboxRequest(BASE_IMAGE, Limits(pids=256), network=False, labels={"hemra": "1"})
     logs = tmp_path / "x.txt"
@@ -255,25 +257,30 @@ def test_emptying_a_sandbox_leaves_only_a_fresh_init_whatever_ran_and_init_reaps
         listed = sandbox.container.top(ps_args="-o pid,stat,comm")
         return [row[1:] for row in listed["Processes"]]
 
-    with provider.open(request) as sandbox:
-        run(ROOT_USER, "echo kept > /tmp/kept")  # the fork loop last: it fills the pids limit
+    def leave_processes() -> None:
         run(ROOT_USER, "(setsid sleep 500 &)")
         run(ROOT_USER, "(setsid sh -c 'printf \"x\\ny\" > /proc/self/comm; sleep 500' &)")
-        assert sorted(comm for _, comm in processes())[:3] == ["docker-init", "sleep", "sleep"]
+        assert sorted(comm for _, comm in processes())[:3] == ["hemra-init", "sleep", "sleep"]
         assert any("\n" in comm or "?" in comm for _, comm in processes())
-        fork_loop = (
+        fork_loop = (  # last: it fills the pids limit
             "( setsid sh -c 'while :; do (sleep 30 &); sleep 0.01; done' >/dev/null 2>&1 & )"
         )
         run(AGENT_USER, fork_loop)
         assert len(processes()) > 4
+
+    with provider.open(request) as sandbox:
+        run(ROOT_USER, "echo kept > /tmp/kept")
+        leave_processes()
         sandbox.empty()
-        # started again: docker-init, then its child (the image's keep-alive) a moment later
-        fresh = ["docker-init", "sleep"]
-        wait_for(lambda: len(processes()) > 1, 10, "the fresh PID 1's child")
-        assert sorted(comm for _, comm in processes()) == fresh
+        assert [comm for _, comm in processes()] == ["hemra-init"]  # started again: PID 1 alone
         run(ROOT_USER, "(sleep 0.2 &); exit 0")  # its sleep: an orphan of PID 1's
-        time.sleep(1)
+        time.sleep(1.5)  # the keeper reaps within a second
         assert [stat for stat, _ in processes() if stat.startswith("Z")] == []
+        assert list(sandbox.read_tree("/tmp/kept").values()) == [b"kept\n"]
+        init = sandbox.container.top(ps_args="-o pid")["Processes"]
+        leave_processes()
+        assert sandbox.end_all_but_init()
+        assert sandbox.container.top(ps_args="-o pid")["Processes"] == init  # the same PID 1
         assert list(sandbox.read_tree("/tmp/kept").values()) == [b"kept\n"]
 
 

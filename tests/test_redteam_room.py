@@ -200,8 +200,10 @@ def test_nothing_the_agent_left_runs_when_the_tests_enter_whoever_it_ran_as(
 ) -> None:
     """Seen by the verifier itself: a process named with a newline, or whose main thread has
     exited, no longer touches /app once the tests are in, for a root agent and a non-root one.
-    A root agent's sandbox is always started again (it could have tampered with PID 1); a
-    non-root agent's never: its processes are killed as its user and seen gone by the engine."""
+    Neither sandbox is started again: a non-root agent's processes are killed as its user and
+    seen gone by the engine; a root agent's, whose PID 1 is HEMRA's keeper (the image has perl
+    and no ENTRYPOINT), every process but PID 1, killed from the host (it could not touch it:
+    `test_a_root_agent_cannot_take_the_keeper_over_and_what_it_left_under_any_uid_is_gone`)."""
     make_task("watch", test=WATCH_TEST, dockerfile=IMAGE)
     for name, harness in WATCHED.items():
         write_harness(name, harness)
@@ -211,12 +213,53 @@ def test_nothing_the_agent_left_runs_when_the_tests_enter_whoever_it_ran_as(
     for name, row in rows.items():
         folder = Path(row["trial_dir"]) / "verifier"
         seen[name] = tuple((folder / f).read_text().strip() for f in ("seen.txt", "init.txt"))
-    init = "same" if user == "non-root" else "restarted"
     assert seen == {
-        "quiet": ("gone", init),
-        "newline-name": ("gone", init),
-        "thread-left": ("gone", init),
+        "quiet": ("gone", "same"),
+        "newline-name": ("gone", "same"),
+        "thread-left": ("gone", "same"),
     }
+
+
+# a root agent that tries to take PID 1 over (read it, trace it, open its memory, signal it) and
+# leaves a process under another uid, which the sandbox's root (no CAP_KILL) cannot signal
+TAKE_OVER = (
+    "head -c1 /proc/1/environ >/dev/null 2>&1 && echo environ >> /app/took.txt; "
+    "perl -e 'exit(syscall(101, 16, 1, 0, 0) == -1)' && echo ptrace >> /app/took.txt; "
+    'perl -e \'open(my $m, "+<", "/proc/1/mem") or exit 1\' && echo mem >> /app/took.txt; '
+    "kill -TERM 1; kill -STOP 1; "
+    f"{NOTE_INIT}; "
+    "( setsid setpriv --reuid 4321 --regid 4321 --clear-groups"
+    " sh -c 'while :; do : > /tmp/alive; sleep 0.05; done' >/dev/null 2>&1 & ); exit 0"
+)
+KEEPER_TEST = (
+    "rm -f /tmp/alive; sleep 1; if [ -e /tmp/alive ]; then echo alive; else echo gone; fi"
+    " > /logs/verifier/seen.txt; "
+    'if [ "$(cat /app/init.txt 2>/dev/null)" = "$(cut -d" " -f22 /proc/1/stat)" ]; '
+    "then echo same; else echo restarted; fi > /logs/verifier/init.txt; "
+    'echo "$(cut -d" " -f2,3 /proc/1/stat) $(cat /app/took.txt 2>/dev/null)"'
+    " > /logs/verifier/pid1.txt; echo 0 > /logs/verifier/reward.txt"
+)
+
+
+def test_a_root_agent_cannot_take_the_keeper_over_and_what_it_left_under_any_uid_is_gone(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    write_harness: Callable[[str, str], Path],
+) -> None:
+    """The keeper (PID 1 of a sandbox whose image has perl and no ENTRYPOINT) is non-dumpable:
+    a root agent can neither read /proc/1/environ, nor ptrace it, nor open its memory, and its
+    signals are dropped; a process it left as another uid is killed from the host all the same,
+    and the verifier runs beside the same PID 1, which was never started again. On docker-init
+    as PID 1 the first three succeed (the test's own check that they can)."""
+    make_task("keeper", test=KEEPER_TEST, dockerfile=f"FROM {BASE_IMAGE}\nWORKDIR /app\n")
+    write_harness(
+        "takeover", f'kind = "program"\ncommand = {json.dumps(["sh", "-c", TAKE_OVER])}\n'
+    )
+    rows = run_harnesses(pytester, tmp_path, ["takeover"])
+    folder = Path(rows["takeover"]["trial_dir"]) / "verifier"
+    seen = {name: (folder / f"{name}.txt").read_text().strip() for name in ("seen", "init", "pid1")}
+    assert seen == {"seen": "gone", "init": "same", "pid1": "(hemra-init) S"}
 
 
 ENTRY_IMAGE = f"""FROM {BASE_IMAGE}

@@ -236,6 +236,13 @@ class Sandbox(Protocol):
         be done (the pids limit full, the image's shell changed): `empty` the sandbox then. For
         a non-root agent, which can neither change user nor signal anyone else's process."""
 
+    def end_all_but_init(self) -> bool:
+        """Every process but PID 1 killed by the kernel, from outside the sandbox, and seen
+        gone, where PID 1 is one no process in the sandbox can trace or signal (HEMRA's keeper):
+        a root agent's leftovers ended without a restart. False where that cannot be done (the
+        default): `empty` the sandbox then."""
+        return False
+
     def listening_ports(self) -> frozenset[int] | None:
         """The TCP ports something in the sandbox listens on, read from outside it (its network
         namespace as the engine's host sees it); None where that cannot be read here."""

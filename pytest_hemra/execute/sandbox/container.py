@@ -54,6 +54,7 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
         output_cap: int = DEFAULT_OUTPUT_CAP,
         entrypoint: tuple[str, ...] = (),
         networks: dict[str, str] | None = None,
+        guarded_init: bool = False,
     ) -> None:
         self.output_cap = output_cap  # each file an exec's output goes to: bytes kept at most
         # without: PID 1 is `sleep infinity` (the image has no ENTRYPOINT), and every other
@@ -69,6 +70,7 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
         self._halted = False  # killed and left stopped (`halt`): read through the engine alone
         self._restarted = False  # started again by `empty`: a PID 1 that then exits is the agent's
         self._entrypoint = entrypoint  # the image's ENTRYPOINT, run again by `empty`
+        self._guarded_init = guarded_init  # PID 1 is the keeper (`keeper.py`): untraceable
         # PID 1's on the engine's host (`listening_ports`): as the engine's read of the started
         # container gave it, when it did (`Containers.open` reads it once it has started)
         self._pid: int | None = int(container.attrs.get("State", {}).get("Pid") or 0) or None

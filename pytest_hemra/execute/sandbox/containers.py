@@ -24,8 +24,9 @@ from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS, EngineClient
 from pytest_hemra.execute.sandbox.container import DockerSandbox
 from pytest_hemra.execute.sandbox.files import files_archive
 from pytest_hemra.execute.sandbox.images import Images
+from pytest_hemra.execute.sandbox.keeper import PERL, keeper_for
 from pytest_hemra.execute.sandbox.networks import GATEWAY_NETWORK, Networks
-from pytest_hemra.execute.sandbox.overlay import overlay_put
+from pytest_hemra.execute.sandbox.overlay import image_has_file, overlay_put
 from pytest_hemra.execute.sandbox.removal import remove_container
 from pytest_hemra.resolve.compose import MAIN
 
@@ -73,7 +74,8 @@ class Containers:
         if image is None:
             raise InfraError(f"docker: image {request.image} is not on the engine")
         entrypoint = image["Config"].get("Entrypoint")
-        options = _options(request, bool(entrypoint))
+        keeper = keeper_for(image, image_has_file(image, PERL))
+        options = _options(request, bool(entrypoint), keeper)
         container = None
         own = self.networks.own
         on: dict[str, str] | None = None  # its networks, name: id, where known here
@@ -97,6 +99,7 @@ class Containers:
                 gateway_network=GATEWAY_NETWORK if own and run_id else None,
                 output_cap=request.output_cap,
                 networks=on,
+                guarded_init=keeper is not None,
             )
         except DOCKER_ERRORS as error:
             if isinstance(error, docker.errors.ImageNotFound):  # removed since it was seen
@@ -205,14 +208,19 @@ class Containers:
             network.connect(container, aliases=[MAIN])
 
 
-def _options(request: SandboxRequest, has_entrypoint: bool) -> dict[str, Any]:
-    """The container's options: locked down, its limits, labels, name and mounts."""
+def _options(
+    request: SandboxRequest, has_entrypoint: bool, keeper: list[str] | None = None
+) -> dict[str, Any]:
+    """The container's options: locked down, its limits, labels, name and mounts; `keeper`:
+    the guarded PID 1 (`keeper.py`), else docker-init runs `sleep infinity` (or the image's
+    entrypoint)."""
     limits = request.limits
     options: dict[str, Any] = {
-        "entrypoint": None if has_entrypoint else ["sleep", "infinity"],
+        "entrypoint": None if has_entrypoint else (keeper or ["sleep", "infinity"]),
         "command": KEEP_ALIVE if has_entrypoint else [],
         "user": ROOT_USER,  # PID 1: root, so root's commands hold ROOT_CAPABILITIES
-        "init": True,  # docker-init as PID 1: it reaps, and its death empties the sandbox
+        # docker-init as PID 1 (unless the keeper is): it reaps, its death empties the sandbox
+        "init": keeper is None,
         "working_dir": WORKDIR,
         "cap_drop": ["ALL"],
         "cap_add": list(ROOT_CAPABILITIES),

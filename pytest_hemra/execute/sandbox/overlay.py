@@ -121,6 +121,37 @@ def overlay_put(attrs: Mapping[str, Any], native: bool, archive: bytes) -> bool:
     return True
 
 
+def image_has_file(image: Mapping[str, Any], relative: str) -> bool:
+    """Whether the image (its inspect answer) holds a regular file at `relative`, read from its
+    overlay2 layers on this host, top first: a layer with a whiteout, a link or a file on the
+    way hides the layers below, as does an opaque folder. False where they are not here."""
+    driver = image.get("GraphDriver") or {}
+    data = driver.get("Data") or {}
+    if driver.get("Name") != "overlay2" or not data.get("UpperDir"):
+        return False
+    layers = [data["UpperDir"], *str(data.get("LowerDir") or "").split(":")]
+    parts = relative.split("/")
+    try:
+        for layer in (Path(folder) for folder in layers if folder):
+            if not layer.is_dir():
+                return False  # another machine's engine
+            hidden = False  # an opaque folder on the way: the layers below are hidden
+            for end in range(1, len(parts) + 1):
+                path = layer.joinpath(*parts[:end])
+                if not os.path.lexists(path):
+                    break
+                if end == len(parts):
+                    return stat.S_ISREG(path.lstat().st_mode)
+                if path.is_symlink() or not path.is_dir():
+                    return False  # a whiteout, a file or a link (resolved inside) on the way
+                hidden = hidden or _is_opaque(path)
+            if hidden:
+                return False
+    except OSError:
+        return False
+    return False
+
+
 def overlay_readable(attrs: Mapping[str, Any], native: bool) -> bool:
     """Whether the container's storage can be read here (`overlay_tree` may answer)."""
     return _folders(attrs, native) is not None

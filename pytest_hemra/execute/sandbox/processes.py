@@ -4,6 +4,9 @@ in it listens on, read from its network namespace on the engine's host."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,84 @@ def init_pid(container_id: str) -> int | None:
     return None
 
 
+# a container's freezer on this host: cgroup v2 (its folder's cgroup.freeze) or v1's freezer
+# hierarchy, as (root, the file, what freezes it, what thaws it, what it reads once frozen)
+FREEZERS = (
+    ("/sys/fs/cgroup", "cgroup.freeze", "1", "0", None),
+    ("/sys/fs/cgroup/freezer", "freezer.state", "FROZEN", "THAWED", "FROZEN"),
+)
+
+
+def end_all_but_init(container_id: str, init: int) -> bool:
+    """Every process of the container but its PID 1 (`init`, this machine's PID) killed from
+    this host, none asked of the engine: its cgroup frozen (nothing forks meanwhile), SIGKILL
+    to each process listed there but `init`, thawed, then seen gone (a killed process leaves
+    the cgroup's listing as it exits). False when that cannot be done here by `END_USER_SECS`
+    (no freezer found, a process stuck in the kernel): the caller empties the sandbox whole."""
+    deadline = time.monotonic() + END_USER_SECS
+    for root, name, freeze, thaw, frozen in FREEZERS:
+        for group in CGROUP_GROUPS:
+            folder = Path(root, group.format(id=container_id))
+            if (folder / name).is_file():
+                states = (freeze, thaw, frozen)
+                if not _end_frozen(folder, name, states, init, deadline):
+                    return False
+                return _reaped(container_id, deadline)
+    return False
+
+
+def _reaped(container_id: str, deadline: float) -> bool:
+    """Whether the container's pids count is down to PID 1 by `deadline`: a killed process is
+    a zombie, out of the cgroup's listing but still in its pids limit, until PID 1 reaps it."""
+    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/pids"):
+        for group in CGROUP_GROUPS:
+            count = Path(root, group.format(id=container_id), "pids.current")
+            if not count.is_file():
+                continue
+            try:
+                while int(count.read_text()) > 1:
+                    if time.monotonic() >= deadline:
+                        return False
+                    time.sleep(0.005)
+            except (OSError, ValueError):
+                return False
+            return True
+    return True  # no pids controller here: no limit for zombies to fill
+
+
+def _end_frozen(
+    folder: Path, name: str, states: tuple[str, str, str | None], init: int, deadline: float
+) -> bool:
+    freeze, thaw, frozen = states
+    control, listing = folder / name, folder / "cgroup.procs"
+    try:
+        control.write_text(freeze)
+        try:
+            while not _is_frozen(folder, control, frozen):
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.005)
+            for pid in {int(n) for n in listing.read_text().split()} - {init}:
+                with contextlib.suppress(ProcessLookupError):  # gone meanwhile
+                    os.kill(pid, signal.SIGKILL)
+        finally:
+            control.write_text(thaw)
+        while {int(n) for n in listing.read_text().split()} - {init}:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return str(init) in listing.read_text().split()  # PID 1 itself still there
+    except OSError:
+        return False
+
+
+def _is_frozen(folder: Path, control: Path, frozen: str | None) -> bool:
+    """v1: the state file reads FROZEN; v2: cgroup.events says `frozen 1`."""
+    if frozen is not None:
+        return control.read_text().strip() == frozen
+    return "frozen 1" in (folder / "cgroup.events").read_text().splitlines()
+
+
 def _tcp_in_use(pid: int) -> bool:
     """Whether the network namespace of `pid` holds any TCP socket (its sockstat counts), or
     that cannot be read (then the tables are)."""
@@ -63,6 +144,19 @@ class ProcessSweep:
 
     container: Any
     _pid: int | None  # PID 1's on the engine's host, as long as it runs (`halt` forgets it)
+    _guarded_init: bool  # PID 1 is the keeper: no process in the sandbox may trace it
+    _halted: bool
+
+    def end_all_but_init(self) -> bool:
+        """Every process but PID 1 killed from this host (`end_all_but_init`), where PID 1 is
+        the keeper, which nothing in the sandbox could trace, write or signal: what any agent
+        left, whoever it ran as, gone, and the sandbox running on. False elsewhere (docker-init
+        as PID 1, an engine not on this host, its PID 1 gone): the caller empties it whole."""
+        if not self._guarded_init or self._halted:
+            return False
+        if self._pid is None:
+            self._pid = init_pid(self.container.id)
+        return self._pid is not None and end_all_but_init(self.container.id, self._pid)
 
     def _kill_processes(self, user: str) -> None:
         """Kill every process of `user` but PID 1: the exec's whole tree, whatever it spawned."""
