@@ -118,7 +118,8 @@ class TrialLines(pytest.TerminalReporter):  # type: ignore[misc]  # final: pytes
             self.write_line(f"{report.nodeid}: error (below)", red=True)
 
     def trial_line(self, report: pytest.TestReport) -> str:
-        """`[2/4] fail  hemra-offline::create-file  nop  attempt 1  reward 0  0.88s`"""
+        """`[ 2/14]  fail  hemra-offline::create-file  nop  attempt 1  reward 0  0.88s`: the
+        count as wide as the total, so that the columns after it stay in line."""
         found = properties(report)
         outcome = found.get("outcome", report.outcome)
         where, _, name = report.nodeid.rpartition("::")
@@ -126,7 +127,8 @@ class TrialLines(pytest.TerminalReporter):  # type: ignore[misc]  # final: pytes
         cell, _, attempt = cell_attempt.rstrip("]").rpartition("-")
         total = self._session.testscollected if self._session is not None else 0
         deselected = len(self.stats.get(DESELECTED, []))
-        parts = [f"[{self.finished}/{max(total - deselected, self.finished)}]", f"{outcome:<11}"]
+        of = max(total - deselected, self.finished)
+        parts = [f"[{self.finished:>{len(str(of))}}/{of}]", f"{outcome:<11}"]  # columns kept
         parts += [f"{where}::{task}" if where else task, cell, f"attempt {attempt}"]
         if found.get("reward"):
             parts.append(f"reward {found['reward']}")
