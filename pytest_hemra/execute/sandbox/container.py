@@ -57,8 +57,8 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
         guarded_init: bool = False,
     ) -> None:
         self.output_cap = output_cap  # each file an exec's output goes to: bytes kept at most
-        # without: PID 1 is `sleep infinity` (the image has no ENTRYPOINT), and every other
-        # process in it is one HEMRA exec'd, or a child of one
+        # without: PID 1 is the keeper or `sleep infinity` (the image has no ENTRYPOINT), and
+        # every other process in it is one HEMRA exec'd, or a child of one
         self.runs_services = runs_services
         self.client = client
         self.container = container
@@ -226,8 +226,8 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
         self._halted = True
 
     def empty(self) -> None:
-        """`halt`, then started again: a fresh PID 1 (docker-init, reaping), the entrypoint
-        run again. A sandbox that does not start again, or whose PID 1 exits at once, was
+        """`halt`, then started again: a fresh PID 1 (the keeper or docker-init, reaping), the
+        entrypoint run again. A sandbox that does not start again, or whose PID 1 exits at once, was
         broken by what the agent changed (the engine answering): VerifierError."""
         self.halt()
         if self.runs_services and self._entrypoint:

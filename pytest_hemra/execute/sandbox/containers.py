@@ -1,8 +1,9 @@
 """A trial's sandbox container on one docker engine: created locked down and started, on its
 network, and removed with force on every path.
 
-Containers run Docker's init (docker-init: it reaps every orphan) as PID 1, with `sleep infinity`
-(or the image's ENTRYPOINT) its child, as root with every capability but a few dropped; they stop
+Containers run a PID 1 that reaps every orphan: HEMRA's keeper (`keeper.py`) for an image with
+perl and no ENTRYPOINT, else Docker's init (docker-init) with `sleep infinity` (or the image's
+ENTRYPOINT) its child, as root with every capability but a few dropped; they stop
 with SIGKILL (a `sleep` ignores SIGTERM, and waiting out Docker's grace period costs ~10 s a
 trial). Killing PID 1 kills the whole PID namespace: that is how a sandbox is emptied
 (`DockerSandbox.empty`).
@@ -24,9 +25,9 @@ from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS, EngineClient
 from pytest_hemra.execute.sandbox.container import DockerSandbox
 from pytest_hemra.execute.sandbox.files import files_archive
 from pytest_hemra.execute.sandbox.images import Images
-from pytest_hemra.execute.sandbox.keeper import PERL, keeper_for
+from pytest_hemra.execute.sandbox.keeper import keeper_for
 from pytest_hemra.execute.sandbox.networks import GATEWAY_NETWORK, Networks
-from pytest_hemra.execute.sandbox.overlay import image_has_file, overlay_put
+from pytest_hemra.execute.sandbox.overlay import overlay_put
 from pytest_hemra.execute.sandbox.removal import remove_container
 from pytest_hemra.resolve.compose import MAIN
 
@@ -74,7 +75,7 @@ class Containers:
         if image is None:
             raise InfraError(f"docker: image {request.image} is not on the engine")
         entrypoint = image["Config"].get("Entrypoint")
-        keeper = keeper_for(image, image_has_file(image, PERL))
+        keeper = keeper_for(image)
         options = _options(request, bool(entrypoint), keeper)
         container = None
         own = self.networks.own

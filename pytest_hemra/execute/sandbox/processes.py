@@ -63,40 +63,46 @@ def end_all_but_init(container_id: str, init: int) -> bool:
     (no freezer found, a process stuck in the kernel): the caller empties the sandbox whole."""
     deadline = time.monotonic() + END_USER_SECS
     for root, name, freeze, thaw, frozen in FREEZERS:
-        for group in CGROUP_GROUPS:
-            folder = Path(root, group.format(id=container_id))
-            if (folder / name).is_file():
-                states = (freeze, thaw, frozen)
-                if not _end_frozen(folder, name, states, init, deadline):
-                    return False
-                return _reaped(container_id, deadline)
+        control = _cgroup_file((root,), container_id, name)
+        if control is not None:
+            if not _end_frozen(control, (freeze, thaw, frozen), init, deadline):
+                return False
+            return _reaped(container_id, deadline)
     return False
+
+
+def _cgroup_file(roots: tuple[str, ...], container_id: str, name: str) -> Path | None:
+    """The container's cgroup file `name` under the first of `roots` that has it, or None."""
+    for root in roots:
+        for group in CGROUP_GROUPS:
+            path = Path(root, group.format(id=container_id), name)
+            if path.is_file():
+                return path
+    return None
 
 
 def _reaped(container_id: str, deadline: float) -> bool:
     """Whether the container's pids count is down to PID 1 by `deadline`: a killed process is
     a zombie, out of the cgroup's listing but still in its pids limit, until PID 1 reaps it."""
-    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/pids"):
-        for group in CGROUP_GROUPS:
-            count = Path(root, group.format(id=container_id), "pids.current")
-            if not count.is_file():
-                continue
-            try:
-                while int(count.read_text()) > 1:
-                    if time.monotonic() >= deadline:
-                        return False
-                    time.sleep(0.005)
-            except (OSError, ValueError):
+    count = _cgroup_file(CGROUP_ROOTS, container_id, "pids.current")
+    if count is None:
+        return True  # no pids controller here: no limit for zombies to fill
+    try:
+        while int(count.read_text()) > 1:
+            if time.monotonic() >= deadline:
                 return False
-            return True
-    return True  # no pids controller here: no limit for zombies to fill
+            time.sleep(0.005)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _end_frozen(
-    folder: Path, name: str, states: tuple[str, str, str | None], init: int, deadline: float
+    control: Path, states: tuple[str, str, str | None], init: int, deadline: float
 ) -> bool:
     freeze, thaw, frozen = states
-    control, listing = folder / name, folder / "cgroup.procs"
+    folder = control.parent
+    listing = folder / "cgroup.procs"
     try:
         control.write_text(freeze)
         try:
