@@ -17,7 +17,7 @@ from tests.slow_engine import SlowEngine
 # at most, on a local engine, online and offline, by its sandbox's PID 1 (HEMRA's keeper where the
 # image has perl, else docker-init); the run's own upkeep (finding and reaping its networks
 # between trials, listing what is left) is the run's, not counted here
-TRIAL_REQUESTS = {"keeper": 12, "docker-init": 13}
+TRIAL_REQUESTS = {"keeper": 10, "docker-init": 13}
 IMAGES = {  # a root agent's, as Harbor's
     "keeper": "FROM debian:bookworm-slim\nWORKDIR /app\n",
     "docker-init": "FROM debian:bookworm-slim\nRUN rm /usr/bin/perl\nWORKDIR /app\n",
@@ -46,6 +46,20 @@ def asked(root: Path, pytester: pytest.Pytester, attempts: int, engine: SlowEngi
     return [kind(r) for r in engine.requests if not r.endswith("/_ping")]
 
 
+def per_trial(
+    tmp_path: Path, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, float]:
+    """What one trial of the task `one` asks, by kind: three trials' requests less one's, halved."""
+    with SlowEngine(tmp_path / "engine.sock", delay=0, slow_starts=0) as engine:
+        monkeypatch.setenv("DOCKER_HOST", engine.address)
+        asked(tmp_path, pytester, 1, engine)  # the task's image built, not counted
+        one = asked(tmp_path, pytester, 1, engine)
+        three = asked(tmp_path, pytester, 3, engine)
+    kinds = (set(one) | set(three)) - UPKEEP
+    found = {k: (three.count(k) - one.count(k)) / 2 for k in kinds}
+    return {k: n for k, n in sorted(found.items()) if n}
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 @pytest.mark.parametrize(
@@ -68,14 +82,31 @@ def test_a_trial_asks_its_engine_no_more_than_docs_runs_md_lists(
         task_toml="[agent]\ntimeout_sec = 30\n[verifier]\ntimeout_sec = 30\n"
         f"[environment]\n{network}",
     )
-    with SlowEngine(tmp_path / "engine.sock", delay=0, slow_starts=0) as engine:
-        monkeypatch.setenv("DOCKER_HOST", engine.address)
-        asked(tmp_path, pytester, 1, engine)  # the task's image built, not counted
-        one = asked(tmp_path, pytester, 1, engine)
-        three = asked(tmp_path, pytester, 3, engine)
-    kinds = (set(one) | set(three)) - UPKEEP
-    per_trial = {k: (three.count(k) - one.count(k)) / 2 for k in kinds}
-    asked_of_it = {k: n for k, n in sorted(per_trial.items()) if n}
-    assert sum(per_trial.values()) <= TRIAL_REQUESTS[pid1], f"over docs/runs.md: {asked_of_it}"
-    started = per_trial.get("POST containers/ID/start")
+    asked_of_it = per_trial(tmp_path, pytester, monkeypatch)
+    assert sum(asked_of_it.values()) <= TRIAL_REQUESTS[pid1], f"over docs/runs.md: {asked_of_it}"
+    started = asked_of_it.get("POST containers/ID/start")
     assert started == (1 if pid1 == "keeper" else 2), asked_of_it  # which clean room it had
+    # with the keeper the tests go in through the container's root on this host, no request
+    assert "PUT containers/ID/archive" not in asked_of_it or pid1 != "keeper", asked_of_it
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("docker_test")
+def test_tests_go_in_through_the_engine_where_the_agents_processes_still_run(
+    pytester: pytest.Pytester,
+    tmp_path: Path,
+    make_task: TaskMaker,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A task that keeps the agent's processes into its verifier's turn has what the agent left
+    running while the tests go in: they are never written from this host through the
+    container's root then (a process inside could swap a folder of theirs for a link as they
+    are written), but put by the engine, as an archive."""
+    make_task(
+        "one",
+        dockerfile=IMAGES["keeper"],
+        task_toml="[agent]\ntimeout_sec = 30\n[verifier]\ntimeout_sec = 30\n"
+        "[hemra]\nkeep_agent_processes = true\n",
+    )
+    asked_of_it = per_trial(tmp_path, pytester, monkeypatch)
+    assert asked_of_it.get("PUT containers/ID/archive") == 1, asked_of_it

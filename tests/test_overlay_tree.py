@@ -7,6 +7,8 @@ tree read after the container changed it), the engine is asked."""
 
 from __future__ import annotations
 
+import io
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,12 @@ from pytest_hemra.execute.sandbox import (
     Tree,
 )
 from pytest_hemra.execute.sandbox.docker import DockerProvider
-from pytest_hemra.execute.sandbox.overlay import overlay_tree, overlay_untouched
+from pytest_hemra.execute.sandbox.files import files_archive
+from pytest_hemra.execute.sandbox.overlay import (
+    overlay_put_mounted,
+    overlay_tree,
+    overlay_untouched,
+)
 
 docker = pytest.mark.usefixtures("docker_test")
 
@@ -121,3 +128,51 @@ def test_storage_is_not_read_where_the_engine_is_not_local_overlay2(
         remote = {**attrs, "GraphDriver": {**attrs["GraphDriver"], "Data": data}}
         assert overlay_tree(remote, True, "/tmp", None) is None  # another machine's folders
         assert not overlay_untouched(remote, True, "/tmp")
+
+
+def _owned_archive(name: str, content: bytes, uid: int, mode: int) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.uid, info.gid = len(content), mode, uid, uid
+        archive.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+@docker
+def test_files_put_through_storage_are_the_engines_put_running_or_halted(
+    tmp_path: Path, docker_client: Any
+) -> None:
+    """`put_local` writes HEMRA's archive into a running sandbox through its root as the engine
+    mounted it on this host (seen at once inside, owners and modes kept, as the engine's own
+    put would) and into a halted one's upper folder (seen once it starts again); a name that
+    already exists there, or a root that is not mounted in this runner's view, is left to the
+    engine (False), and nothing is written."""
+    provider = DockerProvider(docker_client)
+    request = SandboxRequest(BASE_IMAGE, Limits(pids=256), network=False, labels={"hemra": "1"})
+    owned = _owned_archive(".staged/one.txt", b"one\n", 1234, 0o600)
+    with provider.open(request) as sandbox:
+        assert sandbox.put_local(owned)
+        log = tmp_path / "log.txt"
+        _run(
+            sandbox,
+            "stat -c '%u:%g %a' /.staged/one.txt > /seen && cat /.staged/one.txt >> /seen",
+            log,
+        )
+        assert sandbox.read_tree("/seen")["seen"] == b"1234:1234 600\none\n"
+        assert not sandbox.put_local(files_archive({"/.staged/two.txt": b"two\n"}))  # exists
+        assert "two.txt" not in sandbox.read_tree("/.staged")
+
+        attrs = sandbox.container.attrs
+        unmounted = tmp_path / "merged"  # a folder, as another mount namespace shows it
+        unmounted.mkdir()
+        data = {**attrs["GraphDriver"]["Data"], "MergedDir": str(unmounted)}
+        remote = {**attrs, "GraphDriver": {**attrs["GraphDriver"], "Data": data}}
+        assert not overlay_put_mounted(remote, files_archive({"/.other/x": b"x"}))
+        assert not any(unmounted.iterdir())
+
+        sandbox.halt()
+        assert sandbox.put_local(files_archive({"/.later/two.txt": b"two\n"}))
+        sandbox.empty()
+        _run(sandbox, "cat /.later/two.txt > /seen", log)
+        assert sandbox.read_tree("/seen")["seen"] == b"two\n"

@@ -70,8 +70,10 @@ def verify_step(
             step_dir / "verifier",
             settings.model_copy(update={"env": env, "user": user}),
         )
-    finally:
-        sandbox.empty()  # halted to read its rewards: started again for the next step
+    finally:  # test.sh's processes gone for the next step: killed around the keeper, the
+        # sandbox running on, else (halted to read its rewards) it is started again
+        if not sandbox.end_all_but_init():
+            sandbox.empty()
         run_root(sandbox, EMPTY_ROOM, step_dir / "verifier" / "clear.txt")
         sandbox.reconnect_network()
     check_rewards(logs, declared_kinds(tests, env.values()))
@@ -88,19 +90,21 @@ def _run_test_sh(
     """The clean room, in this order: the agent's processes gone (the turn's `empty_room`; a
     separate room starts so), the verifier's network set, the tests in (root's, unreadable to
     others) under a name no one knows, then as root one command: /tests (whatever the agent
-    left there) replaced by them, /logs/verifier made new, test.sh (ENTER_TESTS); the sandbox
-    then halted (killed whole by the kernel) and what test.sh wrote to /logs/verifier returned
-    (and kept in `folder`), read through the engine or its storage."""
+    left there) replaced by them, /logs/verifier made new, test.sh (ENTER_TESTS); then every
+    process in it but PID 1 killed from this host where PID 1 is the keeper, else the sandbox
+    halted (killed whole by the kernel), and what test.sh wrote to /logs/verifier returned (and
+    kept in `folder`), read through the engine or its storage. The tests go in through the
+    sandbox's storage on this host where they can (`put_local`), else as an archive."""
     settings = context.spec.verifier
     proxied = cut_network(context, sandbox, task_settings)
     staging = f"/.hemra-tests-{secrets.token_hex(12)}"
     archive = tests_archive(tests, staging)
     if sandbox.halted:  # left halted after the turn (`empty_room`): the tests in, then started
-        placed = sandbox.put_offline(archive)
+        placed = sandbox.put_local(archive)
         sandbox.empty()
-        if not placed:
-            sandbox.import_tree(iter([archive]), "/")
-    else:
+    else:  # through its root on this host, where nothing of the agent's runs in it any more
+        placed = not context.keeps_processes and sandbox.put_local(archive)
+    if not placed:
         sandbox.import_tree(iter([archive]), "/")
     if is_separate(context):  # a declared artifact copied in there
         refuse_planted(sandbox.read_tree(VERIFIER_LOGS))
@@ -139,7 +143,10 @@ def _run_test_sh(
             workdir=context.workdir,
             exit_status=False,  # the reward files score it, as Harbor's do; not its exit code
         )
-    sandbox.halt()  # nothing test.sh left (an agent's program it ran) writes after it
+    # nothing test.sh left (an agent's program it ran) writes after it: every process but the
+    # keeper killed from this host (no request), else the sandbox killed whole
+    if not sandbox.end_all_but_init():
+        sandbox.halt()
     logs = sandbox.read_tree(VERIFIER_LOGS)
     for name, content in logs.items():
         if "/" not in name:

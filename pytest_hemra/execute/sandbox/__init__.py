@@ -144,9 +144,10 @@ class Sandbox(Protocol):
     def halted(self) -> bool:
         """Killed whole and left stopped (`halt`), not started again yet."""
 
-    def put_offline(self, archive: bytes) -> bool:
-        """A tar (HEMRA's own) put into the halted sandbox without the engine, where its
-        storage is on this host; False where it cannot be (then `import_tree` after `empty`)."""
+    def put_local(self, archive: bytes) -> bool:
+        """A tar (HEMRA's own) put into the sandbox without the engine, where its storage is on
+        this host: halted, to appear when it starts again; running, only once nothing of the
+        agent's runs in it. False where it cannot be (then `import_tree`, through the engine)."""
 
     @property
     def reads_storage(self) -> bool:

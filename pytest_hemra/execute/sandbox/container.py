@@ -29,7 +29,12 @@ from pytest_hemra.execute.sandbox import (
 )
 from pytest_hemra.execute.sandbox.client import DOCKER_ERRORS
 from pytest_hemra.execute.sandbox.files import KILL_GRACE_SECS, DockerInteractive, FileTransfer
-from pytest_hemra.execute.sandbox.overlay import overlay_changes, overlay_put, overlay_readable
+from pytest_hemra.execute.sandbox.overlay import (
+    overlay_changes,
+    overlay_put,
+    overlay_put_mounted,
+    overlay_readable,
+)
 from pytest_hemra.execute.sandbox.processes import ProcessSweep
 from pytest_hemra.execute.sandbox.trees import TreeReads
 
@@ -82,13 +87,18 @@ class DockerSandbox(FileTransfer, TreeReads, ProcessSweep):
     def halted(self) -> bool:
         return self._halted
 
-    def put_offline(self, archive: bytes) -> bool:
-        """Unpack `archive` (HEMRA's own, owners kept) into the halted container's storage on
-        this host, where it appears when it starts again (overlay2 allows changes to its upper
-        folder while unmounted): no engine round trip. False where that cannot be done."""
-        if not self._halted or self.runs_services or not storage.writes_storage(self.client):
+    def put_local(self, archive: bytes) -> bool:
+        """Unpack `archive` (HEMRA's own, owners kept) into the container's storage on this
+        host, no engine round trip: halted, into its upper folder, where it appears when it
+        starts again (overlay2 allows changes to its upper folder while unmounted); running,
+        through its root as the engine mounted it here, for a sandbox in which nothing but
+        HEMRA's runs (its agent's processes ended: the caller's word). False where that cannot
+        be done (services running in it, another machine's engine, owners remapped)."""
+        if self.runs_services or not storage.writes_storage(self.client):
             return False
-        return overlay_put(self.container.attrs, True, archive)
+        if self._halted:
+            return overlay_put(self.container.attrs, True, archive)
+        return overlay_put_mounted(self.container.attrs, archive)
 
     @property
     def reads_storage(self) -> bool:

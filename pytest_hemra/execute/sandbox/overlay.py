@@ -107,15 +107,36 @@ def overlay_put(attrs: Mapping[str, Any], native: bool, archive: bytes) -> bool:
     unmounted), owners and modes kept; each top entry must be new there. False where it cannot
     be written here (the caller asks the engine)."""
     storage = _folders(attrs, native)
-    if storage is None:
+    return storage is not None and _unpack(storage[0], archive)
+
+
+def overlay_put_mounted(attrs: Mapping[str, Any], archive: bytes) -> bool:
+    """Unpack `archive` into the running container's root as the engine mounted it on this
+    host (its overlay2 merged folder: written through the overlay, as the engine's own archive
+    put writes it), owners and modes kept; each top entry must be new there. For a container
+    in which nothing but HEMRA's runs (the caller's word), so nothing inside races the writes.
+    False where it cannot be written here: another driver, a folder that is not mounted in
+    this runner's view (another machine's engine, another mount namespace)."""
+    driver = attrs.get("GraphDriver") or {}
+    merged = (driver.get("Data") or {}).get("MergedDir")
+    if driver.get("Name") != "overlay2" or not merged:
         return False
-    top, _ = storage
+    try:
+        if not os.path.ismount(merged):
+            return False
+    except OSError:
+        return False
+    return _unpack(Path(merged), archive)
+
+
+def _unpack(folder: Path, archive: bytes) -> bool:
+    """`archive` unpacked under `folder`, owners and modes kept, where no top entry exists."""
     try:
         with tarfile.open(fileobj=io.BytesIO(archive)) as members:
             names = {member.name.split("/", 1)[0] for member in members.getmembers()}
-            if any(os.path.lexists(top / name) for name in names):
+            if any(os.path.lexists(folder / name) for name in names):
                 return False
-            members.extractall(top, numeric_owner=True, filter="tar")
+            members.extractall(folder, numeric_owner=True, filter="tar")
     except (OSError, tarfile.TarError):
         return False
     return True
