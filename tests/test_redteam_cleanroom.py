@@ -17,6 +17,7 @@ from conftest import BASE_IMAGE, TaskMaker
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.execute.sandbox import AGENT_USER, ROOT_USER, Limits, SandboxRequest
 from pytest_hemra.execute.sandbox.docker import DockerProvider
+from pytest_hemra.execute.sandbox.processes import end_all_but_init
 from pytest_hemra.resolve.datasets import load_task
 from pytest_hemra.resolve.overrides import Overrides
 from pytest_hemra.resolve.spec import load_run_spec
@@ -279,9 +280,17 @@ def test_emptying_a_sandbox_leaves_only_a_fresh_init_whatever_ran_and_init_reaps
         assert list(sandbox.read_tree("/tmp/kept").values()) == [b"kept\n"]
         init = sandbox.container.top(ps_args="-o pid")["Processes"]
         leave_processes()
-        assert sandbox.end_all_but_init()
+        assert sandbox.end_all_but_init() and sandbox.missed is None
         assert sandbox.container.top(ps_args="-o pid")["Processes"] == init  # the same PID 1
         assert list(sandbox.read_tree("/tmp/kept").values()) == [b"kept\n"]
+        # where it cannot be done, it says why (and the caller kills the sandbox whole)
+        nowhere = "0" * 64
+        assert end_all_but_init(nowhere, 1) == "no freezer cgroup of the container on this host"
+        leave_processes()
+        taken = end_all_but_init(sandbox.container.id, 999_999_999)  # PID 1 not the one given
+        # killed with the rest: the container stops, its cgroup gone as it is read, or just after
+        assert taken is not None
+        assert taken == "PID 1 gone" or taken.startswith("the cgroup unreadable"), taken
 
 
 def test_the_oracle_passes_swe_and_multi_step_tasks_in_a_separate_room(

@@ -262,11 +262,15 @@ def test_a_root_agent_cannot_take_the_keeper_over_and_what_it_left_under_any_uid
     seen = {name: (folder / f"{name}.txt").read_text().strip() for name in ("seen", "init", "pid1")}
     # the verifier beside the same PID 1: the kill from the host; once, in CI on a loaded machine,
     # it did not end within its 5 s and the sandbox was started again (the safe fallback), so
-    # either is accepted here; test_emptying_a_sandbox_... asserts the kill from the host itself
+    # either is accepted here, the fallback saying why in the trial's sandbox.txt;
+    # test_emptying_a_sandbox_... asserts the kill from the host itself
+    notes = Path(rows["takeover"]["trial_dir"]) / "sandbox.txt"
+    why = notes.read_text() if notes.exists() else ""
     assert seen in (
         {"seen": "gone", "init": "same", "pid1": "(hemra-init) S"},
         {"seen": "gone", "init": "restarted", "pid1": "(hemra-init) S"},
-    )
+    ), why
+    assert (seen["init"] == "restarted") == why.startswith("after the agent's turn: "), why
 
 
 ENTRY_IMAGE = f"""FROM {BASE_IMAGE}

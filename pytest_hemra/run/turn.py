@@ -45,7 +45,13 @@ from pytest_hemra.resolve.datasets import Task
 from pytest_hemra.resolve.harness_spec import HarnessSpec
 from pytest_hemra.resolve.harnesses import render, render_argv
 from pytest_hemra.resolve.taskconfig import Healthcheck
-from pytest_hemra.score.room import EMPTY_ROOM, cut_network, is_separate, run_root
+from pytest_hemra.score.room import (
+    EMPTY_ROOM,
+    cut_network,
+    end_around_keeper,
+    is_separate,
+    run_root,
+)
 from pytest_hemra.score.verification import provider_keys, runner_env
 
 INSTRUCTION_FILE = "/hemra/instruction.md"
@@ -261,7 +267,11 @@ def empty_room(context: TrialContext, sandbox: Sandbox, identity: Identity) -> b
     its cgroup is frozen (`end_all_but_init`), and runs on: no second start."""
     if not identity.is_root and sandbox.end_user(identity.user):
         return _clear_room(context, sandbox)
-    if identity.is_root and not is_separate(context) and sandbox.end_all_but_init():
+    if (
+        identity.is_root
+        and not is_separate(context)
+        and end_around_keeper(context, sandbox, "after the agent's turn")
+    ):
         return _clear_room(context, sandbox)  # PID 1 the keeper: the sandbox runs on
     sandbox.halt()
     if not context.task.config.steps:

@@ -69,6 +69,19 @@ def verifier_network(context: TrialContext, settings: TaskVerifier) -> str:
     return context.spec.verifier.network
 
 
+def end_around_keeper(context: TrialContext, sandbox: Sandbox, when: str) -> bool:
+    """Every process in the sandbox but PID 1 killed from this host where PID 1 is HEMRA's
+    keeper (`Sandbox.end_all_but_init`): whether that was done. Where the keeper's kill fell
+    back, why is kept in the trial's `sandbox.txt` (`when` names the moment); the caller then
+    kills the sandbox whole."""
+    if sandbox.end_all_but_init():
+        return True
+    if sandbox.missed is not None:
+        with (context.trial_dir / "sandbox.txt").open("a") as notes:
+            notes.write(f"{when}: killed whole instead, the kill from the host: {sandbox.missed}\n")
+    return False
+
+
 def cut_network(context: TrialContext, sandbox: Sandbox, settings: TaskVerifier) -> bool:
     """The verifier's network set (`verifier_network`): cut, kept, or, for its own allowlist,
     only `hemra-gateway` (no route out but the egress proxy). True for an allowlist the proxy

@@ -32,6 +32,7 @@ from pytest_hemra.score.room import (
     TESTS_DIR,
     VERIFIER_LOGS,
     cut_network,
+    end_around_keeper,
     is_separate,
     run_root,
     tests_archive,
@@ -72,7 +73,7 @@ def verify_step(
         )
     finally:  # test.sh's processes gone for the next step: killed around the keeper, the
         # sandbox running on, else (halted to read its rewards) it is started again
-        if not sandbox.end_all_but_init():
+        if not end_around_keeper(context, sandbox, "after a step's verifier"):
             sandbox.empty()
         run_root(sandbox, EMPTY_ROOM, step_dir / "verifier" / "clear.txt")
         sandbox.reconnect_network()
@@ -145,7 +146,7 @@ def _run_test_sh(
         )
     # nothing test.sh left (an agent's program it ran) writes after it: every process but the
     # keeper killed from this host (no request), else the sandbox killed whole
-    if not sandbox.end_all_but_init():
+    if not end_around_keeper(context, sandbox, "after the verifier"):
         sandbox.halt()
     logs = sandbox.read_tree(VERIFIER_LOGS)
     for name, content in logs.items():

@@ -244,6 +244,12 @@ class Sandbox(Protocol):
         default): `empty` the sandbox then."""
         return False
 
+    @property
+    def missed(self) -> str | None:
+        """Why the last `end_all_but_init` fell back where PID 1 is the keeper (which step ran
+        out of time or failed), for the trial's folder; None when it did not."""
+        return None
+
     def listening_ports(self) -> frozenset[int] | None:
         """The TCP ports something in the sandbox listens on, read from outside it (its network
         namespace as the engine's host sees it); None where that cannot be read here."""

@@ -55,20 +55,20 @@ FREEZERS = (
 )
 
 
-def end_all_but_init(container_id: str, init: int) -> bool:
+def end_all_but_init(container_id: str, init: int) -> str | None:
     """Every process of the container but its PID 1 (`init`, this machine's PID) killed from
     this host, none asked of the engine: its cgroup frozen (nothing forks meanwhile), SIGKILL
     to each process listed there but `init`, thawed, then seen gone (a killed process leaves
-    the cgroup's listing as it exits). False when that cannot be done here by `END_USER_SECS`
-    (no freezer found, a process stuck in the kernel): the caller empties the sandbox whole."""
+    the cgroup's listing as it exits) and reaped. None once done; else what could not be done
+    here by `END_USER_SECS` (no freezer found, a process stuck in the kernel, PID 1 gone): the
+    caller empties the sandbox whole."""
     deadline = time.monotonic() + END_USER_SECS
     for root, name, freeze, thaw, frozen in FREEZERS:
         control = _cgroup_file((root,), container_id, name)
         if control is not None:
-            if not _end_frozen(control, (freeze, thaw, frozen), init, deadline):
-                return False
-            return _reaped(container_id, deadline)
-    return False
+            missed = _end_frozen(control, (freeze, thaw, frozen), init, deadline)
+            return missed or _reaped(container_id, deadline)
+    return "no freezer cgroup of the container on this host"
 
 
 def _cgroup_file(roots: tuple[str, ...], container_id: str, name: str) -> Path | None:
@@ -81,25 +81,28 @@ def _cgroup_file(roots: tuple[str, ...], container_id: str, name: str) -> Path |
     return None
 
 
-def _reaped(container_id: str, deadline: float) -> bool:
-    """Whether the container's pids count is down to PID 1 by `deadline`: a killed process is
-    a zombie, out of the cgroup's listing but still in its pids limit, until PID 1 reaps it."""
+def _reaped(container_id: str, deadline: float) -> str | None:
+    """None once the container's pids count is down to PID 1 by `deadline` (a killed process
+    is a zombie, out of the cgroup's listing but still in its pids limit, until PID 1 reaps
+    it), else what it still counts."""
     count = _cgroup_file(CGROUP_ROOTS, container_id, "pids.current")
     if count is None:
-        return True  # no pids controller here: no limit for zombies to fill
+        return None  # no pids controller here: no limit for zombies to fill
     try:
-        while int(count.read_text()) > 1:
+        while (counted := int(count.read_text())) > 1:
             if time.monotonic() >= deadline:
-                return False
+                return f"{counted - 1} killed processes not reaped by PID 1 in {END_USER_SECS:g}s"
             time.sleep(0.005)
-    except (OSError, ValueError):
-        return False
-    return True
+    except (OSError, ValueError) as error:
+        return f"pids.current unreadable ({error})"
+    return None
 
 
 def _end_frozen(
     control: Path, states: tuple[str, str, str | None], init: int, deadline: float
-) -> bool:
+) -> str | None:
+    """The kill under a frozen cgroup (see `end_all_but_init`): None once every process but
+    `init` has left the cgroup's listing, else which step ran out of time or failed."""
     freeze, thaw, frozen = states
     folder = control.parent
     listing = folder / "cgroup.procs"
@@ -108,20 +111,22 @@ def _end_frozen(
         try:
             while not _is_frozen(folder, control, frozen):
                 if time.monotonic() >= deadline:
-                    return False
+                    return f"the cgroup not frozen in {END_USER_SECS:g}s"
                 time.sleep(0.005)
             for pid in {int(n) for n in listing.read_text().split()} - {init}:
                 with contextlib.suppress(ProcessLookupError):  # gone meanwhile
                     os.kill(pid, signal.SIGKILL)
         finally:
             control.write_text(thaw)
-        while {int(n) for n in listing.read_text().split()} - {init}:
+        while left := {int(n) for n in listing.read_text().split()} - {init}:
             if time.monotonic() >= deadline:
-                return False
+                return f"{len(left)} killed processes still listed after {END_USER_SECS:g}s"
             time.sleep(0.005)
-        return str(init) in listing.read_text().split()  # PID 1 itself still there
-    except OSError:
-        return False
+        if str(init) not in listing.read_text().split():
+            return "PID 1 gone"
+    except OSError as error:
+        return f"the cgroup unreadable ({error})"
+    return None
 
 
 def _is_frozen(folder: Path, control: Path, frozen: str | None) -> bool:
@@ -152,6 +157,7 @@ class ProcessSweep:
     _pid: int | None  # PID 1's on the engine's host, as long as it runs (`halt` forgets it)
     _guarded_init: bool  # PID 1 is the keeper: no process in the sandbox may trace it
     _halted: bool
+    missed: str | None = None  # why the last `end_all_but_init` fell back (None: it did not)
 
     def end_all_but_init(self) -> bool:
         """Every process but PID 1 killed from this host (`end_all_but_init`), where PID 1 is
@@ -162,7 +168,11 @@ class ProcessSweep:
             return False
         if self._pid is None:
             self._pid = init_pid(self.container.id)
-        return self._pid is not None and end_all_but_init(self.container.id, self._pid)
+        if self._pid is None:
+            self.missed = "PID 1 not found in the container's cgroup on this host"
+            return False
+        self.missed = end_all_but_init(self.container.id, self._pid)
+        return self.missed is None
 
     def _kill_processes(self, user: str) -> None:
         """Kill every process of `user` but PID 1: the exec's whole tree, whatever it spawned."""
