@@ -291,6 +291,9 @@ def test_emptying_a_sandbox_leaves_only_a_fresh_init_whatever_ran_and_init_reaps
         # killed with the rest: the container stops, its cgroup gone as it is read, or just after
         assert taken is not None
         assert taken == "PID 1 gone" or taken.startswith("the cgroup unreadable"), taken
+        assert not sandbox.end_all_but_init() and sandbox.missed is not None  # stopped: why
+        sandbox.halt()
+        assert not sandbox.end_all_but_init() and sandbox.missed is None  # halted: nothing missed
 
 
 def test_the_oracle_passes_swe_and_multi_step_tasks_in_a_separate_room(

@@ -164,6 +164,7 @@ class ProcessSweep:
         the keeper, which nothing in the sandbox could trace, write or signal: what any agent
         left, whoever it ran as, gone, and the sandbox running on. False elsewhere (docker-init
         as PID 1, an engine not on this host, its PID 1 gone): the caller empties it whole."""
+        self.missed = None
         if not self._guarded_init or self._halted:
             return False
         if self._pid is None:
