@@ -37,24 +37,27 @@ def kind(request: str) -> str:
     return f"{method} {'/'.join(parts)}"
 
 
-def asked(root: Path, pytester: pytest.Pytester, attempts: int, engine: SlowEngine) -> list[str]:
+def asked(
+    root: Path, pytester: pytest.Pytester, attempts: int, engine: SlowEngine, more: str = ""
+) -> list[str]:
     engine.requests.clear()
     run_file = root / "run.toml"
-    run_file.write_text(f'harnesses = ["oracle"]\ndatasets = ["ds"]\nattempts = {attempts}\n')
+    run_file.write_text(f'harnesses = ["oracle"]\ndatasets = ["ds"]\nattempts = {attempts}\n{more}')
     result = pytester.runpytest_subprocess("--hemra-run", str(run_file), "-p", "no:cacheprovider")
     result.assert_outcomes(passed=attempts)
     return [kind(r) for r in engine.requests if not r.endswith("/_ping")]
 
 
 def per_trial(
-    tmp_path: Path, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, more: str = ""
 ) -> dict[str, float]:
-    """What one trial of the task `one` asks, by kind: three trials' requests less one's, halved."""
+    """What one trial of the task `one` asks, by kind: three trials' requests less one's, halved
+    (`more`: added to the run file)."""
     with SlowEngine(tmp_path / "engine.sock", delay=0, slow_starts=0) as engine:
         monkeypatch.setenv("DOCKER_HOST", engine.address)
-        asked(tmp_path, pytester, 1, engine)  # the task's image built, not counted
-        one = asked(tmp_path, pytester, 1, engine)
-        three = asked(tmp_path, pytester, 3, engine)
+        asked(tmp_path, pytester, 1, engine, more)  # the task's image built, not counted
+        one = asked(tmp_path, pytester, 1, engine, more)
+        three = asked(tmp_path, pytester, 3, engine, more)
     kinds = (set(one) | set(three)) - UPKEEP
     found = {k: (three.count(k) - one.count(k)) / 2 for k in kinds}
     return {k: n for k, n in sorted(found.items()) if n}
@@ -63,9 +66,14 @@ def per_trial(
 @pytest.mark.slow
 @pytest.mark.usefixtures("docker_test")
 @pytest.mark.parametrize(
-    ("pid1", "online"),
-    [("keeper", True), ("keeper", False), ("docker-init", True)],
-    ids=["keeper-online", "keeper-offline", "docker-init-online"],
+    ("pid1", "online", "user"),
+    [
+        ("keeper", True, "root"),
+        ("keeper", False, "root"),
+        ("keeper", True, "non-root"),
+        ("docker-init", True, "root"),
+    ],
+    ids=["keeper-online", "keeper-offline", "keeper-non-root", "docker-init-online"],
 )
 def test_a_trial_asks_its_engine_no_more_than_docs_runs_md_lists(
     pytester: pytest.Pytester,
@@ -74,6 +82,7 @@ def test_a_trial_asks_its_engine_no_more_than_docs_runs_md_lists(
     monkeypatch: pytest.MonkeyPatch,
     pid1: str,
     online: bool,
+    user: str,
 ) -> None:
     network = "" if online else "allow_internet = false\n"
     make_task(
@@ -82,12 +91,15 @@ def test_a_trial_asks_its_engine_no_more_than_docs_runs_md_lists(
         task_toml="[agent]\ntimeout_sec = 30\n[verifier]\ntimeout_sec = 30\n"
         f"[environment]\n{network}",
     )
-    asked_of_it = per_trial(tmp_path, pytester, monkeypatch)
+    more = '[sandbox]\nagent_user = "non-root"\n' if user == "non-root" else ""
+    asked_of_it = per_trial(tmp_path, pytester, monkeypatch, more)
     assert sum(asked_of_it.values()) <= TRIAL_REQUESTS[pid1], f"over docs/runs.md: {asked_of_it}"
     started = asked_of_it.get("POST containers/ID/start")
     assert started == (1 if pid1 == "keeper" else 2), asked_of_it  # which clean room it had
-    # with the keeper the tests go in through the container's root on this host, no request
-    assert "PUT containers/ID/archive" not in asked_of_it or pid1 != "keeper", asked_of_it
+    # with the keeper the tests go in through the container's root on this host, no request,
+    # and whoever the agent ran as, what it left is killed from there (no listing, no kill)
+    if pid1 == "keeper":
+        assert not {"PUT containers/ID/archive", "GET containers/ID/top"} & set(asked_of_it)
 
 
 @pytest.mark.slow

@@ -127,9 +127,10 @@ EOF
 
 @pytest.mark.xfail(
     strict=False,  # a race: the writer usually wins it (1.0), but not always under load (CI)
-    reason="open: the room is emptied ~100 ms after test.sh exits; a writer test.sh's run of the"
-    " agent's program left behind replaces reward.txt in that gap (a fix: test.sh as the child"
-    " of the room's PID 1, so the kernel kills its namespace the moment test.sh exits)",
+    reason="open: the room is emptied a few ms after test.sh exits (killed from the host around"
+    " the keeper; ~100 ms where the sandbox is killed through the engine); a writer test.sh's run"
+    " of the agent's program left behind can replace reward.txt in that gap (a fix: test.sh as"
+    " the child of the room's PID 1, so the kernel kills its namespace the moment test.sh exits)",
 )
 @pytest.mark.usefixtures("docker_test")
 @pytest.mark.parametrize("room", ["shared", "separate"])

@@ -200,9 +200,9 @@ def test_nothing_the_agent_left_runs_when_the_tests_enter_whoever_it_ran_as(
 ) -> None:
     """Seen by the verifier itself: a process named with a newline, or whose main thread has
     exited, no longer touches /app once the tests are in, for a root agent and a non-root one.
-    Neither sandbox is started again: a non-root agent's processes are killed as its user and
-    seen gone by the engine; a root agent's, whose PID 1 is HEMRA's keeper (the image has perl
-    and no ENTRYPOINT), every process but PID 1, killed from the host (it could not touch it:
+    Neither sandbox is started again: its PID 1 is HEMRA's keeper (the image has perl and no
+    ENTRYPOINT), and every process but PID 1 is killed from the host, whoever the agent ran
+    as (a root agent could not touch the keeper:
     `test_a_root_agent_cannot_take_the_keeper_over_and_what_it_left_under_any_uid_is_gone`)."""
     make_task("watch", test=WATCH_TEST, dockerfile=IMAGE)
     for name, harness in WATCHED.items():

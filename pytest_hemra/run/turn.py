@@ -261,18 +261,15 @@ def empty_room(context: TrialContext, sandbox: Sandbox, identity: Identity) -> b
     user and seen gone by the engine (`end_user`), and the sandbox keeps running: its PID 1
     and the image's entrypoint, root's, which that agent can neither signal nor trace, are
     untouched (an entrypoint's state stays as Harbor leaves it); only when that fails is the
-    sandbox emptied whole. A root agent's sandbox whose PID 1 is HEMRA's keeper (no
-    ENTRYPOINT, perl in the image: `keeper.py`), which nothing in the sandbox can trace, write
-    or signal, is emptied the same way from this host, every process but PID 1 killed while
-    its cgroup is frozen (`end_all_but_init`), and runs on: no second start."""
+    sandbox emptied whole. A sandbox whose PID 1 is HEMRA's keeper (no ENTRYPOINT, perl in the
+    image: `keeper.py`), which nothing in the sandbox can trace, write or signal, is emptied
+    from this host whoever the agent ran as, every process but PID 1 killed while its cgroup
+    is frozen (`end_all_but_init`, no engine request), and runs on: a root agent's gets no
+    second start, a non-root agent's no listing and kill through the engine."""
+    if not is_separate(context) and end_around_keeper(context, sandbox, "after the agent's turn"):
+        return _clear_room(context, sandbox)  # PID 1 the keeper: the sandbox runs on
     if not identity.is_root and sandbox.end_user(identity.user):
         return _clear_room(context, sandbox)
-    if (
-        identity.is_root
-        and not is_separate(context)
-        and end_around_keeper(context, sandbox, "after the agent's turn")
-    ):
-        return _clear_room(context, sandbox)  # PID 1 the keeper: the sandbox runs on
     sandbox.halt()
     if not context.task.config.steps:
         if is_separate(context):

@@ -73,12 +73,12 @@ def end_around_keeper(context: TrialContext, sandbox: Sandbox, when: str) -> boo
     """Every process in the sandbox but PID 1 killed from this host where PID 1 is HEMRA's
     keeper (`Sandbox.end_all_but_init`): whether that was done. Where the keeper's kill fell
     back, why is kept in the trial's `sandbox.txt` (`when` names the moment); the caller then
-    kills the sandbox whole."""
+    empties the sandbox another way (as the agent's user, or killed whole)."""
     if sandbox.end_all_but_init():
         return True
     if sandbox.missed is not None:
         with (context.trial_dir / "sandbox.txt").open("a") as notes:
-            notes.write(f"{when}: killed whole instead, the kill from the host: {sandbox.missed}\n")
+            notes.write(f"{when}: the kill from the host did not end: {sandbox.missed}\n")
     return False
 
 
