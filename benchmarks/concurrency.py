@@ -109,7 +109,11 @@ def session(
         f"concurrency = {concurrency}\ntasks = [{names}]\n"
     )
     junit = root / f"{run_file.stem}.xml"
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--hemra-run"]
+    # hypothesis is this project's dev dependency, not HEMRA's: its pytest plugin imports all of
+    # hypothesis at every session's end (1.0-1.4 s here), which a user's session without it
+    # does not pay
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
+    argv += ["-q", "--hemra-run"]
     argv += [str(run_file), f"--junitxml={junit}"]
     argv += ["-n", str(workers)] if workers > 1 else []
     started = time.monotonic()

@@ -13,17 +13,20 @@ the test checks that `hemra` and `pytest_hemra` (its bundled datasets too) come 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import sysconfig
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, TaskMaker
 from tests.docs_runner import Reader
+from tests.test_plugins import OPTIONS_ONLY
 
 # The README's install line: the repository of [project.urls], cloned, and pip building it.
 HOMEPAGE = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["urls"]["Homepage"]
@@ -43,11 +46,16 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return found
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("docker_test")
-def test_the_readme_path_runs_from_an_empty_folder_with_the_wheel_installed(
-    wheel: Path, tmp_path: Path
-) -> None:
+@dataclass(frozen=True)
+class Installed:
+    venv: Path
+    python: Path
+    env: dict[str, str]  # the virtualenv's bin first on PATH, no HEMRA_STORE or PYTHONPATH
+
+
+@pytest.fixture
+def installed(wheel: Path, tmp_path: Path) -> Installed:
+    """A fresh virtualenv outside the checkout with the wheel installed (`--no-deps`)."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -65,6 +73,15 @@ def test_the_readme_path_runs_from_an_empty_folder_with_the_wheel_installed(
     assert installed.returncode == 0, installed.stderr[-3000:]
     env = {k: v for k, v in os.environ.items() if k not in ("HEMRA_STORE", "PYTHONPATH")}
     env |= {"PATH": f"{venv / 'bin'}{os.pathsep}{env['PATH']}", "VIRTUAL_ENV": str(venv)}
+    return Installed(venv, python, env)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("docker_test")
+def test_the_readme_path_runs_from_an_empty_folder_with_the_wheel_installed(
+    installed: Installed, tmp_path: Path
+) -> None:
+    venv, python, env = installed.venv, installed.python, installed.env
     bundled = "from pytest_hemra.resolve import datasets; print(datasets.bundled_dir('datasets'))"
     where = subprocess.run(
         [str(python), "-c", bundled],
@@ -105,3 +122,41 @@ def test_the_readme_path_runs_from_an_empty_folder_with_the_wheel_installed(
         timeout=60,
     )  # fmt: skip
     assert beside.returncode == 4 and "no store at" in beside.stderr
+
+
+LOADERS_CONFTEST = """
+import json, sys
+
+def pytest_sessionfinish(session):
+    loaders = {
+        name: type(module.__spec__.loader).__name__
+        for name, module in sys.modules.items()
+        if name.startswith("pytest_hemra") and getattr(module, "__spec__", None)
+    }
+    with open("loaders.json", "w") as out:
+        json.dump(loaders, out)
+"""
+
+
+def test_an_installed_runs_modules_load_as_any_module_not_through_pytests_rewriting(
+    installed: Installed, make_task: TaskMaker, tmp_path: Path
+) -> None:
+    """pytest rewrites the asserts of every module of an installed plug-in's distribution (an
+    editable install's files are not listed, so only the wheel shows it); where no bytecode is
+    written, that cost every session and every xdist worker 0.45 s. Only what the entry point
+    imports, before any hook runs, is rewritten."""
+    make_task("one")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "conftest.py").write_text(LOADERS_CONFTEST)
+    argv = [str(installed.python), "-m", "pytest", "-p", "no:cacheprovider", "--collect-only"]
+    argv += ["--hemra-harness", "oracle", "--hemra-dataset", str(tmp_path / "datasets" / "ds")]
+    done = subprocess.run(
+        argv, cwd=project, env=installed.env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    loaders = json.loads((project / "loaders.json").read_text())
+    assert "pytest_hemra.plugin.worker" in loaders
+    rewritten = {name for name, loader in loaders.items() if loader == "AssertionRewritingHook"}
+    assert "pytest_hemra.options" in rewritten  # pytest does rewrite the wheel's modules
+    assert rewritten <= OPTIONS_ONLY
