@@ -15,7 +15,7 @@ import json
 import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -34,20 +34,16 @@ from pytest_hemra.plugin.items import TrialWork
 from pytest_hemra.plugin.protocol import rerun_status
 from pytest_hemra.plugin.reporter import OUTPUT
 from pytest_hemra.plugin.worker import Worker, providers
-from pytest_hemra.report.comparison import (
-    RunComparison,
-    compare_runs,
-    comparison_dict,
-    render_comparison,
-)
-from pytest_hemra.report.formats import render_text
 from pytest_hemra.report.gates import Gate, parse_gate, tripped
-from pytest_hemra.report.snapshot import report_of
-from pytest_hemra.report.tables import RunReport, report_dict
 from pytest_hemra.resolve.plan import Plan, load_recorded, record_plan
 from pytest_hemra.run.job import Runner, sandbox_for
 from pytest_hemra.store import Store
 from pytest_hemra.store.owner import is_alive, owner_name
+
+if TYPE_CHECKING:  # the report's stack (numpy, jinja2) loads when the report is made, not
+    # before the first trial: there its import hides behind the run's network being released
+    from pytest_hemra.report.comparison import RunComparison
+    from pytest_hemra.report.tables import RunReport
 
 
 def open_controller(config: pytest.Config, plan: Plan | None) -> Controller:
@@ -209,6 +205,12 @@ class Controller:
             with contextlib.suppress(HemraError):  # its engine down: removed when one is back
                 runner.provider.remove_sandboxes({"hemra.run": run_id})
             self.interrupted_line = resume_line(session.config, store, run_id)
+        elif not session.config.pluginmanager.has_plugin("dsession"):  # its trials are over
+            runner.close_soon()  # (an xdist controller's runner runs none, and has little)
+        from pytest_hemra.report.comparison import compare_runs, comparison_dict
+        from pytest_hemra.report.snapshot import report_of
+        from pytest_hemra.report.tables import report_dict
+
         self.report = report_of(store, run_id)
         previous = session.config.getoption("hemra_compare")
         self.comparison = compare_runs(store, previous, run_id) if previous else None
@@ -239,6 +241,10 @@ class Controller:
     ) -> None:
         if self.runner is None:
             return
+        from pytest_hemra.report.comparison import render_comparison
+        from pytest_hemra.report.formats import render_text
+        from pytest_hemra.report.snapshot import report_of
+
         terminalreporter.write_sep("=", "HEMRA")
         report = self.report or report_of(self.runner.store, self.runner.run.id)
         # a terminal: its width, the most important columns kept (a log file or CI: every

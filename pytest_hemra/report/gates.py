@@ -13,15 +13,18 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pytest_hemra.core.errors import SpecError
 from pytest_hemra.core.lifecycle import TrialStatus
 from pytest_hemra.core.outcome import Outcome
 from pytest_hemra.core.records import TrialRecord
 from pytest_hemra.core.words import plural
-from pytest_hemra.report.comparison import RunComparison
-from pytest_hemra.report.tables import RunReport
 from pytest_hemra.report.taskset import one_task_set
+
+if TYPE_CHECKING:  # a gate is parsed before the session starts: the report's stack after it
+    from pytest_hemra.report.comparison import RunComparison
+    from pytest_hemra.report.tables import RunReport
 
 SCORE = re.compile(r"^(?:(?P<harness>[A-Za-z0-9_.-]+):)?score<(?P<threshold>[0-9.]+)$")
 KINDS = ("unfinished", "failure", "regression")

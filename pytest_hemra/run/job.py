@@ -96,6 +96,8 @@ class Runner:
     _beats: dict[str, Heartbeat] = field(default_factory=dict, repr=False)  # running trials
     # handles on the store of its own threads (the gateway's writer, budgets): closed by `close`
     _stores: list[Store] = field(default_factory=list, repr=False)
+    _closing: threading.Thread | None = field(default=None, repr=False)  # `close_soon`'s
+    _close_error: BaseException | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.store.is_server:  # runners on several machines: the engine's locks in the store
@@ -367,7 +369,31 @@ class Runner:
                 return count
             current = self.store.trial(current.replaces)
 
+    def close_soon(self) -> None:
+        """Begin `close` on a thread of its own, the process's trials all over: the run's
+        network is released and the gateway stopped while the session's report is made (the
+        engine's removal of a network takes a few tenths of a second); `close` waits for it,
+        and raises what it raised."""
+        if self._closing is None:
+            self._closing = threading.Thread(target=self._close_catching, name="hemra-close")
+            self._closing.start()
+
+    def _close_catching(self) -> None:
+        try:
+            self._close_now()
+        except BaseException as error:  # raised again by `close`, in the session's thread
+            self._close_error = error
+
     def close(self) -> None:
+        if self._closing is None:
+            self._close_now()
+            return
+        self._closing.join()
+        error, self._close_error = self._close_error, None
+        if error is not None:
+            raise error
+
+    def _close_now(self) -> None:
         if self.store.is_server:
             hold_engine_locks_in(None)
         if self.watch is not None:

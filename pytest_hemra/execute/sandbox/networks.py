@@ -174,15 +174,16 @@ class Networks:
         if not self.own:
             return
         try:
+            removed = self.remove_run_network(run_id)  # its firewall chain with it
             if ports:
                 gateway = self.find(GATEWAY_NETWORK)
                 host = gateway_of(gateway) if gateway is not None else None
-                for network in (gateway, self.find(run_network(run_id))):
+                kept = None if removed else self.find(run_network(run_id))
+                for network in (gateway, kept):
                     for port in ports:
                         if network is not None and host is not None:
                             firewall.revoke(bridge_of(network), host, port)
                             self._admitted.discard((bridge_of(network), host, port))
-            self.remove_run_network(run_id)
         except DOCKER_ERRORS as error:
             raise InfraError(f"docker: cannot release run {run_id}'s networks ({error})") from error
 
@@ -228,27 +229,31 @@ class Networks:
                 with contextlib.suppress(docker.errors.APIError):
                     network.disconnect(attached.get("Name") or endpoint, force=True)
 
-    def remove_run_network(self, run_id: str) -> None:
+    def remove_run_network(self, run_id: str) -> bool:
+        """The run's network removed, and its firewall chain, unless a sandbox of the run is
+        still on it (or exists: one cut off for its verifier, say). Whether it is gone."""
         name = run_network(run_id)
         with (
             self._lock_of(f"connect {name}"),
             self._lock_of(f"network {name}"),
         ):
             network = self.find(name)
-            if network is None or network.attrs.get("Containers"):
-                return
-            if self.run_has_containers(run_id):
-                return  # a sandbox of the run still exists (one cut off for its verifier, say)
+            if network is None:
+                return True
+            if network.attrs.get("Containers") or self.run_has_containers(run_id):
+                return False
             bridge = bridge_of(network)
             try:
                 network.remove()
             except docker.errors.APIError as error:
                 if error.status_code not in (403, 404, 409):  # still in use, or already gone
                     raise
-                return
+                return bool(error.status_code == 404)
             firewall.unguard(bridge)
             self._guarded.discard(bridge)
+            self._admitted = {rule for rule in self._admitted if rule[0] != bridge}
             self._networks.pop(name, None)
+            return True
 
     def guard_services(self, network: Any, gateway_port: int | None) -> str | None:
         """A trial's services network behind the host firewall, as HEMRA's own networks are: no
