@@ -17,6 +17,11 @@ Docker 20.10 sets up the embedded DNS resolver of a container on a user-defined 
 (iptables rules inside its namespace) at each start; a held namespace pays it once. Prints
 each time and its ratio to Docker alone.
 
+The held namespaces here are made before the clock starts. Made by the run itself, each of the
+first N trials at once pays two starts (its holder's, then its own): built into HEMRA and
+measured at 64 trials at once, 40.7-46.0 s against 25-29 s without (docs/runs.md), so holders
+could only pay across waves of trials, or if kept from run to run on the engine.
+
     python benchmarks/netns.py [--trials 64] [--sleep 10] [--rounds 2]
 """
 
