@@ -19,6 +19,14 @@ datasets and computes, as a report does:
   (1.00 unbiased), averaged over the runs; the interaction (true 0) as its mean estimate; and
   beside each, the share of runs whose 95% interval holds the true value (nominal 95%).
 
+`--exact` computes `mean_ci`'s coverage instead of drawing it: a dataset of n tasks with k
+attempts each is, for `mean_ci`, how many tasks passed 0, 1, ..., k times (their task means);
+every such count vector is enumerated (C(n + k, k) of them: 3.5 million at 50 tasks and 5
+attempts), its interval computed once by `stats.interval_of_means`, and its probability summed
+under each difficulty (multinomial over the tasks, with a task's chance of j passes its
+difficulty's beta-binomial, or for logit-normal an integral) wherever the interval holds the
+exact E[p] (a / (a + b) for Beta(a, b), 0.5 for logit-normal). No Monte Carlo error.
+
 Difficulty, a task's chance of passing: Beta(1, 1) (uniform), Beta(0.5, 2) (skewed: most tasks
 hard; mean 0.2), Beta(0.3, 0.3) (bimodal: tasks mostly easy or hard), or the logistic of
 N(0, 1) (logit-normal: the mixed model's own assumption). Every dataset draws its tasks afresh.
@@ -27,11 +35,13 @@ A rate's Monte Carlo standard error is sqrt(r (1 - r) / datasets): 0.5 points at
     python benchmarks/stats_simulation.py                 # 2,000 datasets and 100 runs a cell
     python benchmarks/stats_simulation.py --datasets 200 --runs 20          # quick
     python benchmarks/stats_simulation.py --difficulty skewed --tasks 20 --attempts 3
+    python benchmarks/stats_simulation.py --exact         # mean_ci's exact coverage, one table
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -39,10 +49,17 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import expit
+from scipy import integrate
+from scipy.special import betaln, expit, gammaln
+from scipy.stats import norm
 from tabulate import tabulate
 
-from pytest_hemra.report.stats import mean_ci, mean_pass_at_k, paired_difference
+from pytest_hemra.report.stats import (
+    interval_of_means,
+    mean_ci,
+    mean_pass_at_k,
+    paired_difference,
+)
 from pytest_hemra.report.variance import Observation, decompose
 
 LEVEL = 0.05
@@ -163,6 +180,82 @@ def _rewards(
     return {f"task-{i}": row.astype(float).tolist() for i, row in enumerate(passed)}
 
 
+BETA = {"uniform": (1.0, 1.0), "skewed": (0.5, 2.0), "bimodal": (0.3, 0.3)}  # as DIFFICULTY
+
+
+def passes_chances(difficulty: str, attempts: int) -> tuple[np.ndarray, float]:
+    """A task's chance of passing j of `attempts` times (j = 0..attempts), and E[p], exactly."""
+    if difficulty in BETA:
+        a, b = BETA[difficulty]
+        logs = [betaln(j + a, attempts - j + b) - betaln(a, b) for j in range(attempts + 1)]
+        chances = [math.comb(attempts, j) * math.exp(log) for j, log in enumerate(logs)]
+        return np.array(chances), a / (a + b)
+
+    def density(x: float, j: int) -> float:
+        p = float(expit(x))
+        return float(norm.pdf(x)) * p**j * (1 - p) ** (attempts - j)
+
+    chances = [
+        math.comb(attempts, j) * integrate.quad(density, -12, 12, args=(j,), limit=200)[0]
+        for j in range(attempts + 1)
+    ]
+    return np.array(chances), 0.5  # logit-normal: symmetric about 0.5
+
+
+def exact_coverage(tasks: int, attempts: int, difficulties: list[str]) -> list[float]:
+    """`mean_ci`'s coverage of E[p] under each difficulty, every dataset enumerated."""
+    counts, lows, highs = [], [], []
+    values = np.arange(attempts + 1) / attempts
+    for bars in itertools.combinations(range(tasks + attempts), attempts):  # stars and bars
+        edges = (-1, *bars, tasks + attempts)
+        count = [edges[i + 1] - edges[i] - 1 for i in range(attempts + 1)]
+        mean = sum(c * v for c, v in zip(count, values, strict=True)) / tasks
+        squares = sum(c * v * v for c, v in zip(count, values, strict=True)) - tasks * mean**2
+        sd = math.sqrt(max(squares, 0.0) / (tasks - 1))
+        low, high = interval_of_means(tasks, mean, sd, bounded=True)
+        counts.append(count)
+        lows.append(low)
+        highs.append(high)
+    table = np.array(counts)
+    ways = gammaln(tasks + 1) - gammaln(table + 1).sum(axis=1)  # the multinomial coefficient
+    low, high = np.array(lows), np.array(highs)
+    covered = []
+    for difficulty in difficulties:
+        chances, truth = passes_chances(difficulty, attempts)
+        probability = np.exp(ways + table @ np.log(chances))
+        held = (low <= truth + 1e-12) & (truth - 1e-12 <= high)
+        covered.append(float(probability[held].sum()))
+    return covered
+
+
+def exact_table(args: argparse.Namespace) -> None:
+    difficulties = args.difficulty or list(DIFFICULTY)
+    shapes = [(tasks, attempts) for tasks in args.tasks for attempts in args.attempts]
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        found = dict(
+            zip(
+                shapes,
+                pool.map(
+                    exact_coverage,
+                    [t for t, _ in shapes],
+                    [a for _, a in shapes],
+                    [difficulties] * len(shapes),
+                ),
+                strict=True,
+            )
+        )
+    rows = [
+        [difficulty, str(tasks)] + [f"{100 * found[(tasks, a)][d]:.2f}" for a in args.attempts]
+        for d, difficulty in enumerate(difficulties)
+        for tasks in args.tasks
+    ]
+    print("mean_ci: the exact share of datasets whose 95% interval holds E[p], %")
+    headers = ["difficulty", "tasks", *(f"{a} att." for a in args.attempts)]
+    print(tabulate(rows, headers=headers, disable_numparse=True))
+    print(f"{time.perf_counter() - started:.1f} s")
+
+
 def _rate(rate: float, datasets: int) -> str:
     return f"{100 * rate:.1f} ± {100 * math.sqrt(rate * (1 - rate) / datasets):.1f}"
 
@@ -176,7 +269,11 @@ def main() -> None:
     parser.add_argument("--difficulty", nargs="+", choices=list(DIFFICULTY), default=None)
     parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--exact", action="store_true", help="mean_ci's exact coverage alone")
     args = parser.parse_args()
+    if args.exact:
+        exact_table(args)
+        return
     cells = [
         Cell(difficulty, tasks, attempts)
         for difficulty in args.difficulty or list(DIFFICULTY)

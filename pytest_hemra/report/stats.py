@@ -106,15 +106,24 @@ def mean_ci(by_task: Mapping[str, Sequence[float]], *, confidence: float = 0.95)
     n, mean = len(means), float(means.mean())
     if n == 1:
         return Estimate(mean, mean, mean, n, n_trials)
+    bounded = bool(means.min() >= 0 and means.max() <= 1)
+    sd = float(means.std(ddof=1))
+    low, high = interval_of_means(n, mean, sd, bounded=bounded, confidence=confidence)
+    return Estimate(mean, low, high, n, n_trials)
+
+
+def interval_of_means(
+    n: int, mean: float, sd: float, *, bounded: bool, confidence: float = 0.95
+) -> tuple[float, float]:
+    """`mean_ci`'s interval from what it reads of n >= 2 task means: their mean and their sd
+    (ddof=1); `bounded`, every task mean in [0, 1] (the score form). What an exact computation
+    of its coverage calls (`benchmarks/stats_simulation.py --exact`)."""
     from scipy.special import stdtrit
 
     quantile = float(stdtrit(n - 1, 0.5 + confidence / 2))
-    sd = float(means.std(ddof=1))
-    if means.min() >= 0 and means.max() <= 1:
-        low, high = _score_interval(mean, sd, n, quantile)
-    else:
-        low, high = mean - quantile * sd / math.sqrt(n), mean + quantile * sd / math.sqrt(n)
-    return Estimate(mean, low, high, n, n_trials)
+    if bounded:
+        return _score_interval(mean, sd, n, quantile)
+    return mean - quantile * sd / math.sqrt(n), mean + quantile * sd / math.sqrt(n)
 
 
 def _score_interval(mean: float, sd: float, n: int, quantile: float) -> tuple[float, float]:
