@@ -212,7 +212,8 @@ def exact_coverage(tasks: int, attempts: int, difficulties: list[str]) -> list[f
         mean = sum(c * v for c, v in zip(count, values, strict=True)) / tasks
         squares = sum(c * v * v for c, v in zip(count, values, strict=True)) - tasks * mean**2
         sd = math.sqrt(max(squares, 0.0) / (tasks - 1))
-        low, high = interval_of_means(tasks, mean, sd, bounded=True)
+        binary = not any(count[1:-1])  # every task passed all its attempts or none
+        low, high = interval_of_means(tasks, mean, sd, True, binary)
         counts.append(count)
         lows.append(low)
         highs.append(high)

@@ -96,9 +96,15 @@ def mean_ci(by_task: Mapping[str, Sequence[float]], *, confidence: float = 0.95)
     about the mean near 0 or 1, where a plain t interval undercovers (skewed difficulty), and
     never leaves [0, 1]. Task means outside [0, 1] get mean +- t s / sqrt(n).
 
+    Where every task mean is 0 or 1 (one attempt a task, or each task passed all its attempts
+    or none) the tasks are a proportion's trials: their spread is the mean's own, nothing is
+    left to estimate, and the interval is **Wilson's for a proportion of n** (a normal
+    quantile), also where every task had the same result (0 of 20 passed: 0 to 0.16, not a
+    point).
+
     Deterministic (no resampling). With one task there is no spread across tasks and the
     interval is the point itself (low = high = mean), as it is when every task has the same
-    mean (every task passed, say). Read `n_tasks` before trusting an interval.
+    mean strictly between 0 and 1. Read `n_tasks` before trusting an interval.
     Raises ValueError when no task has a reward.
     """
     _check_confidence(confidence)
@@ -107,31 +113,34 @@ def mean_ci(by_task: Mapping[str, Sequence[float]], *, confidence: float = 0.95)
     if n == 1:
         return Estimate(mean, mean, mean, n, n_trials)
     bounded = bool(means.min() >= 0 and means.max() <= 1)
+    binary = bool(np.all((means == 0) | (means == 1)))
     sd = float(means.std(ddof=1))
-    low, high = interval_of_means(n, mean, sd, bounded=bounded, confidence=confidence)
-    return Estimate(mean, low, high, n, n_trials)
+    return Estimate(mean, *interval_of_means(n, mean, sd, bounded, binary, confidence), n, n_trials)
 
 
 def interval_of_means(
-    n: int, mean: float, sd: float, *, bounded: bool, confidence: float = 0.95
+    n: int, mean: float, sd: float, bounded: bool, binary: bool, confidence: float = 0.95
 ) -> tuple[float, float]:
     """`mean_ci`'s interval from what it reads of n >= 2 task means: their mean and their sd
-    (ddof=1); `bounded`, every task mean in [0, 1] (the score form). What an exact computation
-    of its coverage calls (`benchmarks/stats_simulation.py --exact`)."""
+    (ddof=1); `bounded`, every task mean in [0, 1] (the score form); `binary`, every one 0 or 1
+    (Wilson's for a proportion of n). What an exact computation of its coverage calls
+    (`benchmarks/stats_simulation.py --exact`)."""
+    if binary:
+        return _score_interval(mean, n, statistics.NormalDist().inv_cdf(0.5 + confidence / 2))
     from scipy.special import stdtrit
 
     quantile = float(stdtrit(n - 1, 0.5 + confidence / 2))
-    if bounded:
-        return _score_interval(mean, sd, n, quantile)
-    return mean - quantile * sd / math.sqrt(n), mean + quantile * sd / math.sqrt(n)
-
-
-def _score_interval(mean: float, sd: float, n: int, quantile: float) -> tuple[float, float]:
-    """Wilson's interval for a mean in [0, 1] from `n_eff` effective independent units."""
+    if not bounded:
+        return mean - quantile * sd / math.sqrt(n), mean + quantile * sd / math.sqrt(n)
     spread = mean * (1 - mean)
     if sd <= 1e-9 * spread or spread <= 0:  # every task has the same mean: nothing varies
         return mean, mean
-    n_eff = n * spread / sd**2
+    return _score_interval(mean, n * spread / sd**2, quantile)
+
+
+def _score_interval(mean: float, n_eff: float, quantile: float) -> tuple[float, float]:
+    """Wilson's interval for a mean in [0, 1] from `n_eff` effective independent units."""
+    spread = mean * (1 - mean)
     q2 = quantile**2 / n_eff
     center = (mean + q2 / 2) / (1 + q2)
     half = quantile / (1 + q2) * math.sqrt(spread / n_eff + q2 / (4 * n_eff))
