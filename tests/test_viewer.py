@@ -751,9 +751,9 @@ def test_a_matrix_run_shows_its_harness_by_model_grid_linking_to_each_cells_tria
             "table.matrix tbody tr",
             "rows => rows.map(r => [...r.children].map(c => c.textContent))",
         )
-        assert grid == [
-            ["base", "1.000", "1.000"],
-            ["rival", "0.000", "1.000"],
+        assert grid == [  # all or none of 3 tasks passed: Wilson's interval for 3 of 3, 0 of 3
+            ["base", "1.000 [0.439, 1.000]", "1.000 [0.439, 1.000]"],
+            ["rival", "0.000 [0.000, 0.561]", "1.000 [0.439, 1.000]"],
         ]
         colours = page.eval_on_selector_all(
             "table.matrix td.matrix-cell", "cells => cells.map(c => c.style.backgroundColor)"
