@@ -96,11 +96,11 @@ def mean_ci(by_task: Mapping[str, Sequence[float]], *, confidence: float = 0.95)
     about the mean near 0 or 1, where a plain t interval undercovers (skewed difficulty), and
     never leaves [0, 1]. Task means outside [0, 1] get mean +- t s / sqrt(n).
 
-    Where every task mean is 0 or 1 (one attempt a task, or each task passed all its attempts
-    or none) the tasks are a proportion's trials: their spread is the mean's own, nothing is
-    left to estimate, and the interval is **Wilson's for a proportion of n** (a normal
-    quantile), also where every task had the same result (0 of 20 passed: 0 to 0.16, not a
-    point).
+    Where every task mean is 0 or 1 (pass/fail rewards, one attempt a task, or each task
+    passed all its attempts or none) the tasks are a proportion's trials: their spread is the
+    mean's own, nothing is left to estimate, and the interval is **Wilson's for a proportion of
+    n** (a normal quantile), also where every task had the same result (0 of 20 passed: 0 to
+    0.16, not a point).
 
     Deterministic (no resampling). With one task there is no spread across tasks and the
     interval is the point itself (low = high = mean), as it is when every task has the same
