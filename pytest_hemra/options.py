@@ -103,7 +103,7 @@ def _load_unrewritten(config: pytest.Config) -> None:
     rewrote, so every session and every xdist worker parsed and rewrote some 130 modules again
     (0.45 s a session, measured on this project's machine). pytest has no public switch for a
     plug-in's own package: the rewrite hook's set of marked names is edited, and a pytest that
-    changes it keeps rewriting (`tests/test_plugins.py` notices)."""
+    changes it keeps rewriting (`tests/test_wheel.py` notices)."""
     marked = getattr(config.pluginmanager.rewrite_hook, "_must_rewrite", None)
     if isinstance(marked, set):
         marked.discard(__name__.partition(".")[0])
