@@ -30,7 +30,7 @@ MAIN_KEYS = ("build", "image", "depends_on", "environment")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 def seconds(value: Any) -> float:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class Criterion(BaseModel):
     """One line of an open-ended task's rubric, scored 0-5 by the judge."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,39}$")
     weight: float = Field(default=1.0, gt=0)
@@ -26,7 +26,7 @@ class HemraTask(BaseModel):
     a unified diff relative to the task folder) in /app and runs `test_command` (argv), scoring
     passed / total tests. See docs/tracks.md."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     track: Literal["reward", "swe", "open"] = "reward"
     test_patch: str | None = None

@@ -38,7 +38,7 @@ LISTED_NAMES = 12  # how many of the registry's names an unknown-name error show
 class RegistryTask(BaseModel):
     """One task of a registry dataset: the folder `path` of `git_url` at `git_commit_id`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     name: str
     git_url: str
@@ -47,7 +47,7 @@ class RegistryTask(BaseModel):
 
 
 class RegistryDataset(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     name: str
     version: str

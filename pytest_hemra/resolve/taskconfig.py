@@ -27,7 +27,7 @@ NOT_YET = "HEMRA does not support it yet"
 class Harbor(BaseModel):
     """A table of task.toml: keys Harbor defines are typed; others are kept for the warning."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)
 
 
 def _check_hosts(value: list[str] | None) -> list[str] | None:

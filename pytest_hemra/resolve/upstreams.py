@@ -17,7 +17,7 @@ SCRIPTED_MODEL = "hemra/scripted"
 class ModelApi(BaseModel):
     """An upstream model API. `base_url` None means HEMRA's in-process scripted model."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     name: str
     base_url: str | None = None

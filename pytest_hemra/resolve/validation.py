@@ -43,7 +43,7 @@ def check_env_names(values: list[str]) -> list[str]:
 class Strict(BaseModel):
     """A table of a run or harness file: unknown keys and loose types refused, frozen."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, defer_build=True)
 
 
 def read_toml(path: Path) -> dict[str, Any]:

@@ -49,7 +49,7 @@ WRAPPER = 'out="$1"; shift; "$@" >"$out" 2>&1; code=$?; echo "$code" >"$out.exit
 class HarborJob(BaseModel):
     """One `harbor run`: which tasks, how many attempts each, its runner, how it ended."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     name: str
     harness: str

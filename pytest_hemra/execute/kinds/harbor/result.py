@@ -40,7 +40,7 @@ VERIFIER_EXCEPTIONS = frozenset(
 
 
 class Foreign(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
 
 class Span(Foreign):
