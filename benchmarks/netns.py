@@ -28,6 +28,7 @@ could only pay across waves of trials, or if kept from run to run on the engine.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -48,7 +49,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     client = docker.from_env(timeout=300, max_pool_size=args.trials + 8)
-    network = client.networks.create("hemra-bench-netns", driver="bridge", labels=LABELS)
+    # a name of its own each run: Docker 20.10 sometimes keeps a removed container's endpoint on
+    # a network it then will not remove, and a second network of the same name makes starts
+    # on either fail ("network ... is ambiguous")
+    name = f"hemra-bench-netns-{os.getpid()}"
+    network = client.networks.create(name, driver="bridge", labels=LABELS)
     sleep = ["sleep", f"{args.sleep:g}"]
     try:
         holders = [  # one network namespace a trial at once, made before the clock starts
