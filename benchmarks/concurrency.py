@@ -42,6 +42,7 @@ import time
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 BASE_IMAGE = "debian:bookworm-slim"
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
@@ -107,14 +108,14 @@ def tree_rss(root_pid: int) -> int:
     return total
 
 
-def with_bytecode(root: Path) -> dict[str, str]:
-    """The sessions' environment, with modules' bytecode cached as a user's install has it
-    (pip compiles a wheel's modules as it installs them; an editable install's are cached at
-    first import), under `root`, written by the unmeasured first session: where
+def with_bytecode(prefix: Path) -> dict[str, str]:
+    """This environment with modules' bytecode written under `prefix` and read back from it, as
+    a user's install has it (pip compiles a wheel's modules as it installs them): where
     PYTHONDONTWRITEBYTECODE is set (this machine, CI images), every session compiled HEMRA's
-    modules from source again, 0.2-0.3 s of each session's start that no user pays."""
+    modules from source again, 0.2-0.3 s of each session's start that no user pays. Here the
+    unmeasured first session writes it."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPYCACHEPREFIX"] = str(root / "pycache")
+    env["PYTHONPYCACHEPREFIX"] = str(prefix)
     return env
 
 
@@ -138,7 +139,11 @@ def session(
     argv += ["-n", str(workers)] if workers > 1 else []
     started = time.monotonic()
     child = subprocess.Popen(
-        argv, cwd=root, env=with_bytecode(root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        argv,
+        cwd=root,
+        env=with_bytecode(root / "pycache"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
     peak = 0
     done = threading.Event()
@@ -234,16 +239,15 @@ def main() -> None:
             ideal = args.sleep + serial
             ratios, walls, alone, peaks = [], [], [], []
             for round_ in range(args.rounds):  # alternating which goes first: drift hits both
-                if round_ % 2:
+                measured: dict[str, Any] = {}
+                for side in ("hemra", "alone") if round_ % 2 else ("alone", "hemra"):
                     time.sleep(args.settle)
-                    wall, peak = session(root, "sleeper", level, level)
-                    time.sleep(args.settle)
-                    sleeping = docker_floor(level, args.sleep)
-                else:
-                    time.sleep(args.settle)
-                    sleeping = docker_floor(level, args.sleep)
-                    time.sleep(args.settle)
-                    wall, peak = session(root, "sleeper", level, level)
+                    measured[side] = (
+                        session(root, "sleeper", level, level)
+                        if side == "hemra"
+                        else docker_floor(level, args.sleep)
+                    )
+                (wall, peak), sleeping = measured["hemra"], measured["alone"]
                 walls.append(wall)
                 alone.append(sleeping)
                 peaks.append(peak)

@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from concurrency import with_bytecode  # this folder's: its sessions' environment
+
 ONE_TEST = "def test_one():\n    assert 1 + 1 == 2\n"
 HELP = "import sys; sys.argv = ['hemra', '--help']; from pytest_hemra.cli import main; main()"
 ROLES = {  # a run's processes: what each imports
@@ -58,14 +60,6 @@ def import_secs(code: str) -> float:
         if not name.startswith("  "):  # nested imports are counted in their parent's time
             total += int(cumulative)
     return total / 1e6
-
-
-def cached_bytecode(prefix: str) -> dict[str, str]:
-    """An environment whose modules' bytecode is written under `prefix` and read back from it,
-    as an installed package's is (pip compiles a wheel's modules as it installs them)."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPYCACHEPREFIX"] = prefix
-    return env
 
 
 def role_secs(module: str, env: dict[str, str] | None) -> float:
@@ -127,7 +121,7 @@ def main() -> None:
         else ""
     )
     with tempfile.TemporaryDirectory() as cached:
-        conditions = {"bytecode cached, as installed": cached_bytecode(cached), here: None}
+        conditions = {"bytecode cached, as installed": with_bytecode(Path(cached)), here: None}
         for role, module in ROLES.items():
             target = " (target <= 0.5 s)" if role == "xdist worker" else ""
             for condition, env in conditions.items():
